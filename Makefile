@@ -1,0 +1,33 @@
+# Two entry points do all set-up on a fresh machine: `make demo` and `make test`.
+# Both create .venv when it is missing and (re)install when the package metadata changed.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_ARGS ?=
+PYTEST_ARGS ?=
+
+.PHONY: demo test lint format clean
+
+$(STAMP): setup.cfg pyproject.toml constraints.txt
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[multiworker,dev]'
+	@touch $@
+
+demo: $(STAMP)
+	$(BIN)/keras-dp demo $(DEMO_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+test: lint
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+clean:
+	rm -rf $(VENV) runs build *.egg-info .pytest_cache .ruff_cache

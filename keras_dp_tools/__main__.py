@@ -1,0 +1,7 @@
+"""``python -m keras_dp_tools``: the same as the ``keras-dp`` command."""
+
+import sys
+
+from keras_dp_tools.cli import main
+
+sys.exit(main())

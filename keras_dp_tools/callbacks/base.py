@@ -1,0 +1,148 @@
+"""Base class of our callbacks: one implementation for Keras 3 and legacy tf_keras.
+
+Both Keras flavours drive callbacks by duck typing (``set_model``, ``set_params``,
+``on_*`` hooks) and detect which batch hooks a callback overrides through a
+``_is_default`` marker on the base methods. Subclassing neither Keras's nor
+tf_keras's ``Callback`` lets one class serve a model of either flavour, and keeps
+``import keras_dp_tools`` free of TensorFlow.
+
+The base also enforces the rule that a measurement never stops training: any
+exception in a hook is turned into one warning, after which the callback stops
+measuring and training carries on.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import warnings
+
+logger = logging.getLogger("keras_dp_tools")
+
+_HOOKS = tuple(
+    f"on_{name}"
+    for name in (
+        "train_begin",
+        "train_end",
+        "epoch_begin",
+        "epoch_end",
+        "batch_begin",
+        "batch_end",
+        "train_batch_begin",
+        "train_batch_end",
+        "test_begin",
+        "test_end",
+        "test_batch_begin",
+        "test_batch_end",
+        "predict_begin",
+        "predict_end",
+        "predict_batch_begin",
+        "predict_batch_end",
+    )
+)
+
+
+class MeasurementWarning(UserWarning):
+    """A keras_dp_tools callback could not measure and stopped; training went on."""
+
+
+def _default(method):
+    # The marker both Keras 3 and tf_keras read to skip hooks nobody overrides.
+    method._is_default = True
+    return method
+
+
+def _guarded(hook):
+    @functools.wraps(hook)
+    def run_hook(self, *args, **kwargs):
+        if self._failed:
+            return None
+        try:
+            return hook(self, *args, **kwargs)
+        except Exception as error:  # a measurement must never stop training
+            self._fail(hook.__name__, error)
+            return None
+
+    return run_hook
+
+
+class DataParallelCallback:
+    """Keras callback base that works with Keras 3 and tf_keras models.
+
+    Subclasses override ``on_*`` hooks as with ``keras.callbacks.Callback``. A hook
+    that raises is reported once as a ``MeasurementWarning``; the callback then goes
+    quiet (``failed`` becomes True) and ``_on_failure`` releases its resources.
+    """
+
+    # tf_keras: hand us numpy logs, so a batch-end hook runs after the step finished.
+    _supports_tf_logs = False
+    # Keras 3: run batch-end hooks on the training thread, in step order.
+    async_safe = False
+    _chief_worker_only = None
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for name in _HOOKS:
+            hook = cls.__dict__.get(name)
+            if hook is not None and not getattr(hook, "_is_default", False):
+                setattr(cls, name, _guarded(hook))
+
+    def __init__(self):
+        self.params = None
+        self._model = None
+        self._failed = False
+
+    @property
+    def model(self):
+        return self._model
+
+    @property
+    def failed(self) -> bool:
+        """True once a hook raised and the callback stopped measuring."""
+        return self._failed
+
+    def set_params(self, params):
+        self.params = params
+
+    def set_model(self, model):
+        self._model = model
+
+    def _fail(self, hook_name: str, error: BaseException) -> None:
+        self._failed = True
+        message = (
+            f"{type(self).__name__} stopped measuring after an error in {hook_name}: "
+            f"{type(error).__name__}: {error}. Training continues without it."
+        )
+        logger.debug(message, exc_info=error)
+        warnings.warn(message, MeasurementWarning, stacklevel=4)
+        try:
+            self._on_failure()
+        except Exception as cleanup_error:
+            logger.debug("cleanup after failure raised", exc_info=cleanup_error)
+
+    def _on_failure(self) -> None:
+        """Releases what the callback holds after a failed hook (override)."""
+
+    # tf_keras asks these three whether to call the batch hooks at all.
+    def _implements_train_batch_hooks(self):
+        return self._overrides_any(
+            "batch_begin", "batch_end", "train_batch_begin", "train_batch_end"
+        )
+
+    def _implements_test_batch_hooks(self):
+        return self._overrides_any("test_batch_begin", "test_batch_end")
+
+    def _implements_predict_batch_hooks(self):
+        return self._overrides_any("predict_batch_begin", "predict_batch_end")
+
+    def _overrides_any(self, *hooks: str) -> bool:
+        return any(not getattr(getattr(self, f"on_{hook}"), "_is_default", False) for hook in hooks)
+
+
+@_default
+def _ignore_hook(self, *args, **kwargs):
+    """Does nothing: Keras calls hooks as ``(batch_or_epoch, logs)`` or ``(logs)``."""
+
+
+for _hook_name in _HOOKS:
+    setattr(DataParallelCallback, _hook_name, _ignore_hook)

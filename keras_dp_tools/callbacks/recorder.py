@@ -1,0 +1,135 @@
+"""Shared output of our callbacks: one records file and one TensorBoard run per worker.
+
+Several callbacks (step timer, profiler, GPU monitor) record into the same log dir
+during one ``fit``. They share a ``Recorder`` per (log dir, worker) in the process,
+so the records file has one writer and one header per run, and the TensorBoard
+scalars of all callbacks land in one run folder, ``<log_dir>/keras_dp/worker-<i>``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import ClassVar
+
+from keras_dp_tools.records import SCHEMA_VERSION, RecordWriter, records_dir, worker_records_path
+
+RUN_ID_ENV = "KERAS_DP_RUN_ID"
+
+# Header fields whose change between two fits of one process starts a new run.
+_RUN_IDENTITY = (
+    "strategy",
+    "replicas",
+    "workers",
+    "devices",
+    "global_batch",
+    "steps_per_execution",
+    "keras_package",
+)
+
+
+def new_run_id() -> str:
+    """``KERAS_DP_RUN_ID`` if set (launchers share one id across workers), else a fresh id."""
+    return os.environ.get(RUN_ID_ENV) or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+class Recorder:
+    """Records file, run header and TensorBoard writer of one worker in one log dir.
+
+    Obtain it with ``Recorder.acquire(log_dir, worker)`` and give it back with
+    ``release()``; the last release closes the files. The recorder itself stays
+    known to the process, so a later ``fit`` on the same log dir continues its run.
+    """
+
+    _known: ClassVar[dict[tuple[Path, int], Recorder]] = {}
+    _registry_lock = threading.Lock()
+
+    def __init__(self, log_dir: Path, worker: int):
+        self.log_dir = log_dir
+        self.worker = worker
+        self.run_id: str | None = None
+        self._header: dict | None = None
+        self._users = 0
+        self._records: RecordWriter | None = None
+        self._summary_writer = None
+
+    @classmethod
+    def acquire(cls, log_dir: str | os.PathLike, worker: int) -> Recorder:
+        key = (Path(log_dir).resolve(), int(worker))
+        with cls._registry_lock:
+            recorder = cls._known.get(key)
+            if recorder is None:
+                recorder = cls(*key)
+            if recorder._users == 0:
+                recorder._records = RecordWriter(worker_records_path(*key))
+            cls._known[key] = recorder
+            recorder._users += 1
+            return recorder
+
+    def release(self) -> None:
+        with self._registry_lock:
+            self._users -= 1
+            if self._users > 0:
+                return
+            self._records.close()
+            if self._summary_writer is not None:
+                self._summary_writer.close()
+                self._summary_writer = None
+
+    def start_run(self, header: dict) -> str:
+        """Writes a header unless the current run already has the same identity.
+
+        Two fits in a row on the same model continue one run; a fit with another
+        strategy, replica count or batch starts a new one.
+        """
+        identity = {key: header.get(key) for key in _RUN_IDENTITY}
+        if self._header is not None and identity == {
+            key: self._header.get(key) for key in _RUN_IDENTITY
+        }:
+            return self.run_id
+        self.run_id = new_run_id_after(self.run_id)
+        self._header = {
+            "type": "header",
+            "schema": SCHEMA_VERSION,
+            "run": self.run_id,
+            "worker": self.worker,
+            "time": time.time(),
+            **header,
+        }
+        self._records.write(self._header)
+        return self.run_id
+
+    def write(self, record_type: str, **fields) -> None:
+        """Appends one record of ``record_type`` to the current run."""
+        if self.run_id is None:
+            raise RuntimeError("Recorder.start_run() must be called before write().")
+        self._records.write(
+            {"type": record_type, "run": self.run_id, "worker": self.worker, **fields}
+        )
+
+    def scalars(self, step: int, values: dict[str, float]) -> None:
+        """Writes TensorBoard scalars (tags as given, e.g. ``dp/step_ms``) at ``step``."""
+        import tensorflow as tf
+
+        if self._summary_writer is None:
+            # Flush often: a fit that raises never reaches on_train_end to flush.
+            self._summary_writer = tf.summary.create_file_writer(
+                str(records_dir(self.log_dir) / f"worker-{self.worker}"), flush_millis=5000
+            )
+        with self._summary_writer.as_default(step=step):
+            for tag, value in values.items():
+                if value is not None:
+                    tf.summary.scalar(tag, value)
+
+    def flush(self) -> None:
+        if self._summary_writer is not None:
+            self._summary_writer.flush()
+
+
+def new_run_id_after(previous: str | None) -> str:
+    """A run id distinct from ``previous``, even when ``KERAS_DP_RUN_ID`` is fixed."""
+    run_id = new_run_id()
+    return run_id if run_id != previous else f"{run_id}.{uuid.uuid4().hex[:4]}"

@@ -1,0 +1,132 @@
+"""StepTimer: host wall time and throughput of every training step."""
+
+from __future__ import annotations
+
+import time
+
+from keras_dp_tools.callbacks.base import DataParallelCallback
+from keras_dp_tools.callbacks.recorder import Recorder
+from keras_dp_tools.callbacks.run_info import describe_run, global_step, worker_index
+
+
+class StepTimer(DataParallelCallback):
+    """Records the wall time of each training step, and examples per second.
+
+    Keras calls a batch hook once per call of the compiled train function, which
+    runs up to ``steps_per_execution`` steps. The timer writes one ``step`` record per
+    call (``steps`` says how many it covers, from ``optimizer.iterations``) with the
+    call's time divided evenly. The
+    batch-end hook runs once the step's logs have been fetched from the devices, so
+    the time includes the whole step (input, compute, all-reduce, update). The first
+    call of every ``fit`` includes tracing and compilation and is marked ``warmup``.
+
+    Records go to ``<log_dir>/keras_dp/worker-<i>.jsonl``; TensorBoard scalars
+    ``dp/step_ms`` and ``dp/examples_per_s`` to the run ``keras_dp/worker-<i>``.
+    Works for Keras 3 and tf_keras models, alone or next to ``keras.callbacks.TensorBoard``
+    on the same ``log_dir``.
+
+    Example:
+
+    ```python
+    import keras
+    import numpy as np
+    import tensorflow as tf
+    import keras_dp_tools as kdt
+
+    strategy = tf.distribute.MirroredStrategy()
+    global_batch = kdt.scale_batch_size(32, strategy)
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+    x, y = np.zeros((256, 8)), np.zeros((256, 1))
+    model.fit(x, y, batch_size=global_batch, epochs=1,
+              callbacks=[kdt.StepTimer("logs/run1", global_batch=global_batch)])
+    print(kdt.Report.load("logs/run1").steps[["step", "step_ms"]].head())
+    ```
+
+    Args:
+        log_dir: run folder, the same one you may give ``keras.callbacks.TensorBoard``.
+        global_batch: examples per step over all replicas, for ``examples_per_s``
+            (``kdt.scale_batch_size`` computes it). Leave None if unknown: times are
+            still recorded and ``examples_per_s`` stays empty.
+        tensorboard: also write TensorBoard scalars (default True).
+    """
+
+    def __init__(self, log_dir, global_batch: int | None = None, tensorboard: bool = True):
+        super().__init__()
+        if global_batch is not None and (int(global_batch) != global_batch or global_batch < 1):
+            raise ValueError(
+                f"global_batch must be a positive integer or None, received {global_batch!r}. "
+                "Pass the batch size of the dataset given to fit (all replicas together)."
+            )
+        self.log_dir = log_dir
+        self.global_batch = None if global_batch is None else int(global_batch)
+        self.tensorboard = tensorboard
+        self._recorder = None
+        self._step = 0
+        self._epoch = 0
+        self._call_started = None
+        self._first_batch = 0
+        self._warmup = True
+
+    def on_train_begin(self, logs=None):
+        self._close()  # a previous fit that raised never reached on_train_end
+        strategy = self.model.distribute_strategy
+        self._recorder = Recorder.acquire(self.log_dir, worker_index(strategy)[0])
+        self._recorder.start_run(describe_run(self.model, self.global_batch))
+        self._step = global_step(self.model) or 0
+        self._warmup = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch = epoch
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._first_batch = batch
+        self._call_started = (time.time(), time.perf_counter())
+
+    def on_train_batch_end(self, batch, logs=None):
+        if self._call_started is None:
+            return
+        started_at, started = self._call_started
+        elapsed_s = time.perf_counter() - started
+        steps = batch - self._first_batch + 1
+        if steps > 1:
+            # Keras 3 numbers a short last call of an epoch as if it were full: trust
+            # the optimizer. (One variable read; the step's logs were fetched already.)
+            applied = (global_step(self.model) or 0) - self._step
+            steps = applied if 0 < applied <= steps else steps
+        step_ms = 1000.0 * elapsed_s / steps
+        examples_per_s = (
+            self.global_batch * steps / elapsed_s if self.global_batch and elapsed_s > 0 else None
+        )
+        self._recorder.write(
+            "step",
+            time=started_at,
+            epoch=self._epoch,
+            step=self._step,
+            steps=steps,
+            step_ms=step_ms,
+            examples_per_s=examples_per_s,
+            warmup=self._warmup,
+        )
+        if self.tensorboard:
+            self._recorder.scalars(
+                self._step, {"dp/step_ms": step_ms, "dp/examples_per_s": examples_per_s}
+            )
+        self._step += steps
+        self._warmup = False
+        self._call_started = None
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._recorder.flush()
+
+    def on_train_end(self, logs=None):
+        self._close()
+
+    def _on_failure(self):
+        self._close()
+
+    def _close(self):
+        if self._recorder is not None:
+            self._recorder.release()
+            self._recorder = None

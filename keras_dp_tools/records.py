@@ -1,0 +1,245 @@
+"""Records on disk: the contract between capture and analysis.
+
+Every worker appends JSON Lines to ``<log_dir>/keras_dp/worker-<i>.jsonl``. Each line
+is one flat JSON object with a ``type`` plus the ``run`` id and ``worker`` index, so
+files from many workers and many runs can be concatenated and still mean the same
+thing. The full field list lives in ``docs/records.md``; ``FIELDS`` below is the
+machine-readable version the reader uses.
+
+This module imports neither TensorFlow nor Keras: analysis and tests read records
+without a training session.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import re
+import threading
+import warnings
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.json as pa_json
+
+SCHEMA_VERSION = 1
+RECORDS_DIRNAME = "keras_dp"
+RECORD_TYPES = ("header", "step")
+
+# Field name -> Arrow type, per record type. Unknown fields (written by a newer
+# version) are still read, with their type inferred.
+COMMON_FIELDS: dict[str, pa.DataType] = {
+    "type": pa.string(),
+    "run": pa.string(),
+    "worker": pa.int64(),
+    "time": pa.float64(),  # Unix seconds (start of the step for steps)
+}
+HEADER_FIELDS: dict[str, pa.DataType] = {
+    "schema": pa.int64(),
+    "hostname": pa.string(),
+    "pid": pa.int64(),
+    "strategy": pa.string(),
+    "replicas": pa.int64(),
+    "workers": pa.int64(),
+    "devices": pa.list_(pa.string()),
+    "global_batch": pa.int64(),
+    "steps_per_execution": pa.int64(),
+    "keras_package": pa.string(),
+    "keras_version": pa.string(),
+    "tf_version": pa.string(),
+    "python_version": pa.string(),
+    "keras_dp_tools_version": pa.string(),
+}
+STEP_FIELDS: dict[str, pa.DataType] = {  # one record per executed train function call
+    "epoch": pa.int64(),
+    "step": pa.int64(),  # optimizer.iterations before the call: the first step covered
+    "steps": pa.int64(),  # steps covered by the record (steps_per_execution)
+    "step_ms": pa.float64(),  # host wall time per step (call time / steps)
+    "examples_per_s": pa.float64(),
+    "warmup": pa.bool_(),  # first call of a fit: includes tracing and compilation
+}
+FIELDS = {**COMMON_FIELDS, **HEADER_FIELDS, **STEP_FIELDS}
+
+
+def records_dir(log_dir: str | os.PathLike) -> Path:
+    """The folder that holds the JSON Lines records of ``log_dir``."""
+    return Path(log_dir) / RECORDS_DIRNAME
+
+
+def worker_records_path(log_dir: str | os.PathLike, worker: int) -> Path:
+    """Where worker ``worker`` appends its records under ``log_dir``."""
+    return records_dir(log_dir) / f"worker-{int(worker)}.jsonl"
+
+
+def _json_safe(value):
+    # NaN and infinities are not JSON: store them as null ("not measured").
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+class RecordWriter:
+    """Appends records to one JSON Lines file, durably and from several threads.
+
+    Each record is written as one line and flushed at once, so a crash loses at most
+    the line being written. A torn last line left by an earlier crash is closed off
+    with a newline before appending, so it cannot swallow the next record.
+
+    Args:
+        path: the ``.jsonl`` file; parent folders are created.
+    """
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._lock = threading.Lock()
+        self._file = open(self.path, "a+b")  # noqa: SIM115 - closed by close()
+        self._close_torn_line()
+
+    def _close_torn_line(self):
+        self._file.seek(0, os.SEEK_END)
+        if self._file.tell() == 0:
+            return
+        self._file.seek(-1, os.SEEK_END)
+        if self._file.read(1) != b"\n":
+            self._file.write(b"\n")
+            self._file.flush()
+
+    def write(self, record: Mapping) -> None:
+        """Appends one record (a flat mapping of JSON-compatible values)."""
+        line = json.dumps({k: _json_safe(v) for k, v in record.items()}, separators=(",", ":"))
+        with self._lock:
+            if self._file.closed:
+                raise ValueError(f"RecordWriter for {self.path} is closed.")
+            self._file.write(line.encode() + b"\n")
+            self._file.flush()
+
+    def close(self) -> None:
+        with self._lock:
+            if not self._file.closed:
+                self._file.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._file.closed
+
+
+def find_record_files(sources: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+    """Record files under one or more log dirs, record folders or ``.jsonl`` paths.
+
+    A log dir is searched recursively, so a folder of many runs (a sweep) yields all
+    of them. Raises ``FileNotFoundError`` naming what was searched when none exist.
+    """
+    if isinstance(sources, (str, os.PathLike)):
+        sources = [sources]
+    found: list[Path] = []
+    searched = []
+    for source in sources:
+        path = Path(source)
+        searched.append(str(path))
+        if path.is_file():
+            found.append(path)
+        elif path.is_dir():
+            found.extend(sorted(path.glob(f"**/{RECORDS_DIRNAME}/worker-*.jsonl")))
+            if path.name == RECORDS_DIRNAME:
+                found.extend(sorted(path.glob("worker-*.jsonl")))
+        else:
+            raise FileNotFoundError(f"No such file or directory: {path}")
+    found = sorted(set(found))
+    if not found:
+        raise FileNotFoundError(
+            f"No keras_dp_tools records found under {', '.join(searched)}. Expected "
+            f"'{RECORDS_DIRNAME}/worker-<i>.jsonl' files, written when a model is trained "
+            "with kdt.callbacks(log_dir)."
+        )
+    return found
+
+
+_SCHEMA = pa.schema(FIELDS.items())
+_PRINTABLE = re.compile(rb"\S")
+_DENSE_SCHEMA = pa.schema(
+    (name, kind) for name, kind in FIELDS.items() if name not in HEADER_FIELDS
+)
+# Nullable pandas dtypes keep integer and boolean columns exact when another record
+# type leaves them empty (a header has no ``step``).
+_PANDAS_TYPES = {pa.int64(): pd.Int64Dtype(), pa.bool_(): pd.BooleanDtype()}
+
+
+def _parse_lines(data: pa.Buffer, path: Path) -> pa.Table:
+    options = pa_json.ParseOptions(explicit_schema=_DENSE_SCHEMA)
+    try:
+        return _conform(pa_json.read_json(pa.BufferReader(data), parse_options=options), path)
+    except pa.ArrowInvalid:
+        pass
+    # Slow path, only for damaged files: keep every line that parses on its own.
+    lines = data.to_pybytes().splitlines()
+    good = [line for line in lines if _is_json(line)]
+    warnings.warn(
+        f"{path}: skipped {len(lines) - len(good)} damaged line(s) that are not valid JSON.",
+        stacklevel=3,
+    )
+    if not good:
+        return _SCHEMA.empty_table()
+    try:
+        table = pa_json.read_json(io.BytesIO(b"\n".join(good) + b"\n"), parse_options=options)
+    except pa.ArrowInvalid as error:
+        raise _wrong_types(path, error) from None
+    return _conform(table, path)
+
+
+def _conform(table: pa.Table, path: Path) -> pa.Table:
+    """Gives every known field its declared type, adding absent ones as nulls."""
+    for name, kind in FIELDS.items():
+        index = table.schema.get_field_index(name)
+        if index < 0:
+            table = table.append_column(name, pa.nulls(table.num_rows, kind))
+        elif table.schema.field(index).type != kind:
+            try:
+                table = table.set_column(index, name, table.column(index).cast(kind))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
+                raise _wrong_types(path, error) from None
+    return table
+
+
+def _wrong_types(path: Path, error: Exception) -> ValueError:
+    return ValueError(
+        f"{path} holds records whose fields have the wrong types ({error}). "
+        "It was not written by keras_dp_tools, or was edited by hand."
+    )
+
+
+def _is_json(line: bytes) -> bool:
+    try:
+        json.loads(line)
+    except ValueError:
+        return False
+    return True
+
+
+def read_records(path: str | os.PathLike) -> pd.DataFrame:
+    """Reads one records file into a DataFrame with a column per field.
+
+    A torn last line (the writer crashed, or is writing right now) is ignored.
+    Records of all types share the frame; filter on ``type``.
+    """
+    path = Path(path)
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1  # whatever follows the last newline is a torn line
+    if _PRINTABLE.search(data, 0, end) is None:  # stops at the first printable byte
+        table = _SCHEMA.empty_table()
+    else:
+        table = _parse_lines(pa.py_buffer(data).slice(0, end), path)
+    frame = table.to_pandas(types_mapper=_PANDAS_TYPES.get)
+    schema = frame.loc[frame["type"] == "header", "schema"].max()
+    if pd.notna(schema) and schema > SCHEMA_VERSION:
+        warnings.warn(
+            f"{path} was written with records schema {int(schema)}; this version of "
+            f"keras_dp_tools reads schema {SCHEMA_VERSION}. Upgrade keras_dp_tools to read "
+            "every field.",
+            stacklevel=2,
+        )
+    return frame

@@ -1,0 +1,61 @@
+"""Shared fixtures. TensorFlow is split into 4 logical CPU devices once per process,
+before anything initialises it, so MirroredStrategy runs real all-reduces without a GPU."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+REPO = Path(__file__).resolve().parent.parent
+CPU_DEVICES = 4
+
+
+@pytest.fixture(scope="session")
+def tf():
+    import tensorflow as tf
+
+    from keras_dp_tools import configure_devices
+
+    configure_devices(CPU_DEVICES)
+    return tf
+
+
+@pytest.fixture(scope="session")
+def strategy4(tf):
+    """One 4-replica strategy for the whole session: a second one over the same
+    devices breaks collective ops ("Shape mismatch in the collective instance")."""
+    return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(CPU_DEVICES)])
+
+
+@pytest.fixture(scope="session")
+def strategy1(tf):
+    return tf.distribute.MirroredStrategy(["/cpu:0"])
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 300):
+    """Runs ``python -m keras_dp_tools ARGS`` in a fresh process (own TF devices)."""
+    return subprocess.run(
+        [sys.executable, "-m", "keras_dp_tools", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
+
+
+@pytest.fixture(scope="session")
+def demo_run(tmp_path_factory):
+    """A real demo run (2 replicas, 40 steps) shared by the tests that read its output."""
+    log_dir = tmp_path_factory.mktemp("demo") / "run"
+    result = run_cli(
+        "demo", "--replicas", "2", "--steps", "40", "--epochs", "2", "--log-dir", str(log_dir)
+    )
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return log_dir, result

@@ -1,0 +1,91 @@
+"""The main job end to end: `keras-dp demo` in a fresh process, its records, its notebook."""
+
+import subprocess
+import sys
+
+import pytest
+
+import keras_dp_tools as kdt
+
+from .conftest import REPO, run_cli
+
+
+def test_demo_records_one_row_per_trained_step(demo_run):
+    log_dir, result = demo_run
+
+    report = kdt.Report.load(log_dir)
+
+    assert len(report.steps) == 40
+    assert report.steps["step"].tolist() == list(range(40))
+    assert (report.steps["step_ms"] > 0).all() and (report.steps["examples_per_s"] > 0).all()
+    run = report.runs.iloc[0]
+    assert run["replicas"] == 2 and run["global_batch"] == 32
+    assert (log_dir / "train").is_dir()  # Keras's own TensorBoard callback, same log dir
+    assert "median_step_ms" in result.stdout
+    assert f"tensorboard --logdir {log_dir}" in result.stdout
+
+
+def test_demo_rejects_bad_options_with_the_value():
+    result = run_cli("demo", "--replicas", "0")
+
+    assert result.returncode == 2
+    assert "expected a positive integer, received 0" in result.stderr
+
+
+def test_demo_explains_too_few_steps(tmp_path):
+    result = run_cli("demo", "--steps", "2", "--epochs", "3", "--log-dir", str(tmp_path))
+
+    assert result.returncode == 2
+    assert "steps (2) must be at least epochs (3)" in result.stderr
+
+
+def test_version_and_help():
+    assert run_cli("--version").stdout.strip() == kdt.__version__
+    assert "demo" in run_cli("--help").stdout
+
+
+def test_importing_the_package_does_not_import_tensorflow():
+    code = "import sys, keras_dp_tools; print('tensorflow' in sys.modules, 'keras' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+
+    assert result.stdout.split() == ["False", "False"]
+
+
+@pytest.mark.slow
+def test_notebook_runs_on_the_demo_output(demo_run):
+    import nbclient
+    import nbformat
+
+    log_dir, _ = demo_run
+    notebook = nbformat.read(REPO / "notebooks" / "report.ipynb", as_version=4)
+    client = nbclient.NotebookClient(
+        notebook,
+        kernel_name="python3",
+        timeout=120,
+        resources={"metadata": {"path": str(REPO / "notebooks")}},
+    )
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("KERAS_DP_LOG_DIR", str(log_dir))
+        client.execute()
+
+    printed = "".join(
+        output.get("text", "")
+        for cell in notebook.cells
+        for output in cell.get("outputs", [])
+        if cell.cell_type == "code"
+    )
+    assert "Loaded 40 step records" in printed
+
+
+def test_readme_example_script_runs(tmp_path):
+    result = subprocess.run(
+        [sys.executable, str(REPO / "examples" / "minimal_fit.py"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert kdt.Report.load(tmp_path).steps["step"].tolist() == list(range(40))

@@ -1,0 +1,92 @@
+"""Report over records written by hand: merging runs and workers, summary. No TensorFlow."""
+
+import json
+import time
+
+import pytest
+
+from keras_dp_tools import Report
+from keras_dp_tools.records import RecordWriter, worker_records_path
+from keras_dp_tools.report import STEP_COLUMNS
+
+from .test_records import header, step
+
+
+def write_run(log_dir, run, worker, step_ms, replicas=4, global_batch=64, start=1000.0):
+    writer = RecordWriter(worker_records_path(log_dir, worker))
+    writer.write(header(run, worker, replicas=replicas, global_batch=global_batch, time=start))
+    for index, ms in enumerate(step_ms):
+        writer.write(step(index, run=run, worker=worker, step_ms=ms, time=start + index))
+    writer.close()
+
+
+def test_steps_have_one_row_per_worker_and_step_with_header_columns(tmp_path):
+    write_run(tmp_path, "a", 0, [500.0, 10.0, 12.0])
+    write_run(tmp_path, "a", 1, [400.0, 11.0, 13.0])
+
+    report = Report.load(tmp_path)
+
+    assert list(report.steps.columns) == STEP_COLUMNS
+    assert len(report.steps) == 6
+    assert report.steps[["worker", "step"]].values.tolist() == [
+        [0, 0],
+        [0, 1],
+        [0, 2],
+        [1, 0],
+        [1, 1],
+        [1, 2],
+    ]
+    assert set(report.steps["replicas"]) == {4} and set(report.steps["global_batch"]) == {64}
+    assert str(report.steps["step"].dtype) == "int64"
+    assert report.runs[["run", "worker"]].values.tolist() == [["a", 0], ["a", 1]]
+
+
+def test_summary_has_one_row_per_run_and_leaves_out_warmup(tmp_path):
+    write_run(tmp_path / "one", "one", 0, [900.0, 10.0, 20.0, 30.0], replicas=1, start=1.0)
+    write_run(tmp_path / "four", "four", 0, [900.0, 40.0, 40.0], replicas=4, start=2.0)
+
+    summary = Report.load([tmp_path / "one", tmp_path / "four"]).summary()
+
+    assert summary.index.tolist() == ["one", "four"]
+    assert summary.loc["one", "median_step_ms"] == 20.0
+    assert summary.loc["one", "steps"] == 3
+    assert summary.loc["four", "replicas"] == 4
+    assert summary.loc["four", "p90_step_ms"] == 40.0
+
+
+def test_a_run_still_being_written_loads(tmp_path):
+    write_run(tmp_path, "live", 0, [100.0, 10.0])
+    with open(worker_records_path(tmp_path, 0), "ab") as file:
+        file.write(json.dumps(step(2, run="live")).encode()[:25])
+
+    assert Report.load(tmp_path).steps["step"].tolist() == [0, 1]
+
+
+@pytest.mark.slow
+def test_a_million_steps_load_much_faster_than_parsing_line_by_line(tmp_path):
+    path = worker_records_path(tmp_path, 0)
+    path.parent.mkdir(parents=True)
+    rows = 1_000_000
+    line = (
+        '{"type":"step","run":"r","worker":0,"time":%d.5,"epoch":%d,"step":%d,"steps":1,'
+        '"step_ms":%d.25,"examples_per_s":6400.5,"warmup":false}\n'
+    )
+    with open(path, "w") as file:
+        file.write(json.dumps(header("r", 0, replicas=8, global_batch=512)) + "\n")
+        file.writelines(line % (i, i // 1000, i, 10 + i % 7) for i in range(rows))
+
+    started = time.perf_counter()
+    report = Report.load(tmp_path)
+    load_s = time.perf_counter() - started
+
+    # Baseline on the same machine and moment: a naive per-line json.loads of a tenth.
+    sample = path.read_bytes().splitlines()[: rows // 10]
+    started = time.perf_counter()
+    for raw in sample:
+        json.loads(raw)
+    naive_s = 10 * (time.perf_counter() - started)
+
+    print(f"Report.load of {rows} steps: {load_s:.2f} s (naive json.loads alone: ~{naive_s:.2f} s)")
+    assert len(report.steps) == rows
+    assert report.steps["global_batch"].iloc[-1] == 512
+    assert load_s < 0.5 * naive_s

@@ -1,0 +1,213 @@
+"""StepTimer on real MirroredStrategy training (4 logical CPU devices), Keras 3 and tf_keras."""
+
+import numpy as np
+import pytest
+
+import keras_dp_tools as kdt
+from keras_dp_tools.records import worker_records_path
+
+GLOBAL_BATCH = 32
+
+
+def dense_model(keras, strategy, steps_per_execution=1):
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
+        )
+        model.compile(optimizer="adam", loss="mse", steps_per_execution=steps_per_execution)
+    return model
+
+
+def regression_data(examples=GLOBAL_BATCH * 7):
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(examples, 8)).astype("float32")
+    return x, x.sum(axis=1, keepdims=True)
+
+
+@pytest.fixture(scope="module")
+def keras(tf):
+    import keras
+
+    return keras
+
+
+@pytest.fixture(scope="module")
+def tf_keras(tf):
+    import tf_keras
+
+    return tf_keras
+
+
+def test_one_record_per_step_with_positive_times(tmp_path, keras, strategy4):
+    model = dense_model(keras, strategy4)
+    x, y = regression_data()
+
+    model.fit(
+        x,
+        y,
+        batch_size=GLOBAL_BATCH,
+        epochs=2,
+        verbose=0,
+        callbacks=kdt.callbacks(tmp_path, global_batch=GLOBAL_BATCH),
+    )
+    report = kdt.Report.load(tmp_path)
+
+    steps = report.steps
+    assert steps["step"].tolist() == list(range(14))
+    assert steps["epoch"].tolist() == [0] * 7 + [1] * 7
+    assert (steps["steps"] == 1).all()
+    assert (steps["step_ms"] > 0).all()
+    assert steps["warmup"].tolist() == [True] + [False] * 13
+    assert np.allclose(steps["examples_per_s"], GLOBAL_BATCH / steps["step_ms"] * 1000)
+    run = report.runs.iloc[0]
+    assert run["strategy"] == "MirroredStrategy"
+    assert run["replicas"] == 4 and run["workers"] == 1 and run["global_batch"] == GLOBAL_BATCH
+    assert len(run["devices"]) == 4
+    assert run["keras_package"] == "keras"
+
+
+def test_steps_per_execution_gives_one_record_per_call_divided(tmp_path, keras, tf):
+    # Keras 3.15 itself fails fit under MirroredStrategy with steps_per_execution > 1
+    # (keras-team/keras#19246), so Keras 3 is checked on the default strategy and
+    # tf_keras under MirroredStrategy below.
+    model = dense_model(keras, tf.distribute.get_strategy(), steps_per_execution=3)
+    x, y = regression_data()  # 7 steps per epoch: calls of 3, 3 and 1 steps
+
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, verbose=0, callbacks=kdt.callbacks(tmp_path))
+    steps = kdt.Report.load(tmp_path).steps
+
+    assert steps["steps"].tolist() == [3, 3, 1, 3, 3, 1]
+    assert steps["step"].tolist() == [0, 3, 6, 7, 10, 13]
+    assert int(np.asarray(model.optimizer.iterations)) == 14
+    assert steps["examples_per_s"].isna().all()  # global_batch was not given
+    assert kdt.Report.load(tmp_path).runs.iloc[0]["steps_per_execution"] == 3
+
+
+def test_tf_keras_model_is_recorded(tmp_path, tf_keras, strategy4):
+    model = dense_model(tf_keras, strategy4)
+    x, y = regression_data()
+
+    model.fit(
+        x,
+        y,
+        batch_size=GLOBAL_BATCH,
+        epochs=1,
+        verbose=0,
+        callbacks=kdt.callbacks(tmp_path, global_batch=GLOBAL_BATCH),
+    )
+    report = kdt.Report.load(tmp_path)
+
+    assert report.steps["step"].tolist() == list(range(7))
+    assert (report.steps["step_ms"] > 0).all()
+    assert report.runs.iloc[0]["keras_package"] == "tf_keras"
+
+
+def test_tf_keras_steps_per_execution(tmp_path, tf_keras, strategy4):
+    model = dense_model(tf_keras, strategy4, steps_per_execution=3)
+    x, y = regression_data()
+
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, callbacks=kdt.callbacks(tmp_path))
+
+    assert kdt.Report.load(tmp_path).steps["steps"].tolist() == [3, 3, 1]
+
+
+def test_second_fit_continues_the_run_and_the_global_step(tmp_path, keras, strategy4):
+    model = dense_model(keras, strategy4)
+    x, y = regression_data()
+    timer = kdt.StepTimer(tmp_path, global_batch=GLOBAL_BATCH)
+
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, callbacks=[timer])
+    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, callbacks=[timer])
+    report = kdt.Report.load(tmp_path)
+
+    assert report.steps["step"].tolist() == list(range(14))
+    assert report.runs["run"].nunique() == 1
+    assert report.steps["warmup"].sum() == 2  # each fit's first call
+
+
+def test_a_new_strategy_in_the_same_log_dir_starts_a_new_run(tmp_path, keras, strategy1, strategy4):
+    x, y = regression_data()
+    for strategy in (strategy1, strategy4):
+        model = dense_model(keras, strategy)
+        model.fit(
+            x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, callbacks=kdt.callbacks(tmp_path)
+        )
+
+    report = kdt.Report.load(tmp_path)
+
+    assert report.runs["replicas"].tolist() == [1, 4]
+    assert report.summary()["replicas"].tolist() == [1, 4]
+
+
+def test_works_next_to_keras_tensorboard_on_the_same_log_dir(tmp_path, keras, strategy4):
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    model = dense_model(keras, strategy4)
+    x, y = regression_data()
+
+    model.fit(
+        x,
+        y,
+        batch_size=GLOBAL_BATCH,
+        epochs=2,
+        verbose=0,
+        callbacks=[
+            keras.callbacks.TensorBoard(str(tmp_path)),
+            *kdt.callbacks(tmp_path, global_batch=GLOBAL_BATCH),
+        ],
+    )
+    multiplexer = EventMultiplexer(size_guidance={"tensors": 0})  # 0: keep every point
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    runs = multiplexer.Runs()
+
+    assert {"train", "keras_dp/worker-0"} <= set(runs)
+    ours = multiplexer.GetAccumulator("keras_dp/worker-0")
+    tags = set(ours.Tags()["tensors"])
+    assert {"dp/step_ms", "dp/examples_per_s"} <= tags
+    assert [event.step for event in ours.Tensors("dp/step_ms")] == list(range(14))
+    assert len(kdt.Report.load(tmp_path).steps) == 14
+
+
+def test_a_failing_measurement_warns_once_and_training_goes_on(tmp_path, keras, strategy4):
+    blocker = tmp_path / "not-a-dir"
+    blocker.write_text("a file where the log dir should be")
+    model = dense_model(keras, strategy4)
+    x, y = regression_data()
+
+    with pytest.warns(kdt.MeasurementWarning, match="StepTimer stopped measuring") as caught:
+        history = model.fit(
+            x, y, batch_size=GLOBAL_BATCH, epochs=2, verbose=0, callbacks=kdt.callbacks(blocker)
+        )
+
+    assert len([w for w in caught if issubclass(w.category, kdt.MeasurementWarning)]) == 1
+    assert len(history.history["loss"]) == 2
+    assert int(np.asarray(model.optimizer.iterations)) == 14
+
+
+def test_records_survive_a_training_crash(tmp_path, keras, strategy4):
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 4:
+                raise RuntimeError("user code failed")
+
+    model = dense_model(keras, strategy4)
+    x, y = regression_data()
+
+    with pytest.raises(RuntimeError, match="user code failed"):
+        model.fit(
+            x,
+            y,
+            batch_size=GLOBAL_BATCH,
+            epochs=1,
+            verbose=0,
+            callbacks=[*kdt.callbacks(tmp_path), Crash()],
+        )
+
+    assert kdt.Report.load(tmp_path).steps["step"].tolist() == [0, 1, 2, 3, 4]
+    assert worker_records_path(tmp_path, 0).read_bytes().endswith(b"\n")
+
+
+def test_invalid_global_batch_is_rejected_with_the_value(tmp_path):
+    with pytest.raises(ValueError, match="received 0"):
+        kdt.StepTimer(tmp_path, global_batch=0)
