@@ -127,7 +127,9 @@ def print_next_steps(report: Report, log_dir: os.PathLike) -> None:
         print("\nSummary (warm-up step excluded):")
         summary = report.summary()
         summary["start"] = summary["start"].dt.floor("s")
-        print(summary.round(2).to_string())
+        numbers = summary.select_dtypes("number").columns
+        summary[numbers] = summary[numbers].round(2)
+        print(summary.to_string())
     print(
         "\nNext:\n"
         f"  tensorboard --logdir {log_dir}\n"

@@ -10,24 +10,22 @@ from __future__ import annotations
 
 import os
 
+from keras_dp_tools.scaling import require_positive_int
+
 REPLICAS_ENV = "KERAS_DP_REPLICAS"
 DEFAULT_CPU_REPLICAS = 4
 
 
 def _requested_replicas(replicas: int | None) -> int | None:
-    if replicas is None:
-        env = os.environ.get(REPLICAS_ENV, "").strip()
-        if not env:
-            return None
-        try:
-            replicas = int(env)
-        except ValueError:
-            raise ValueError(
-                f"{REPLICAS_ENV} must be a positive integer, received {env!r}."
-            ) from None
-    if int(replicas) != replicas or replicas < 1:
-        raise ValueError(f"replicas must be a positive integer, received {replicas!r}.")
-    return int(replicas)
+    if replicas is not None:
+        return require_positive_int("replicas", replicas)
+    env = os.environ.get(REPLICAS_ENV, "").strip()
+    if not env:
+        return None
+    try:
+        return require_positive_int(REPLICAS_ENV, int(env))
+    except ValueError:
+        raise ValueError(f"{REPLICAS_ENV} must be a positive integer, received {env!r}.") from None
 
 
 def configure_devices(replicas: int | None = None) -> list[str]:

@@ -76,6 +76,12 @@ class Report:
         self.runs = runs
         self.steps = steps
 
+    def __repr__(self) -> str:
+        return (
+            f"Report(runs={self.runs['run'].nunique()}, workers={len(self.runs)}, "
+            f"step_records={len(self.steps)})"
+        )
+
     @classmethod
     def load(cls, sources: str | os.PathLike | Iterable[str | os.PathLike]) -> Report:
         """Loads every records file under one or more log dirs (searched recursively)

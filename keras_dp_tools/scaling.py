@@ -10,22 +10,27 @@ from __future__ import annotations
 import numbers
 
 
+def require_positive_int(name: str, value) -> int:
+    """``value`` as an int if it is a positive integer, else a ValueError naming it."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1:
+        return int(value)
+    raise ValueError(f"{name} must be a positive integer, received {value!r}.")
+
+
 def replica_count(strategy_or_replicas) -> int:
     """Replicas of a ``tf.distribute`` strategy, or the given positive int itself."""
+    if hasattr(strategy_or_replicas, "num_replicas_in_sync"):
+        return require_positive_int(
+            "num_replicas_in_sync", strategy_or_replicas.num_replicas_in_sync
+        )
     if isinstance(strategy_or_replicas, numbers.Integral) and not isinstance(
         strategy_or_replicas, bool
     ):
-        replicas = int(strategy_or_replicas)
-    elif hasattr(strategy_or_replicas, "num_replicas_in_sync"):
-        replicas = int(strategy_or_replicas.num_replicas_in_sync)
-    else:
-        raise TypeError(
-            "Expected a tf.distribute strategy or a replica count (int), received "
-            f"{strategy_or_replicas!r} of type {type(strategy_or_replicas).__name__}."
-        )
-    if replicas < 1:
-        raise ValueError(f"The replica count must be at least 1, received {replicas}.")
-    return replicas
+        return require_positive_int("The replica count", strategy_or_replicas)
+    raise TypeError(
+        "Expected a tf.distribute strategy or a replica count (int), received "
+        f"{strategy_or_replicas!r} of type {type(strategy_or_replicas).__name__}."
+    )
 
 
 def scale_batch_size(per_replica_batch: int, strategy_or_replicas) -> int:
@@ -48,12 +53,5 @@ def scale_batch_size(per_replica_batch: int, strategy_or_replicas) -> int:
         ``per_replica_batch * num_replicas_in_sync``: the batch size to give
         ``dataset.batch`` or ``fit(batch_size=...)``.
     """
-    if (
-        not isinstance(per_replica_batch, numbers.Integral)
-        or isinstance(per_replica_batch, bool)
-        or per_replica_batch < 1
-    ):
-        raise ValueError(
-            f"per_replica_batch must be a positive integer, received {per_replica_batch!r}."
-        )
-    return int(per_replica_batch) * replica_count(strategy_or_replicas)
+    per_replica_batch = require_positive_int("per_replica_batch", per_replica_batch)
+    return per_replica_batch * replica_count(strategy_or_replicas)

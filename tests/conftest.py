@@ -4,6 +4,7 @@ before anything initialises it, so MirroredStrategy runs real all-reduces withou
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +24,7 @@ def tf():
     from keras_dp_tools import configure_devices
 
     configure_devices(CPU_DEVICES)
+    tf.config.list_logical_devices()  # initialise now: no test may change the device set
     return tf
 
 
@@ -36,6 +38,18 @@ def strategy4(tf):
 @pytest.fixture(scope="session")
 def strategy1(tf):
     return tf.distribute.MirroredStrategy(["/cpu:0"])
+
+
+def free_ports(count: int) -> list[int]:
+    """Distinct loopback ports that are free now (held open together while picked)."""
+    sockets = [socket.socket() for _ in range(count)]
+    try:
+        for sock in sockets:
+            sock.bind(("127.0.0.1", 0))
+        return [sock.getsockname()[1] for sock in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 300):

@@ -1,5 +1,6 @@
 """The main job end to end: `keras-dp demo` in a fresh process, its records, its notebook."""
 
+import os
 import subprocess
 import sys
 
@@ -7,7 +8,7 @@ import pytest
 
 import keras_dp_tools as kdt
 
-from .conftest import REPO, run_cli
+from .conftest import REPO, free_ports, run_cli
 
 
 def test_demo_records_one_row_per_trained_step(demo_run):
@@ -89,3 +90,33 @@ def test_readme_example_script_runs(tmp_path):
 
     assert result.returncode == 0, result.stderr[-3000:]
     assert kdt.Report.load(tmp_path).steps["step"].tolist() == list(range(40))
+
+
+@pytest.mark.slow
+def test_multiworker_example_records_each_worker_under_one_run(tmp_path):
+    addresses = ",".join(f"localhost:{port}" for port in free_ports(2))
+    script = str(REPO / "examples" / "multiworker_fit.py")
+    env = {**os.environ, "KERAS_DP_RUN_ID": "mw-test", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    workers = [
+        subprocess.Popen(
+            [sys.executable, script, str(index), str(tmp_path), addresses],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        for index in range(2)
+    ]
+    outputs = [worker.communicate(timeout=240)[0] for worker in workers]
+
+    assert [worker.returncode for worker in workers] == [0, 0], (
+        outputs[0][-2000:] + outputs[1][-2000:]
+    )
+    report = kdt.Report.load(tmp_path)
+    assert sorted(report.runs["worker"]) == [0, 1]
+    assert set(report.runs["run"]) == {"mw-test"} and set(report.runs["workers"]) == {2}
+    assert report.steps.groupby("worker")["step"].apply(list).to_dict() == {
+        0: list(range(10)),
+        1: list(range(10)),
+    }
+    assert report.summary().loc["mw-test", "workers"] == 2

@@ -39,6 +39,7 @@ def test_steps_have_one_row_per_worker_and_step_with_header_columns(tmp_path):
     assert set(report.steps["replicas"]) == {4} and set(report.steps["global_batch"]) == {64}
     assert str(report.steps["step"].dtype) == "int64"
     assert report.runs[["run", "worker"]].values.tolist() == [["a", 0], ["a", 1]]
+    assert repr(report) == "Report(runs=1, workers=2, step_records=6)"
 
 
 def test_summary_has_one_row_per_run_and_leaves_out_warmup(tmp_path):

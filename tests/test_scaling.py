@@ -25,5 +25,7 @@ def test_bad_per_replica_batch_names_the_value(per_replica):
 def test_bad_replicas_name_what_was_received():
     with pytest.raises(TypeError, match="received 'four' of type str"):
         kdt.scale_batch_size(64, "four")
-    with pytest.raises(ValueError, match="at least 1, received 0"):
+    with pytest.raises(
+        ValueError, match="The replica count must be a positive integer, received 0"
+    ):
         kdt.replica_count(0)

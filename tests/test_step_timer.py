@@ -24,6 +24,16 @@ def regression_data(examples=GLOBAL_BATCH * 7):
     return x, x.sum(axis=1, keepdims=True)
 
 
+def fit(model, callbacks, epochs=1):
+    """Fits 7 steps per epoch; returns the History."""
+    x, y = regression_data()
+    return model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=epochs, verbose=0, callbacks=callbacks)
+
+
+def iterations(model) -> int:
+    return int(np.asarray(model.optimizer.iterations))
+
+
 @pytest.fixture(scope="module")
 def keras(tf):
     import keras
@@ -39,17 +49,7 @@ def tf_keras(tf):
 
 
 def test_one_record_per_step_with_positive_times(tmp_path, keras, strategy4):
-    model = dense_model(keras, strategy4)
-    x, y = regression_data()
-
-    model.fit(
-        x,
-        y,
-        batch_size=GLOBAL_BATCH,
-        epochs=2,
-        verbose=0,
-        callbacks=kdt.callbacks(tmp_path, global_batch=GLOBAL_BATCH),
-    )
+    fit(dense_model(keras, strategy4), kdt.callbacks(tmp_path, global_batch=GLOBAL_BATCH), 2)
     report = kdt.Report.load(tmp_path)
 
     steps = report.steps
@@ -71,30 +71,19 @@ def test_steps_per_execution_gives_one_record_per_call_divided(tmp_path, keras, 
     # (keras-team/keras#19246), so Keras 3 is checked on the default strategy and
     # tf_keras under MirroredStrategy below.
     model = dense_model(keras, tf.distribute.get_strategy(), steps_per_execution=3)
-    x, y = regression_data()  # 7 steps per epoch: calls of 3, 3 and 1 steps
 
-    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, verbose=0, callbacks=kdt.callbacks(tmp_path))
-    steps = kdt.Report.load(tmp_path).steps
+    fit(model, kdt.callbacks(tmp_path), epochs=2)  # 7 steps per epoch: calls of 3, 3 and 1
+    report = kdt.Report.load(tmp_path)
 
-    assert steps["steps"].tolist() == [3, 3, 1, 3, 3, 1]
-    assert steps["step"].tolist() == [0, 3, 6, 7, 10, 13]
-    assert int(np.asarray(model.optimizer.iterations)) == 14
-    assert steps["examples_per_s"].isna().all()  # global_batch was not given
-    assert kdt.Report.load(tmp_path).runs.iloc[0]["steps_per_execution"] == 3
+    assert report.steps["steps"].tolist() == [3, 3, 1, 3, 3, 1]
+    assert report.steps["step"].tolist() == [0, 3, 6, 7, 10, 13]
+    assert iterations(model) == 14
+    assert report.steps["examples_per_s"].isna().all()  # global_batch was not given
+    assert report.runs.iloc[0]["steps_per_execution"] == 3
 
 
 def test_tf_keras_model_is_recorded(tmp_path, tf_keras, strategy4):
-    model = dense_model(tf_keras, strategy4)
-    x, y = regression_data()
-
-    model.fit(
-        x,
-        y,
-        batch_size=GLOBAL_BATCH,
-        epochs=1,
-        verbose=0,
-        callbacks=kdt.callbacks(tmp_path, global_batch=GLOBAL_BATCH),
-    )
+    fit(dense_model(tf_keras, strategy4), kdt.callbacks(tmp_path, global_batch=GLOBAL_BATCH))
     report = kdt.Report.load(tmp_path)
 
     assert report.steps["step"].tolist() == list(range(7))
@@ -103,21 +92,17 @@ def test_tf_keras_model_is_recorded(tmp_path, tf_keras, strategy4):
 
 
 def test_tf_keras_steps_per_execution(tmp_path, tf_keras, strategy4):
-    model = dense_model(tf_keras, strategy4, steps_per_execution=3)
-    x, y = regression_data()
-
-    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, callbacks=kdt.callbacks(tmp_path))
+    fit(dense_model(tf_keras, strategy4, steps_per_execution=3), kdt.callbacks(tmp_path))
 
     assert kdt.Report.load(tmp_path).steps["steps"].tolist() == [3, 3, 1]
 
 
 def test_second_fit_continues_the_run_and_the_global_step(tmp_path, keras, strategy4):
     model = dense_model(keras, strategy4)
-    x, y = regression_data()
     timer = kdt.StepTimer(tmp_path, global_batch=GLOBAL_BATCH)
 
-    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, callbacks=[timer])
-    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, callbacks=[timer])
+    fit(model, [timer])
+    fit(model, [timer])
     report = kdt.Report.load(tmp_path)
 
     assert report.steps["step"].tolist() == list(range(14))
@@ -126,12 +111,8 @@ def test_second_fit_continues_the_run_and_the_global_step(tmp_path, keras, strat
 
 
 def test_a_new_strategy_in_the_same_log_dir_starts_a_new_run(tmp_path, keras, strategy1, strategy4):
-    x, y = regression_data()
     for strategy in (strategy1, strategy4):
-        model = dense_model(keras, strategy)
-        model.fit(
-            x, y, batch_size=GLOBAL_BATCH, epochs=1, verbose=0, callbacks=kdt.callbacks(tmp_path)
-        )
+        fit(dense_model(keras, strategy), kdt.callbacks(tmp_path))
 
     report = kdt.Report.load(tmp_path)
 
@@ -142,29 +123,18 @@ def test_a_new_strategy_in_the_same_log_dir_starts_a_new_run(tmp_path, keras, st
 def test_works_next_to_keras_tensorboard_on_the_same_log_dir(tmp_path, keras, strategy4):
     from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
 
-    model = dense_model(keras, strategy4)
-    x, y = regression_data()
-
-    model.fit(
-        x,
-        y,
-        batch_size=GLOBAL_BATCH,
-        epochs=2,
-        verbose=0,
-        callbacks=[
-            keras.callbacks.TensorBoard(str(tmp_path)),
-            *kdt.callbacks(tmp_path, global_batch=GLOBAL_BATCH),
-        ],
-    )
+    callbacks = [
+        keras.callbacks.TensorBoard(str(tmp_path)),
+        *kdt.callbacks(tmp_path, global_batch=GLOBAL_BATCH),
+    ]
+    fit(dense_model(keras, strategy4), callbacks, epochs=2)
     multiplexer = EventMultiplexer(size_guidance={"tensors": 0})  # 0: keep every point
     multiplexer.AddRunsFromDirectory(str(tmp_path))
     multiplexer.Reload()
-    runs = multiplexer.Runs()
 
-    assert {"train", "keras_dp/worker-0"} <= set(runs)
+    assert {"train", "keras_dp/worker-0"} <= set(multiplexer.Runs())
     ours = multiplexer.GetAccumulator("keras_dp/worker-0")
-    tags = set(ours.Tags()["tensors"])
-    assert {"dp/step_ms", "dp/examples_per_s"} <= tags
+    assert {"dp/step_ms", "dp/examples_per_s"} <= set(ours.Tags()["tensors"])
     assert [event.step for event in ours.Tensors("dp/step_ms")] == list(range(14))
     assert len(kdt.Report.load(tmp_path).steps) == 14
 
@@ -173,16 +143,13 @@ def test_a_failing_measurement_warns_once_and_training_goes_on(tmp_path, keras, 
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the log dir should be")
     model = dense_model(keras, strategy4)
-    x, y = regression_data()
 
     with pytest.warns(kdt.MeasurementWarning, match="StepTimer stopped measuring") as caught:
-        history = model.fit(
-            x, y, batch_size=GLOBAL_BATCH, epochs=2, verbose=0, callbacks=kdt.callbacks(blocker)
-        )
+        history = fit(model, kdt.callbacks(blocker), epochs=2)
 
     assert len([w for w in caught if issubclass(w.category, kdt.MeasurementWarning)]) == 1
     assert len(history.history["loss"]) == 2
-    assert int(np.asarray(model.optimizer.iterations)) == 14
+    assert iterations(model) == 14
 
 
 def test_records_survive_a_training_crash(tmp_path, keras, strategy4):
@@ -191,18 +158,8 @@ def test_records_survive_a_training_crash(tmp_path, keras, strategy4):
             if batch == 4:
                 raise RuntimeError("user code failed")
 
-    model = dense_model(keras, strategy4)
-    x, y = regression_data()
-
     with pytest.raises(RuntimeError, match="user code failed"):
-        model.fit(
-            x,
-            y,
-            batch_size=GLOBAL_BATCH,
-            epochs=1,
-            verbose=0,
-            callbacks=[*kdt.callbacks(tmp_path), Crash()],
-        )
+        fit(dense_model(keras, strategy4), [*kdt.callbacks(tmp_path), Crash()])
 
     assert kdt.Report.load(tmp_path).steps["step"].tolist() == [0, 1, 2, 3, 4]
     assert worker_records_path(tmp_path, 0).read_bytes().endswith(b"\n")

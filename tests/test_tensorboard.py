@@ -1,7 +1,6 @@
 """The demo's log dir served by a real `tensorboard --logdir` on loopback shows our scalars."""
 
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -10,11 +9,7 @@ from pathlib import Path
 
 import pytest
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from .conftest import free_ports
 
 
 def get_json(url: str):
@@ -25,7 +20,7 @@ def get_json(url: str):
 @pytest.mark.slow
 def test_tensorboard_lists_our_scalars(demo_run):
     log_dir, _ = demo_run
-    port = free_port()
+    (port,) = free_ports(1)
     tensorboard = Path(sys.executable).with_name("tensorboard")
     server = subprocess.Popen(
         [str(tensorboard), "--logdir", str(log_dir), "--host", "127.0.0.1", "--port", str(port)],

@@ -31,9 +31,13 @@ _RUN_IDENTITY = (
 )
 
 
-def new_run_id() -> str:
-    """``KERAS_DP_RUN_ID`` if set (launchers share one id across workers), else a fresh id."""
-    return os.environ.get(RUN_ID_ENV) or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+def new_run_id(previous: str | None = None) -> str:
+    """``KERAS_DP_RUN_ID`` if set (launchers share one id across workers), else a fresh id;
+    never ``previous``, so a second run in one process gets an id of its own."""
+    run_id = (
+        os.environ.get(RUN_ID_ENV) or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+    )
+    return run_id if run_id != previous else f"{run_id}.{uuid.uuid4().hex[:4]}"
 
 
 class Recorder:
@@ -90,7 +94,7 @@ class Recorder:
             key: self._header.get(key) for key in _RUN_IDENTITY
         }:
             return self.run_id
-        self.run_id = new_run_id_after(self.run_id)
+        self.run_id = new_run_id(previous=self.run_id)
         self._header = {
             "type": "header",
             "schema": SCHEMA_VERSION,
@@ -127,9 +131,3 @@ class Recorder:
     def flush(self) -> None:
         if self._summary_writer is not None:
             self._summary_writer.flush()
-
-
-def new_run_id_after(previous: str | None) -> str:
-    """A run id distinct from ``previous``, even when ``KERAS_DP_RUN_ID`` is fixed."""
-    run_id = new_run_id()
-    return run_id if run_id != previous else f"{run_id}.{uuid.uuid4().hex[:4]}"

@@ -7,6 +7,7 @@ import time
 from keras_dp_tools.callbacks.base import DataParallelCallback
 from keras_dp_tools.callbacks.recorder import Recorder
 from keras_dp_tools.callbacks.run_info import describe_run, global_step, worker_index
+from keras_dp_tools.scaling import require_positive_int
 
 
 class StepTimer(DataParallelCallback):
@@ -15,10 +16,10 @@ class StepTimer(DataParallelCallback):
     Keras calls a batch hook once per call of the compiled train function, which
     runs up to ``steps_per_execution`` steps. The timer writes one ``step`` record per
     call (``steps`` says how many it covers, from ``optimizer.iterations``) with the
-    call's time divided evenly. The
-    batch-end hook runs once the step's logs have been fetched from the devices, so
-    the time includes the whole step (input, compute, all-reduce, update). The first
-    call of every ``fit`` includes tracing and compilation and is marked ``warmup``.
+    call's time divided evenly. The batch-end hook runs once the step's logs have been
+    fetched from the devices, so the time includes the whole step (input, compute,
+    all-reduce, update). The first call of every ``fit`` includes tracing and
+    compilation and is marked ``warmup``.
 
     Records go to ``<log_dir>/keras_dp/worker-<i>.jsonl``; TensorBoard scalars
     ``dp/step_ms`` and ``dp/examples_per_s`` to the run ``keras_dp/worker-<i>``.
@@ -54,13 +55,10 @@ class StepTimer(DataParallelCallback):
 
     def __init__(self, log_dir, global_batch: int | None = None, tensorboard: bool = True):
         super().__init__()
-        if global_batch is not None and (int(global_batch) != global_batch or global_batch < 1):
-            raise ValueError(
-                f"global_batch must be a positive integer or None, received {global_batch!r}. "
-                "Pass the batch size of the dataset given to fit (all replicas together)."
-            )
         self.log_dir = log_dir
-        self.global_batch = None if global_batch is None else int(global_batch)
+        self.global_batch = (
+            None if global_batch is None else require_positive_int("global_batch", global_batch)
+        )
         self.tensorboard = tensorboard
         self._recorder = None
         self._step = 0
