@@ -8,6 +8,8 @@ scalars of all callbacks land in one run folder, ``<log_dir>/keras_dp/worker-<i>
 
 from __future__ import annotations
 
+import atexit
+import logging
 import os
 import threading
 import time
@@ -15,9 +17,11 @@ import uuid
 from pathlib import Path
 from typing import ClassVar
 
+from keras_dp_tools.callbacks.scalar_writer import ScalarWriter
 from keras_dp_tools.records import SCHEMA_VERSION, RecordWriter, records_dir, worker_records_path
 
 RUN_ID_ENV = "KERAS_DP_RUN_ID"
+logger = logging.getLogger("keras_dp_tools")
 
 # Header fields whose change between two fits of one process starts a new run.
 _RUN_IDENTITY = (
@@ -58,7 +62,7 @@ class Recorder:
         self._header: dict | None = None
         self._users = 0
         self._records: RecordWriter | None = None
-        self._summary_writer = None
+        self._scalars: ScalarWriter | None = None
 
     @classmethod
     def acquire(cls, log_dir: str | os.PathLike, worker: int) -> Recorder:
@@ -79,9 +83,9 @@ class Recorder:
             if self._users > 0:
                 return
             self._records.close()
-            if self._summary_writer is not None:
-                self._summary_writer.close()
-                self._summary_writer = None
+            if self._scalars is not None:
+                self._scalars.close()
+                self._scalars = None
 
     def start_run(self, header: dict) -> str:
         """Writes a header unless the current run already has the same identity.
@@ -114,20 +118,27 @@ class Recorder:
             {"type": record_type, "run": self.run_id, "worker": self.worker, **fields}
         )
 
-    def scalars(self, step: int, values: dict[str, float]) -> None:
-        """Writes TensorBoard scalars (tags as given, e.g. ``dp/step_ms``) at ``step``."""
-        import tensorflow as tf
-
-        if self._summary_writer is None:
-            # Flush often: a fit that raises never reaches on_train_end to flush.
-            self._summary_writer = tf.summary.create_file_writer(
-                str(records_dir(self.log_dir) / f"worker-{self.worker}"), flush_millis=5000
-            )
-        with self._summary_writer.as_default(step=step):
-            for tag, value in values.items():
-                if value is not None:
-                    tf.summary.scalar(tag, value)
+    def scalars(self, step: int, values: dict[str, float | None]) -> None:
+        """Adds TensorBoard scalars (tags as given, e.g. ``dp/step_ms``) at ``step``;
+        they are written in batches (see ``ScalarWriter``)."""
+        if self._scalars is None:
+            self._scalars = ScalarWriter(str(records_dir(self.log_dir) / f"worker-{self.worker}"))
+        self._scalars.add(step, values)
 
     def flush(self) -> None:
-        if self._summary_writer is not None:
-            self._summary_writer.flush()
+        """Writes buffered TensorBoard scalars (records are never buffered)."""
+        if self._scalars is not None:
+            self._scalars.flush()
+
+    @classmethod
+    def flush_all(cls) -> None:
+        """Flushes every recorder of the process; runs at exit, as a fit that raised
+        never reached ``on_train_end``."""
+        for recorder in list(cls._known.values()):
+            try:
+                recorder.flush()
+            except Exception as error:  # at exit, TensorFlow may be half torn down
+                logger.debug("flushing %s at exit failed: %s", recorder.log_dir, error)
+
+
+atexit.register(Recorder.flush_all)

@@ -1,0 +1,50 @@
+"""ScalarWriter: batched TensorBoard scalars, read back with TensorBoard's own loader."""
+
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.util.tensor_util import make_ndarray
+
+from keras_dp_tools.callbacks.scalar_writer import ScalarWriter
+
+
+def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
+    accumulator = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
+    accumulator.Reload()
+    return {
+        tag: [
+            (event.step, make_ndarray(event.tensor_proto).item())
+            for event in accumulator.Tensors(tag)
+        ]
+        for tag in accumulator.Tags()["tensors"]
+    }
+
+
+def test_points_are_written_on_close_and_none_is_skipped(tf, tmp_path):
+    writer = ScalarWriter(str(tmp_path), flush_seconds=3600)
+    writer.add(0, {"dp/step_ms": 10.5, "dp/examples_per_s": None})
+    writer.add(1, {"dp/step_ms": 12.0, "dp/examples_per_s": 800.0})
+    assert read_scalars(tmp_path) == {}  # buffered
+
+    writer.close()
+
+    assert read_scalars(tmp_path) == {
+        "dp/step_ms": [(0, 10.5), (1, 12.0)],
+        "dp/examples_per_s": [(1, 800.0)],
+    }
+
+
+def test_a_full_buffer_is_written_at_once(tf, tmp_path):
+    writer = ScalarWriter(str(tmp_path), flush_points=3, flush_seconds=3600)
+    for step in range(4):
+        writer.add(step, {"dp/step_ms": float(step)})
+
+    assert [step for step, _ in read_scalars(tmp_path)["dp/step_ms"]] == [0, 1, 2]
+    writer.close()
+    assert [step for step, _ in read_scalars(tmp_path)["dp/step_ms"]] == [0, 1, 2, 3]
+
+
+def test_old_points_are_written_after_flush_seconds(tf, tmp_path):
+    writer = ScalarWriter(str(tmp_path), flush_seconds=0)
+    writer.add(7, {"dp/step_ms": 1.0})
+
+    assert read_scalars(tmp_path) == {"dp/step_ms": [(7, 1.0)]}
+    writer.close()
