@@ -1,8 +1,8 @@
 """TensorBoard scalars written in batches, to keep them off the step's critical path.
 
 An eager ``tf.summary.scalar`` costs about 0.3 ms of the training thread per point,
-a few percent of a short step. Points are buffered and written by one compiled loop
-per tag and flush, at about 30 µs a point.
+a few percent of a short step. Points are buffered and written by a compiled loop,
+one call per tag and flush, at about 30 µs a point.
 """
 
 from __future__ import annotations
@@ -39,14 +39,15 @@ def _compile_series_writer():
 class ScalarWriter:
     """Buffers scalar points for one TensorBoard run folder and writes them in batches.
 
-    Points are written when ``flush_points`` are buffered, when ``flush_seconds``
-    passed since the last write (so TensorBoard follows a live run), and on ``flush``
-    and ``close``.
+    Points are written when ``flush_points`` are buffered, when a point arrives
+    ``flush_seconds`` or more after the last write (so TensorBoard follows a live
+    run), and on ``flush`` and ``close``.
 
     Args:
         run_dir: the TensorBoard run folder to write event files into.
         flush_points: buffered points that trigger a write.
-        flush_seconds: age of the oldest unwritten point that triggers a write.
+        flush_seconds: time since the last write after which a new point is written
+            at once.
     """
 
     def __init__(self, run_dir: str, flush_points: int = 512, flush_seconds: float = 5.0):
