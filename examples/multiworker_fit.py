@@ -36,5 +36,6 @@ with strategy.scope():
 
 x = np.random.default_rng(index).normal(size=(global_batch * 5, 8)).astype("float32")
 dataset = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True))).batch(global_batch)
-model.fit(dataset, epochs=2, verbose=0, callbacks=kdt.callbacks(log_dir, global_batch=global_batch))
+callbacks = kdt.callbacks(log_dir, global_batch=global_batch, profile_start_step=3)
+model.fit(dataset, epochs=2, verbose=0, callbacks=callbacks)
 print(f"worker {index} done")

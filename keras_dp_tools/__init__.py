@@ -8,6 +8,7 @@ __version__ = "0.1.0"
 
 from keras_dp_tools.callbacks import (
     DataParallelCallback,
+    DataParallelProfiler,
     MeasurementWarning,
     StepTimer,
     callbacks,
@@ -18,6 +19,7 @@ from keras_dp_tools.scaling import replica_count, scale_batch_size
 
 __all__ = [
     "DataParallelCallback",
+    "DataParallelProfiler",
     "MeasurementWarning",
     "Report",
     "StepTimer",

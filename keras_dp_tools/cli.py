@@ -53,6 +53,25 @@ def build_parser() -> argparse.ArgumentParser:
         "--log-dir", type=Path, default=None, help="run folder (runs/demo-<timestamp>)"
     )
     demo.set_defaults(handler=run_demo_command)
+
+    analyze = commands.add_parser(
+        "analyze",
+        help="break profiled steps down into compute, all-reduce, sync wait and input",
+        description="Read profiler traces (a .xplane.pb, or every one under a log dir) and "
+        "print the per-step breakdown averaged over replicas. Under a log dir written by "
+        "keras_dp_tools, the records supply replica count, devices and gradient bytes.",
+    )
+    analyze.add_argument("source", type=Path, help="an .xplane.pb file or a log dir")
+    analyze.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    analyze.add_argument("--per-replica", action="store_true", help="one row per step and replica")
+    analyze.add_argument(
+        "--allreduce-bytes",
+        type=positive_int,
+        default=None,
+        help="bytes all-reduced per step (the gradients), for bandwidths, when the "
+        "records do not say",
+    )
+    analyze.set_defaults(handler=run_analyze_command)
     return parser
 
 
@@ -71,6 +90,70 @@ def run_demo_command(args: argparse.Namespace) -> int:
     )
     demo.print_next_steps(report, log_dir)
     return 0
+
+
+def run_analyze_command(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import pandas as pd
+
+    from keras_dp_tools.analysis import analyze_trace, find_traces
+
+    traces = find_traces(args.source)
+    context = _recorded_context(args.source)
+    frames = []
+    for number, trace in enumerate(traces, 1):
+        print(f"analysing {trace} ({number}/{len(traces)})", file=sys.stderr, flush=True)
+        known = context.get(trace.resolve(), {})
+        breakdown = analyze_trace(
+            trace,
+            allreduce_bytes=args.allreduce_bytes or known.get("allreduce_bytes"),
+            replicas=len(known["devices"]) if known.get("devices") else None,
+            devices=known.get("devices"),
+            group_size=known.get("replicas"),
+        )
+        frame = breakdown.replicas if args.per_replica else breakdown.steps
+        frames.append(frame.assign(trace=str(trace)))
+    table = pd.concat(frames, ignore_index=True)
+    if table.empty:
+        raise ValueError(
+            f"no marked steps in {len(traces)} trace(s) under {args.source}: capture with "
+            "kdt.DataParallelProfiler, or wrap steps in "
+            'tf.profiler.experimental.Trace("train", step_num=..., _r=1).'
+        )
+    if args.csv:
+        table.to_csv(sys.stdout, index=False)
+    else:
+        with pd.option_context("display.width", 200, "display.max_columns", 40):
+            print(table.drop(columns="trace").round(3).to_string(index=False))
+    return 0
+
+
+def _recorded_context(source: Path) -> dict[Path, dict]:
+    """Per trace, what the records of its run say (replicas, devices, gradient bytes)."""
+    if not source.is_dir():
+        return {}
+    try:
+        report = keras_dp_tools.Report.load(source)
+    except FileNotFoundError:
+        return {}
+    context = {}
+    windows = report.windows.dropna(subset=["trace"])
+    runs = report.runs.drop_duplicates(["run", "worker"]).set_index(["run", "worker"])
+    for window in windows.itertuples():
+        log_dir = Path(window.source).parent.parent  # <log_dir>/keras_dp/worker-<i>.jsonl
+        run = runs.loc[(window.run, window.worker)]
+        context[(log_dir / window.trace).resolve()] = {
+            "allreduce_bytes": _int_or_none(window.allreduce_bytes),
+            "replicas": _int_or_none(run["replicas"]),
+            "devices": list(run["devices"]) if run["devices"] is not None else None,
+        }
+    return context
+
+
+def _int_or_none(value):
+    import pandas as pd
+
+    return None if pd.isna(value) else int(value)
 
 
 def main(argv: list[str] | None = None) -> int:

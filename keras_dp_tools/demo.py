@@ -113,7 +113,8 @@ def run_demo(
         steps_per_epoch=-(-steps // epochs),
         verbose=verbose,
         callbacks=[
-            *callbacks(log_dir, global_batch=global_batch),
+            # Three profiler windows spread over the run.
+            *callbacks(log_dir, global_batch=global_batch, profile_every=max(steps // 3, 5)),
             keras.callbacks.TensorBoard(str(log_dir)),
         ],
     )
@@ -133,6 +134,7 @@ def print_next_steps(report: Report, log_dir: os.PathLike) -> None:
     print(
         "\nNext:\n"
         f"  tensorboard --logdir {log_dir}\n"
+        f"  keras-dp analyze {log_dir}      (per-step compute / all-reduce breakdown)\n"
         f"  python -c \"import keras_dp_tools as kdt; print(kdt.Report.load('{log_dir}').steps)\"\n"
         f"  notebook: {NOTEBOOK} (set KERAS_DP_LOG_DIR={log_dir}, or it opens the newest run)"
     )

@@ -28,7 +28,7 @@ import pyarrow.json as pa_json
 
 SCHEMA_VERSION = 1
 RECORDS_DIRNAME = "keras_dp"
-RECORD_TYPES = ("header", "step")
+RECORD_TYPES = ("header", "step", "window", "replica_step", "step_breakdown")
 
 # Field name -> Arrow type, per record type. Unknown fields (written by a newer
 # version) are still read, with their type inferred.
@@ -62,7 +62,42 @@ STEP_FIELDS: dict[str, pa.DataType] = {  # one record per executed train functio
     "examples_per_s": pa.float64(),
     "warmup": pa.bool_(),  # first call of a fit: includes tracing and compilation
 }
-FIELDS = {**COMMON_FIELDS, **HEADER_FIELDS, **STEP_FIELDS}
+# Profiler windows and the per-step breakdown (see keras_dp_tools.analysis.breakdown).
+WINDOW_FIELDS: dict[str, pa.DataType] = {
+    "window": pa.int64(),  # index of the window within the callback's life; null if skipped
+    "start_step": pa.int64(),
+    "end_step": pa.int64(),  # first step after the window
+    "status": pa.string(),  # analysed, skipped or failed
+    "reason": pa.string(),
+    "steps_analysed": pa.int64(),
+    "stop_ms": pa.float64(),  # training-thread time spent stopping the profiler
+    "trace": pa.string(),  # the .xplane.pb, relative to the log dir
+    "profile_run": pa.string(),  # the capture's name in TensorBoard's Profile tab
+}
+BREAKDOWN_FIELDS: dict[str, pa.DataType] = {  # replica_step and step_breakdown records
+    "replica": pa.int64(),
+    "device": pa.string(),
+    "compute_ms": pa.float64(),
+    "allreduce_ms": pa.float64(),
+    "sync_wait_ms": pa.float64(),
+    "transfer_ms": pa.float64(),
+    "exposed_allreduce_ms": pa.float64(),
+    "exposed_sync_wait_ms": pa.float64(),
+    "exposed_transfer_ms": pa.float64(),
+    "input_ms": pa.float64(),
+    "other_ms": pa.float64(),
+    "comm_share": pa.float64(),
+    "wait_share": pa.float64(),
+    "allreduce_bytes": pa.int64(),
+    "algbw_gbps": pa.float64(),
+    "busbw_gbps": pa.float64(),
+    "max_sync_wait_ms": pa.float64(),
+    "straggler_replica": pa.int64(),
+    "xprof_step_ms": pa.float64(),
+    "xprof_collectives_ms": pa.float64(),
+    "xprof_device_compute_ms": pa.float64(),
+}
+FIELDS = {**COMMON_FIELDS, **HEADER_FIELDS, **STEP_FIELDS, **WINDOW_FIELDS, **BREAKDOWN_FIELDS}
 
 
 def records_dir(log_dir: str | os.PathLike) -> Path:
@@ -161,8 +196,9 @@ def find_record_files(sources: str | os.PathLike | Iterable[str | os.PathLike]) 
 
 _SCHEMA = pa.schema(FIELDS.items())
 _PRINTABLE = re.compile(rb"\S")
-# Header fields (a few lines) are type-inferred and cast afterwards: declaring them up
-# front makes Arrow materialise a null for every step line, doubling the parse time.
+# Fields of the rare record types (headers, windows, breakdowns) are type-inferred and
+# cast afterwards: declaring them up front makes Arrow materialise a null for every step
+# line, doubling the parse time.
 _DENSE_SCHEMA = pa.schema({**COMMON_FIELDS, **STEP_FIELDS}.items())
 # Nullable pandas dtypes keep integer and boolean columns exact when another record
 # type leaves them empty (a header has no ``step``).
@@ -194,12 +230,12 @@ def _parse_lines(data: pa.Buffer, path: Path) -> pa.Table:
 
 
 def _conform(table: pa.Table, path: Path) -> pa.Table:
-    """Gives every known field its declared type, adding absent ones as nulls."""
+    """Gives every known field present in the file its declared type. Absent fields
+    stay absent (a file without profiler records has no breakdown columns): adding
+    them as nulls would cost a column per field for every line."""
     for name, kind in FIELDS.items():
         index = table.schema.get_field_index(name)
-        if index < 0:
-            table = table.append_column(name, pa.nulls(table.num_rows, kind))
-        elif table.schema.field(index).type != kind:
+        if index >= 0 and table.schema.field(index).type != kind:
             try:
                 table = table.set_column(index, name, table.column(index).cast(kind))
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as error:
@@ -236,7 +272,7 @@ def read_records(path: str | os.PathLike) -> pd.DataFrame:
     else:
         table = _parse_lines(pa.py_buffer(data).slice(0, end), path)
     frame = table.to_pandas(types_mapper=_PANDAS_TYPES.get)
-    schema = frame.loc[frame["type"] == "header", "schema"].max()
+    schema = frame.loc[frame["type"] == "header", "schema"].max() if "schema" in frame else None
     if pd.notna(schema) and schema > SCHEMA_VERSION:
         warnings.warn(
             f"{path} was written with records schema {int(schema)}; this version of "

@@ -45,6 +45,58 @@ STEP_COLUMNS = [
     "warmup",
     "time",
 ]
+# What the profiler's step_breakdown records add to each step ("trace_step_ms" is the
+# step as the trace marks it; "step_ms" stays the host wall time of StepTimer).
+BREAKDOWN_COLUMNS = [
+    "trace_step_ms",
+    "compute_ms",
+    "allreduce_ms",
+    "sync_wait_ms",
+    "transfer_ms",
+    "exposed_allreduce_ms",
+    "exposed_sync_wait_ms",
+    "exposed_transfer_ms",
+    "input_ms",
+    "other_ms",
+    "comm_share",
+    "wait_share",
+    "max_sync_wait_ms",
+    "straggler_replica",
+    "allreduce_bytes",
+    "algbw_gbps",
+    "busbw_gbps",
+    "xprof_step_ms",
+    "xprof_collectives_ms",
+]
+REPLICA_COLUMNS = [
+    "run",
+    "worker",
+    "window",
+    "step",
+    "replica",
+    "device",
+    "step_ms",
+    *BREAKDOWN_COLUMNS[1:12],
+    "allreduce_bytes",
+    "algbw_gbps",
+    "busbw_gbps",
+]
+WINDOW_COLUMNS = [
+    "run",
+    "worker",
+    "window",
+    "start_step",
+    "end_step",
+    "status",
+    "reason",
+    "steps_analysed",
+    "stop_ms",
+    "allreduce_bytes",
+    "profile_run",
+    "trace",
+    "time",
+    "source",
+]
 # Columns that must be complete in every step record.
 _STEP_INTEGERS = ("worker", "epoch", "step", "steps")
 
@@ -59,7 +111,14 @@ class Report:
             global step (``optimizer.iterations``) it started at and ``steps`` how
             many steps it covers (more than 1 with ``steps_per_execution``);
             ``step_ms`` is wall time per step. ``warmup`` rows include tracing and
-            compilation.
+            compilation. Steps inside a profiler window also carry the breakdown
+            (``BREAKDOWN_COLUMNS``: compute, all-reduce, sync wait, shares, averaged
+            over replicas); other steps leave those columns empty.
+        replicas: one row per profiled step and replica (``REPLICA_COLUMNS``): the
+            breakdown of each replica, for finding stragglers.
+        windows: one row per profiler window: its steps, ``status`` (``analysed``,
+            ``skipped``, ``failed`` with a ``reason``), and the capture's name in
+            TensorBoard's Profile tab (``profile_run``) and file (``trace``).
 
     Example:
 
@@ -72,9 +131,17 @@ class Report:
     ```
     """
 
-    def __init__(self, runs: pd.DataFrame, steps: pd.DataFrame):
+    def __init__(
+        self,
+        runs: pd.DataFrame,
+        steps: pd.DataFrame,
+        replicas: pd.DataFrame | None = None,
+        windows: pd.DataFrame | None = None,
+    ):
         self.runs = runs
         self.steps = steps
+        self.replicas = pd.DataFrame(columns=REPLICA_COLUMNS) if replicas is None else replicas
+        self.windows = pd.DataFrame(columns=WINDOW_COLUMNS) if windows is None else windows
 
     def __repr__(self) -> str:
         return (
@@ -96,10 +163,11 @@ class Report:
             frame["source"] = str(path)
             frames.append(frame)
         records = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        return cls(_runs(records), _steps(records))
+        return cls(_runs(records), _steps(records), _replicas(records), _windows(records))
 
     def summary(self) -> pd.DataFrame:
-        """One row per run: replicas, global batch, steps and step-time statistics.
+        """One row per run: replicas, global batch, steps and step-time statistics, and
+        the medians of the profiled steps' breakdown where a profiler ran.
 
         Warm-up calls (tracing, compilation) are left out of the statistics.
         ``examples_per_s`` is the median over steps.
@@ -115,6 +183,7 @@ class Report:
                 "median_step_ms": grouped["step_ms"].median(),
                 "p90_step_ms": grouped["step_ms"].quantile(0.9),
                 "examples_per_s": grouped["examples_per_s"].median(),
+                **{name: grouped[name].median() for name in _SUMMARY_BREAKDOWN},
             }
         )
         started = self.runs.groupby("run")["time"].min()
@@ -122,21 +191,60 @@ class Report:
         return summary.sort_values("start")
 
 
+_SUMMARY_BREAKDOWN = (
+    "compute_ms",
+    "exposed_allreduce_ms",
+    "sync_wait_ms",
+    "input_ms",
+    "other_ms",
+    "comm_share",
+    "wait_share",
+    "busbw_gbps",
+)
+
+
+def _of_type(records: pd.DataFrame, record_type: str, columns: list[str]) -> pd.DataFrame:
+    """Records of one type with the given columns; fields no record had are empty."""
+    return records.loc[records["type"] == record_type].reindex(columns=columns)
+
+
 def _runs(records: pd.DataFrame) -> pd.DataFrame:
-    headers = records[records["type"] == "header"]
-    runs = headers.reindex(columns=RUN_COLUMNS).drop_duplicates(["run", "worker"], keep="last")
+    runs = _of_type(records, "header", RUN_COLUMNS)
+    runs = runs.drop_duplicates(["run", "worker"], keep="last")
     return runs.sort_values(["time", "worker"]).reset_index(drop=True)
 
 
 def _steps(records: pd.DataFrame) -> pd.DataFrame:
-    steps = records.loc[
-        records["type"] == "step",
-        [c for c in STEP_COLUMNS if c not in ("replicas", "global_batch")],
-    ]
+    steps = _of_type(
+        records, "step", [c for c in STEP_COLUMNS if c not in ("replicas", "global_batch")]
+    )
+    breakdown = _of_type(
+        records,
+        "step_breakdown",
+        ["run", "worker", "step", "time", "step_ms", *BREAKDOWN_COLUMNS[1:]],
+    ).rename(columns={"step_ms": "trace_step_ms", "time": "breakdown_time"})
+    if breakdown.empty:  # the merge costs a second per 10M steps: skip it when idle
+        steps = steps.reindex(columns=[*steps.columns, *BREAKDOWN_COLUMNS[1:]])
+        steps["trace_step_ms"] = float("nan")
+    else:  # outer: a run profiled without StepTimer still lists its profiled steps
+        steps = steps.merge(breakdown, on=["run", "worker", "step"], how="outer")
+        steps["time"] = steps["time"].fillna(steps.pop("breakdown_time"))
     headers = _runs(records)[["run", "worker", "replicas", "global_batch"]]
     steps = steps.merge(headers, on=["run", "worker"], how="left")
     for column in _STEP_INTEGERS:
         if not steps[column].hasnans:
             steps[column] = steps[column].astype("int64")
-    steps = steps[STEP_COLUMNS].sort_values(["run", "worker", "step"], kind="stable")
+    steps = steps[STEP_COLUMNS + BREAKDOWN_COLUMNS].sort_values(
+        ["run", "worker", "step"], kind="stable"
+    )
     return steps.reset_index(drop=True)
+
+
+def _replicas(records: pd.DataFrame) -> pd.DataFrame:
+    rows = _of_type(records, "replica_step", REPLICA_COLUMNS)
+    return rows.sort_values(["run", "worker", "step", "replica"]).reset_index(drop=True)
+
+
+def _windows(records: pd.DataFrame) -> pd.DataFrame:
+    rows = _of_type(records, "window", WINDOW_COLUMNS)
+    return rows.sort_values(["run", "worker", "time"]).reset_index(drop=True)

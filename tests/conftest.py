@@ -29,6 +29,20 @@ def tf():
 
 
 @pytest.fixture(scope="session")
+def keras(tf):
+    import keras
+
+    return keras
+
+
+@pytest.fixture(scope="session")
+def tf_keras(tf):
+    import tf_keras
+
+    return tf_keras
+
+
+@pytest.fixture(scope="session")
 def strategy4(tf):
     """One 4-replica strategy for the whole session: a second one over the same
     devices breaks collective ops ("Shape mismatch in the collective instance")."""

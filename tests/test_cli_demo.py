@@ -1,5 +1,7 @@
 """The main job end to end: `keras-dp demo` in a fresh process, its records, its notebook."""
 
+import csv as csv_module
+import io
 import os
 import subprocess
 import sys
@@ -22,6 +24,11 @@ def test_demo_records_one_row_per_trained_step(demo_run):
     run = report.runs.iloc[0]
     assert run["replicas"] == 2 and run["global_batch"] == 32
     assert (log_dir / "train").is_dir()  # Keras's own TensorBoard callback, same log dir
+    # Three profiler windows (steps 10, 23, 36) with a breakdown per step and replica.
+    assert report.windows["start_step"].tolist() == [10, 23, 36]
+    assert set(report.windows["status"]) == {"analysed"}
+    assert set(report.replicas["replica"]) == {0, 1}
+    assert "comm_share" in result.stdout
     assert "median_step_ms" in result.stdout
     assert f"tensorboard --logdir {log_dir}" in result.stdout
 
@@ -38,6 +45,28 @@ def test_demo_explains_too_few_steps(tmp_path):
 
     assert result.returncode == 2
     assert "steps (2) must be at least epochs (3)" in result.stderr
+
+
+def test_analyze_prints_the_breakdown_of_a_log_dir(demo_run):
+    log_dir, _ = demo_run
+
+    table = run_cli("analyze", str(log_dir))
+    csv = run_cli("analyze", str(log_dir), "--csv", "--per-replica")
+
+    assert table.returncode == 0, table.stderr[-3000:]
+    assert "comm_share" in table.stdout and "sync_wait_ms" in table.stdout
+    assert "analysing" in table.stderr and "(3/3)" in table.stderr
+    rows = list(csv_module.DictReader(io.StringIO(csv.stdout)))
+    assert len(rows) == 2 * 5 * 2 + 2 * 4  # replicas x steps: two full windows, one of 4
+    assert {row["replica"] for row in rows} == {"0", "1"}
+    assert all(int(row["allreduce_bytes"]) > 0 for row in rows)
+
+
+def test_analyze_explains_a_folder_without_traces(tmp_path):
+    result = run_cli("analyze", str(tmp_path))
+
+    assert result.returncode == 2
+    assert "No profiler traces" in result.stderr
 
 
 def test_version_and_help():
@@ -120,3 +149,9 @@ def test_multiworker_example_records_each_worker_under_one_run(tmp_path):
         1: list(range(10)),
     }
     assert report.summary().loc["mw-test", "workers"] == 2
+    # Each worker profiles its own replica into its own capture folder.
+    windows = report.windows.set_index("worker")
+    assert windows["status"].tolist() == ["analysed", "analysed"]
+    assert windows.loc[1, "trace"].startswith("train/worker-1/plugins/profile/")
+    assert sorted(report.replicas["worker"].unique()) == [0, 1]
+    assert (report.replicas["replica"] == 0).all()

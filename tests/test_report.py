@@ -7,7 +7,7 @@ import pytest
 
 from keras_dp_tools import Report
 from keras_dp_tools.records import RecordWriter, worker_records_path
-from keras_dp_tools.report import STEP_COLUMNS
+from keras_dp_tools.report import BREAKDOWN_COLUMNS, STEP_COLUMNS
 
 from .test_records import header, step
 
@@ -26,7 +26,8 @@ def test_steps_have_one_row_per_worker_and_step_with_header_columns(tmp_path):
 
     report = Report.load(tmp_path)
 
-    assert list(report.steps.columns) == STEP_COLUMNS
+    assert list(report.steps.columns) == STEP_COLUMNS + BREAKDOWN_COLUMNS
+    assert report.steps["compute_ms"].isna().all()  # nothing was profiled
     assert len(report.steps) == 6
     assert report.steps[["worker", "step"]].values.tolist() == [
         [0, 0],
@@ -91,3 +92,56 @@ def test_a_million_steps_load_much_faster_than_parsing_line_by_line(tmp_path):
     assert len(report.steps) == rows
     assert report.steps["global_batch"].iloc[-1] == 512
     assert load_s < 0.5 * naive_s
+
+
+def test_profiler_records_fill_replicas_windows_and_step_breakdown(tmp_path):
+    write_run(tmp_path, "a", 0, [500.0, 10.0, 12.0])
+    writer = RecordWriter(worker_records_path(tmp_path, 0))
+    common = {"run": "a", "worker": 0, "time": 1001.0, "window": 0}
+    writer.write(
+        {
+            "type": "window",
+            **common,
+            "start_step": 1,
+            "end_step": 2,
+            "status": "analysed",
+            "steps_analysed": 1,
+            "trace": "train/x.xplane.pb",
+        }
+    )
+    for replica, wait in enumerate([0.0, 2.0]):
+        writer.write(
+            {
+                "type": "replica_step",
+                **common,
+                "step": 1,
+                "replica": replica,
+                "step_ms": 9.0,
+                "compute_ms": 5.0,
+                "sync_wait_ms": wait,
+            }
+        )
+    writer.write(
+        {
+            "type": "step_breakdown",
+            **common,
+            "step": 1,
+            "step_ms": 9.0,
+            "compute_ms": 5.0,
+            "comm_share": 0.25,
+            "straggler_replica": 0,
+        }
+    )
+    writer.close()
+
+    report = Report.load(tmp_path)
+
+    assert report.windows[["start_step", "status", "trace"]].values.tolist() == [
+        [1, "analysed", "train/x.xplane.pb"]
+    ]
+    assert report.replicas["sync_wait_ms"].tolist() == [0.0, 2.0]
+    profiled = report.steps.set_index("step")
+    assert profiled.loc[1, "trace_step_ms"] == 9.0 and profiled.loc[1, "step_ms"] == 10.0
+    assert profiled.loc[1, "comm_share"] == 0.25 and profiled.loc[1, "straggler_replica"] == 0
+    assert profiled["compute_ms"].isna().tolist() == [True, False, True]
+    assert report.summary()["comm_share"].tolist() == [0.25]

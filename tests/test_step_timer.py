@@ -5,47 +5,7 @@ import pytest
 
 import keras_dp_tools as kdt
 from keras_dp_tools.records import worker_records_path
-
-GLOBAL_BATCH = 32
-
-
-def dense_model(keras, strategy, steps_per_execution=1):
-    with strategy.scope():
-        model = keras.Sequential(
-            [keras.Input((8,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)]
-        )
-        model.compile(optimizer="adam", loss="mse", steps_per_execution=steps_per_execution)
-    return model
-
-
-def regression_data(examples=GLOBAL_BATCH * 7):
-    rng = np.random.default_rng(0)
-    x = rng.normal(size=(examples, 8)).astype("float32")
-    return x, x.sum(axis=1, keepdims=True)
-
-
-def fit(model, callbacks, epochs=1):
-    """Fits 7 steps per epoch; returns the History."""
-    x, y = regression_data()
-    return model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=epochs, verbose=0, callbacks=callbacks)
-
-
-def iterations(model) -> int:
-    return int(np.asarray(model.optimizer.iterations))
-
-
-@pytest.fixture(scope="module")
-def keras(tf):
-    import keras
-
-    return keras
-
-
-@pytest.fixture(scope="module")
-def tf_keras(tf):
-    import tf_keras
-
-    return tf_keras
+from tests.training import GLOBAL_BATCH, dense_model, fit, iterations
 
 
 def test_one_record_per_step_with_positive_times(tmp_path, keras, strategy4):
@@ -147,7 +107,8 @@ def test_a_failing_measurement_warns_once_and_training_goes_on(tmp_path, keras, 
     with pytest.warns(kdt.MeasurementWarning, match="StepTimer stopped measuring") as caught:
         history = fit(model, kdt.callbacks(blocker), epochs=2)
 
-    assert len([w for w in caught if issubclass(w.category, kdt.MeasurementWarning)]) == 1
+    stopped = [str(w.message).split()[0] for w in caught if w.category is kdt.MeasurementWarning]
+    assert sorted(stopped) == ["DataParallelProfiler", "StepTimer"]  # once per callback
     assert len(history.history["loss"]) == 2
     assert iterations(model) == 14
 
@@ -168,3 +129,13 @@ def test_records_survive_a_training_crash(tmp_path, keras, strategy4):
 def test_invalid_global_batch_is_rejected_with_the_value(tmp_path):
     with pytest.raises(ValueError, match="received 0"):
         kdt.StepTimer(tmp_path, global_batch=0)
+
+
+def test_callbacks_of_one_fit_share_a_run_in_any_order(tmp_path, keras, strategy4):
+    profiler = kdt.DataParallelProfiler(tmp_path, start_step=2, window=2)
+    fit(dense_model(keras, strategy4), [profiler, kdt.StepTimer(tmp_path, global_batch=32)])
+
+    report = kdt.Report.load(tmp_path)
+    assert report.runs["run"].nunique() == 1
+    assert report.runs.iloc[0]["global_batch"] == 32  # the later callback filled it in
+    assert set(report.windows["run"]) == set(report.steps["run"])

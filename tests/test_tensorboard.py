@@ -1,5 +1,6 @@
 """The demo's log dir served by a real `tensorboard --logdir` on loopback shows our scalars."""
 
+import gzip
 import json
 import subprocess
 import sys
@@ -14,11 +15,14 @@ from .conftest import free_ports
 
 def get_json(url: str):
     with urllib.request.urlopen(url, timeout=5) as response:
-        return json.load(response)
+        body = response.read()
+        if response.headers.get("Content-Encoding") == "gzip":  # the profile plugin gzips
+            body = gzip.decompress(body)
+        return json.loads(body)
 
 
 @pytest.mark.slow
-def test_tensorboard_lists_our_scalars(demo_run):
+def test_tensorboard_lists_our_scalars_and_profiles(demo_run):
     log_dir, _ = demo_run
     (port,) = free_ports(1)
     tensorboard = Path(sys.executable).with_name("tensorboard")
@@ -41,6 +45,7 @@ def test_tensorboard_lists_our_scalars(demo_run):
             except OSError:
                 continue
         plugins = get_json(f"{base}/data/plugins_listing")
+        profile_runs = get_json(f"{base}/data/plugin/profile/runs")
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -48,3 +53,8 @@ def test_tensorboard_lists_our_scalars(demo_run):
     assert {"dp/step_ms", "dp/examples_per_s"} <= set(tags.get("keras_dp/worker-0", {}))
     assert "train" in tags  # Keras's own TensorBoard callback, side by side
     assert "profile" in plugins  # tensorboard-plugin-profile is installed for the Profile tab
+    # The Profile tab lists our profiler windows, named "<capture> (<log dir subfolder>)" or
+    # "train/<capture>" depending on the plugin version.
+    captures = {path.parent.name for path in log_dir.glob("train/plugins/profile/*/*.xplane.pb")}
+    assert len(captures) == 3
+    assert all(any(capture in str(run) for run in profile_runs) for capture in captures)

@@ -1,10 +1,19 @@
 """Capture layer: Keras callbacks that record data-parallel training (Keras 3 and tf_keras)."""
 
 from keras_dp_tools.callbacks.base import DataParallelCallback, MeasurementWarning
+from keras_dp_tools.callbacks.data_parallel_profiler import DataParallelProfiler
 from keras_dp_tools.callbacks.step_timer import StepTimer
 
 
-def callbacks(log_dir, *, global_batch: int | None = None, tensorboard: bool = True) -> list:
+def callbacks(
+    log_dir,
+    *,
+    global_batch: int | None = None,
+    tensorboard: bool = True,
+    profile: bool = True,
+    profile_start_step: int = 10,
+    profile_every: int | None = None,
+) -> list:
     """The recommended keras_dp_tools callbacks for ``model.fit``, all writing to ``log_dir``.
 
     Example:
@@ -18,11 +27,31 @@ def callbacks(log_dir, *, global_batch: int | None = None, tensorboard: bool = T
         log_dir: the run folder (the one you would give ``keras.callbacks.TensorBoard``).
         global_batch: examples per step over all replicas, for throughput.
         tensorboard: write TensorBoard scalars next to the records.
+        profile: capture profiler windows and break steps down into compute and
+            all-reduce (``DataParallelProfiler``).
+        profile_start_step: global step of the first profiler window.
+        profile_every: steps between profiler windows; None captures one window.
 
     Returns:
         A list of callbacks; add your own to it.
     """
-    return [StepTimer(log_dir, global_batch=global_batch, tensorboard=tensorboard)]
+    chosen = [StepTimer(log_dir, global_batch=global_batch, tensorboard=tensorboard)]
+    if profile:
+        chosen.append(
+            DataParallelProfiler(
+                log_dir,
+                start_step=profile_start_step,
+                every=profile_every,
+                tensorboard=tensorboard,
+            )
+        )
+    return chosen
 
 
-__all__ = ["DataParallelCallback", "MeasurementWarning", "StepTimer", "callbacks"]
+__all__ = [
+    "DataParallelCallback",
+    "DataParallelProfiler",
+    "MeasurementWarning",
+    "StepTimer",
+    "callbacks",
+]

@@ -91,13 +91,21 @@ class Recorder:
         """Writes a header unless the current run already has the same identity.
 
         Two fits in a row on the same model continue one run; a fit with another
-        strategy, replica count or batch starts a new one.
+        strategy, replica count or batch starts a new one. Callbacks of one fit share
+        the run: a field one of them does not know (None, e.g. the global batch) does
+        not start a new run, and one it adds is recorded by repeating the header.
         """
-        identity = {key: header.get(key) for key in _RUN_IDENTITY}
-        if self._header is not None and identity == {
-            key: self._header.get(key) for key in _RUN_IDENTITY
-        }:
-            return self.run_id
+        if self._header is not None:
+            known = {key: header.get(key) for key in _RUN_IDENTITY}
+            current = {key: self._header.get(key) for key in _RUN_IDENTITY}
+            if all(v is None or current[k] in (None, v) for k, v in known.items()):
+                additions = {
+                    k: v for k, v in header.items() if v is not None and self._header.get(k) is None
+                }
+                if additions:
+                    self._header = {**self._header, **additions}
+                    self._records.write(self._header)  # readers keep a run's last header
+                return self.run_id
         self.run_id = new_run_id(previous=self.run_id)
         self._header = {
             "type": "header",

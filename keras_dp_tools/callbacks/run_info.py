@@ -85,3 +85,17 @@ def describe_run(model, global_batch: int | None) -> dict:
         "python_version": platform.python_version(),
         "keras_dp_tools_version": keras_dp_tools.__version__,
     }
+
+
+def gradient_bytes(model) -> int | None:
+    """Bytes of the trainable variables: what each replica all-reduces per step."""
+    try:
+        total = 0
+        for variable in model.trainable_variables:
+            dtype = variable.dtype
+            itemsize = getattr(dtype, "size", None) or np.dtype(dtype).itemsize
+            total += int(np.prod(variable.shape)) * itemsize
+        return total
+    except Exception as error:  # exotic variables; bandwidths stay empty
+        logger.info("could not size the trainable variables (%s)", error)
+        return None

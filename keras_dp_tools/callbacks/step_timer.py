@@ -6,7 +6,8 @@ import time
 
 from keras_dp_tools.callbacks.base import DataParallelCallback
 from keras_dp_tools.callbacks.recorder import Recorder
-from keras_dp_tools.callbacks.run_info import describe_run, global_step, worker_index
+from keras_dp_tools.callbacks.run_info import describe_run, worker_index
+from keras_dp_tools.callbacks.step_counter import StepCounter
 from keras_dp_tools.scaling import require_positive_int
 
 
@@ -61,25 +62,22 @@ class StepTimer(DataParallelCallback):
         )
         self.tensorboard = tensorboard
         self._recorder = None
-        self._step = 0
+        self._steps = StepCounter()
         self._epoch = 0
         self._call_started = None
-        self._first_batch = 0
-        self._warmup = True
 
     def on_train_begin(self, logs=None):
         self._close()  # a previous fit that raised never reached on_train_end
         strategy = self.model.distribute_strategy
         self._recorder = Recorder.acquire(self.log_dir, worker_index(strategy)[0])
         self._recorder.start_run(describe_run(self.model, self.global_batch))
-        self._step = global_step(self.model) or 0
-        self._warmup = True
+        self._steps.start(self.model)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
 
     def on_train_batch_begin(self, batch, logs=None):
-        self._first_batch = batch
+        self._steps.begin_call(batch)
         self._call_started = (time.time(), time.perf_counter())
 
     def on_train_batch_end(self, batch, logs=None):
@@ -87,12 +85,8 @@ class StepTimer(DataParallelCallback):
             return
         started_at, started = self._call_started
         elapsed_s = time.perf_counter() - started
-        steps = batch - self._first_batch + 1
-        if steps > 1:
-            # Keras 3 numbers a short last call of an epoch as if it were full: trust
-            # the optimizer. (One variable read; the step's logs were fetched already.)
-            applied = (global_step(self.model) or 0) - self._step
-            steps = applied if 0 < applied <= steps else steps
+        warmup = self._steps.calls == 0
+        step, steps = self._steps.end_call(batch)
         step_ms = 1000.0 * elapsed_s / steps
         examples_per_s = (
             self.global_batch * steps / elapsed_s if self.global_batch and elapsed_s > 0 else None
@@ -101,18 +95,16 @@ class StepTimer(DataParallelCallback):
             "step",
             time=started_at,
             epoch=self._epoch,
-            step=self._step,
+            step=step,
             steps=steps,
             step_ms=step_ms,
             examples_per_s=examples_per_s,
-            warmup=self._warmup,
+            warmup=warmup,
         )
         if self.tensorboard:
             self._recorder.scalars(
-                self._step, {"dp/step_ms": step_ms, "dp/examples_per_s": examples_per_s}
+                step, {"dp/step_ms": step_ms, "dp/examples_per_s": examples_per_s}
             )
-        self._step += steps
-        self._warmup = False
         self._call_started = None
 
     def on_epoch_end(self, epoch, logs=None):

@@ -1,0 +1,124 @@
+"""What a trace event is (compute, communication, input) and which replica it belongs to.
+
+Two trace shapes are understood:
+
+* **CPU logical devices** (one ``/host:CPU`` plane): TF op events are named
+  ``<scope>/<op name>:<OpType>``. Replica k's ops sit under a ``replica_k/`` scope and its
+  variable updates under ``update_k/`` (``update_k_<j>`` for the j-th further variable);
+  replica 0's forward and backward ops have no scope. The all-reduce is built in a loop
+  over replicas, so its per-replica ops (the collective of one ``instance_key``, the
+  ``concat`` / ``split`` that pack gradients around it) are named ``<name>`` for replica 0
+  and ``<name>_k`` for replica k. Indices past the replica count wrap around (a second
+  gradient pack continues the numbering).
+* **GPUs**: one ``/device:GPU:<n>`` plane per device; kernels on its ``Stream`` lines
+  belong to that device. NCCL kernels (``nccl*``) are collectives, peer copies are
+  communication, host-to-device copies are input.
+"""
+
+from __future__ import annotations
+
+import re
+from enum import Enum
+
+from keras_dp_tools.analysis.xspace import TraceEvent
+
+
+class Kind(str, Enum):
+    COMPUTE = "compute"
+    COLLECTIVE = "collective"  # all peers must arrive: its time splits into wait + transfer
+    COPY = "copy"  # copy-based reduction traffic: all transfer
+    INPUT = "input"
+
+
+COLLECTIVE_OP_TYPES = frozenset(
+    {
+        "CollectiveReduce",
+        "CollectiveReduceV2",
+        "CollectiveReduceV3",
+        "CollectiveReduceScatterV2",
+        "CollectiveGather",
+        "CollectiveGatherV2",
+        "CollectiveBcastSend",
+        "CollectiveBcastRecv",
+        "CollectiveBcastSendV2",
+        "CollectiveBcastRecvV2",
+        "CollectiveAllToAllV2",
+        "CollectiveAllToAllV3",
+        "NcclAllReduce",
+        "NcclReduce",
+        "NcclBroadcast",
+    }
+)
+# Cross-device transfers of ReductionToOneDevice / HierarchicalCopyAllReduce.
+COPY_OP_TYPES = frozenset({"_Send", "_Recv", "_HostSend", "_HostRecv"})
+INPUT_OP_TYPES = frozenset(
+    {
+        "IteratorGetNext",
+        "IteratorGetNextSync",
+        "IteratorGetNextAsOptional",
+        "MultiDeviceIteratorGetNextFromShard",
+    }
+)
+
+_TF_OP = re.compile(r"^(?P<name>[^:\s]+):(?P<type>[A-Za-z_]\w*)$")
+_REPLICA_SCOPE = re.compile(r"(?:^|/)(?:replica|update)_(\d+)(?:_\d+)?/")
+# Op types TensorFlow creates once per replica around a collective (gradient packing).
+_PER_REPLICA_COPY_TYPES = frozenset({"ConcatV2", "SplitV", "Split"})
+_COPY_SUFFIX = re.compile(r"_(\d+)$")
+# Consumer side of tf.data: the step blocks while these run. (Producer threads prefetch
+# in the background and are not counted.)
+_INPUT_EVENT = re.compile(r"^(?:\w+GetNext\w*Op::DoCompute|GetNextFromShard(?P<shard>\d+))$")
+_PEER_COPY = re.compile(r"^memcpy\s*(?:p2p|dtod|d2d)", re.IGNORECASE)
+_HOST_TO_DEVICE = re.compile(r"^memcpy\s*(?:htod|h2d)", re.IGNORECASE)
+
+
+def op_kind(op_type: str) -> Kind:
+    """The kind of a TF op type."""
+    if op_type in COLLECTIVE_OP_TYPES:
+        return Kind.COLLECTIVE
+    if op_type in COPY_OP_TYPES:
+        return Kind.COPY
+    if op_type in INPUT_OP_TYPES:
+        return Kind.INPUT
+    return Kind.COMPUTE
+
+
+def classify_host_event(event: TraceEvent) -> tuple[Kind, int | None] | None:
+    """(kind, replica) of a host event of a CPU-device run; None for events that are not
+    TF ops or input waits (executor bookkeeping, Python, allocator events). A replica of
+    None means the event serves every replica (shared input)."""
+    if event.line == "python":  # eager ops and tracing: host overhead, not device work
+        return None
+    op = _TF_OP.match(event.name)
+    if op is None:
+        waits = _INPUT_EVENT.match(event.name)
+        if waits is None:
+            return None
+        shard = waits.group("shard")
+        return Kind.INPUT, None if shard is None else int(shard)
+    name, kind = op.group("name"), op_kind(op.group("type"))
+    scope = _REPLICA_SCOPE.search(name)
+    if scope is not None:
+        return kind, int(scope.group(1))
+    if kind in (Kind.COLLECTIVE, Kind.INPUT) or op.group("type") in _PER_REPLICA_COPY_TYPES:
+        # Per-replica copies of one op: "<op>" for replica 0, "<op>_k" for replica k.
+        suffix = _COPY_SUFFIX.search(name.rsplit("/", 1)[-1])
+        return kind, int(suffix.group(1)) if suffix else 0
+    return kind, 0
+
+
+def classify_device_event(event: TraceEvent) -> Kind:
+    """The kind of a kernel or copy on a GPU plane."""
+    name = event.name
+    if name.lower().startswith("nccl"):
+        return Kind.COLLECTIVE
+    if _PEER_COPY.match(name):
+        return Kind.COPY
+    if _HOST_TO_DEVICE.match(name):
+        return Kind.INPUT
+    tf_op = event.stats.get("tf_op")
+    if isinstance(tf_op, str) and ":" in tf_op:
+        kind = op_kind(tf_op.rsplit(":", 1)[1])
+        if kind is not Kind.INPUT:
+            return kind
+    return Kind.COMPUTE

@@ -1,0 +1,52 @@
+"""Interval arithmetic on time spans: the unions, overlaps and differences that turn
+trace events into exclusive parts of a step.
+
+An interval is a ``(start, end)`` pair of integers (picoseconds in traces) with
+``start <= end``. "Merged" lists are sorted and non-overlapping; ``merge`` makes one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+Interval = tuple[int, int]
+
+
+def merge(intervals: Iterable[Interval]) -> list[Interval]:
+    """The union of ``intervals`` as a sorted list of disjoint intervals (touching
+    intervals are joined; empty ones dropped)."""
+    merged: list[list[int]] = []
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if merged and start <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], end)
+        else:
+            merged.append([start, end])
+    return [(start, end) for start, end in merged]
+
+
+def length(merged: Iterable[Interval]) -> int:
+    """Total time covered by a merged list."""
+    return sum(end - start for start, end in merged)
+
+
+def intersect(first: list[Interval], second: list[Interval]) -> list[Interval]:
+    """Time covered by both merged lists, as a merged list (one linear sweep)."""
+    overlap = []
+    i = j = 0
+    while i < len(first) and j < len(second):
+        start = max(first[i][0], second[j][0])
+        end = min(first[i][1], second[j][1])
+        if start < end:
+            overlap.append((start, end))
+        if first[i][1] < second[j][1]:
+            i += 1
+        else:
+            j += 1
+    return overlap
+
+
+def overlap_length(first: list[Interval], second: list[Interval]) -> int:
+    """``length(intersect(first, second))`` for two merged lists."""
+    return length(intersect(first, second))

@@ -1,0 +1,412 @@
+"""DataParallelProfiler: profiler windows and their per-step compute / all-reduce breakdown."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import sys
+import time
+import warnings
+import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+from keras_dp_tools.callbacks.base import DataParallelCallback, MeasurementWarning
+from keras_dp_tools.callbacks.recorder import Recorder
+from keras_dp_tools.callbacks.run_info import (
+    describe_run,
+    gradient_bytes,
+    keras_package,
+    strategy_devices,
+    worker_index,
+)
+from keras_dp_tools.callbacks.step_counter import StepCounter
+from keras_dp_tools.scaling import require_positive_int
+
+logger = logging.getLogger("keras_dp_tools")
+
+# Scalars written per analysed step (tag "dp/<column>").
+SCALAR_COLUMNS = (
+    "compute_ms",
+    "allreduce_ms",
+    "exposed_allreduce_ms",
+    "sync_wait_ms",
+    "transfer_ms",
+    "input_ms",
+    "other_ms",
+    "comm_share",
+    "wait_share",
+    "max_sync_wait_ms",
+    "busbw_gbps",
+)
+
+
+def profile_dir(log_dir, worker: int) -> Path:
+    """Where a worker's captures go: ``<log_dir>/train`` (TensorBoard's Profile tab lists
+    it as run ``train``), ``<log_dir>/train/worker-<i>`` for further workers."""
+    base = Path(log_dir) / "train"
+    return base if worker == 0 else base / f"worker-{worker}"
+
+
+class DataParallelProfiler(DataParallelCallback):
+    """Captures profiler windows and breaks each step down into compute and all-reduce.
+
+    Every ``every`` steps from ``start_step`` on (once, if ``every`` is None), the
+    TensorFlow profiler records ``window`` steps into ``<log_dir>/train``, where
+    TensorBoard's Profile tab lists them. Each step is wrapped in
+    ``tf.profiler.experimental.Trace("train", step_num=<global step>, _r=1)``, so XProf
+    detects the steps (also in captures of your own, such as
+    ``keras.callbacks.TensorBoard(profile_batch=...)``, which on its own reports "No step
+    marker observed" with Keras 3).
+
+    After a window, a background thread reads the trace and computes per step and
+    replica: ``compute_ms``, ``allreduce_ms`` = ``sync_wait_ms`` (waiting for the slowest
+    peer) + ``transfer_ms``, ``exposed_allreduce_ms`` (not hidden behind compute),
+    ``input_ms``, ``other_ms``, ``comm_share``, ``wait_share``, and the all-reduce bus
+    bandwidth. The results go to the records (``replica_step`` and ``step_breakdown``,
+    read by ``kdt.Report``) and to TensorBoard scalars ``dp/compute_ms``,
+    ``dp/allreduce_ms``, ``dp/comm_share``, ... The training thread only starts and
+    stops the profiler; stopping it writes the trace, which takes a moment once per
+    window.
+
+    Only one profiler session can run in a process: a window that would overlap another
+    session (a ``TensorBoard(profile_batch=...)`` in the same fit, or one you started)
+    is skipped with a warning.
+
+    Example:
+
+    ```python
+    import keras
+    import numpy as np
+    import keras_dp_tools as kdt
+
+    strategy = kdt.mirrored_strategy(2)  # 2 GPUs, or the CPU split in 2
+    with strategy.scope():
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+    x, y = np.zeros((2048, 64)), np.zeros((2048, 1))
+    model.fit(x, y, batch_size=64, epochs=1,
+              callbacks=[kdt.DataParallelProfiler("logs/run1", start_step=5)])
+    print(kdt.Report.load("logs/run1").steps.dropna(subset=["compute_ms"]))
+    ```
+
+    Args:
+        log_dir: run folder, as for ``kdt.StepTimer`` and ``keras.callbacks.TensorBoard``.
+        start_step: global step (``optimizer.iterations``) where the first window starts;
+            the first call of every ``fit`` (tracing, compilation) is never profiled.
+        window: steps (train-function calls) per window.
+        every: steps from one window start to the next; None profiles one window.
+        max_windows: most windows to capture over the callback's life (disk use).
+        tensorboard: also write TensorBoard scalars.
+    """
+
+    def __init__(
+        self,
+        log_dir,
+        start_step: int = 10,
+        window: int = 5,
+        every: int | None = None,
+        max_windows: int = 20,
+        tensorboard: bool = True,
+    ):
+        super().__init__()
+        self.log_dir = log_dir
+        if not isinstance(start_step, int) or start_step < 0:
+            raise ValueError(f"start_step must be an integer >= 0, received {start_step!r}.")
+        self.start_step = start_step
+        self.window = require_positive_int("window", window)
+        self.every = None if every is None else require_positive_int("every", every)
+        if self.every is not None and self.every < self.window:
+            raise ValueError(
+                f"every={every} is shorter than window={window}: windows would overlap. "
+                "Use every >= window, or every=None for a single window."
+            )
+        self.max_windows = require_positive_int("max_windows", max_windows)
+        self.tensorboard = tensorboard
+        self.windows_taken = 0
+        self._next_start = start_step
+        self._recorder = None
+        self._steps = StepCounter()
+        self._window = None  # the open window: dict of its record fields
+        self._marker = None
+        self._mark_steps = True
+        self._foreign_calls: list[tuple[int, int]] = []  # calls other profilers claim
+        self._pending: list[tuple[dict, Future]] = []
+        self._executor: ThreadPoolExecutor | None = None
+        self._warned: set[str] = set()
+        self._run_facts: dict = {}
+
+    # -- hooks ---------------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        self._close()
+        strategy = self.model.distribute_strategy
+        worker = worker_index(strategy)[0]
+        self._recorder = Recorder.acquire(self.log_dir, worker)
+        self._recorder.start_run(describe_run(self.model, None))
+        self._steps.start(self.model)
+        # tf_keras marks every step itself; our markers nest inside its own in windows.
+        self._mark_steps = keras_package(self.model) != "tf_keras"
+        self._foreign_calls = _sibling_profile_calls(self)
+        devices = strategy_devices(strategy)
+        self._run_facts = {
+            "worker": worker,
+            "replicas": len(devices) or None,  # this worker's: the ones in its trace
+            "group_size": int(strategy.num_replicas_in_sync),
+            "devices": devices,
+            "allreduce_bytes": gradient_bytes(self.model),
+        }
+
+    def on_train_batch_begin(self, batch, logs=None):
+        step = self._steps.begin_call(batch)
+        if self._window is None and self._window_due(step):
+            self._open_window(step)
+        if self._mark_steps or self._window is not None:
+            import tensorflow as tf
+
+            self._marker = tf.profiler.experimental.Trace("train", step_num=step, _r=1, kdp=1)
+            self._marker.__enter__()
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._end_marker()
+        self._steps.end_call(batch)
+        if self._window is not None and self._steps.calls >= self._window["end_call"]:
+            self._close_window()
+        self._collect(wait=False)
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._collect(wait=False)
+
+    def on_train_end(self, logs=None):
+        self._close()
+
+    def _on_failure(self):
+        self._close()
+
+    # -- windows -------------------------------------------------------------
+
+    def _window_due(self, step: int) -> bool:
+        if self._next_start is None or self.windows_taken >= self.max_windows:
+            return False
+        if step < self._next_start or self._steps.calls == 0:  # first call compiles
+            return False
+        call = self._steps.calls
+        for first, last in self._foreign_calls:
+            if call <= last and first < call + self.window:
+                self._warn_once(
+                    "foreign",
+                    f"DataParallelProfiler moved its window past calls {first + 1}-{last + 1} "
+                    "of this fit, which keras.callbacks.TensorBoard(profile_batch=...) "
+                    "profiles: only one profiler session can run at a time.",
+                )
+                return False
+        return True
+
+    def _schedule_next(self, step: int) -> None:
+        self._next_start = None if self.every is None else max(step, self._next_start) + self.every
+
+    def _open_window(self, step: int) -> None:
+        import tensorflow as tf
+
+        directory = profile_dir(self.log_dir, self._run_facts["worker"])
+        before = _captures(directory)
+        try:
+            tf.profiler.experimental.start(str(directory))
+        except (tf.errors.AlreadyExistsError, tf.errors.UnavailableError) as error:
+            reason = f"another profiler session is active ({error.message})"
+            self._schedule_next(step)
+            self._recorder.write(
+                "window", time=time.time(), start_step=step, status="skipped", reason=reason
+            )
+            self._warn_once(
+                "busy",
+                f"DataParallelProfiler skipped the window at step {step}: {reason}. Only one "
+                "profiler session can run at a time; stop the other one or move start_step.",
+            )
+            return
+        self._window = {
+            "window": self.windows_taken,
+            "start_step": step,
+            "end_call": self._steps.calls + self.window,
+            "directory": directory,
+            "before": before,
+            "started": time.time(),
+        }
+        self.windows_taken += 1
+        _open_windows.add(self)
+        logger.info("profiling %d steps from step %d into %s", self.window, step, directory)
+
+    def _close_window(self) -> None:
+        import tensorflow as tf
+
+        window, self._window = self._window, None
+        _open_windows.discard(self)
+        stop_started = time.perf_counter()
+        _wait_for_a_free_capture_name(window["directory"])
+        tf.profiler.experimental.stop()
+        stop_ms = 1000 * (time.perf_counter() - stop_started)
+        first_step = window["start_step"]
+        self._schedule_next(first_step)
+        new = sorted(set(_captures(window["directory"])) - set(window["before"]))
+        record = {
+            "time": window["started"],
+            "window": window["window"],
+            "start_step": first_step,
+            "end_step": self._steps.next_step,
+            "stop_ms": stop_ms,
+            "allreduce_bytes": self._run_facts["allreduce_bytes"],
+        }
+        if not new:
+            self._write_window(record, "failed", "the profiler wrote no trace")
+            return
+        trace = new[-1]
+        record["trace"] = str(_relative(trace, self.log_dir))
+        record["profile_run"] = trace.parent.name
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(1, thread_name_prefix="keras_dp_analysis")
+        self._pending.append((record, self._executor.submit(self._analyze, trace)))
+
+    def _analyze(self, trace: Path):
+        from keras_dp_tools.analysis import analyze_trace
+
+        return analyze_trace(
+            trace,
+            allreduce_bytes=self._run_facts["allreduce_bytes"],
+            replicas=self._run_facts["replicas"],
+            devices=self._run_facts["devices"],
+            group_size=self._run_facts["group_size"],
+        )
+
+    def _collect(self, wait: bool) -> None:
+        """Writes the results of finished analyses (all of them if ``wait``)."""
+        if not self._pending:
+            return
+        if wait:
+            logger.info("keras_dp_tools: analysing %d profiler window(s)", len(self._pending))
+        still_running = []
+        for record, future in self._pending:
+            if not wait and not future.done():
+                still_running.append((record, future))
+                continue
+            try:
+                breakdown = future.result()
+            except Exception as error:  # a bad trace costs its window, not the callback
+                self._write_window(record, "failed", f"{type(error).__name__}: {error}")
+                message = f"DataParallelProfiler could not analyse {record['trace']}: {error}"
+                self._warn_once("analysis", message)
+                continue
+            self._write_breakdown(record, breakdown)
+        self._pending = still_running
+
+    def _write_breakdown(self, record: dict, breakdown) -> None:
+        window = record["window"]
+        for row in breakdown.replicas.to_dict("records"):
+            self._recorder.write("replica_step", time=record["time"], window=window, **row)
+        steps = breakdown.steps.to_dict("records")
+        for row in steps:
+            self._recorder.write("step_breakdown", time=record["time"], window=window, **row)
+            if self.tensorboard:
+                values = {f"dp/{name}": _number(row.get(name)) for name in SCALAR_COLUMNS}
+                self._recorder.scalars(int(row["step"]), values)
+        status, reason = ("analysed", None) if steps else ("failed", "no step markers in trace")
+        self._write_window(record, status, reason, steps=len(steps))
+
+    def _write_window(self, record: dict, status: str, reason: str | None, steps=0) -> None:
+        self._recorder.write("window", **record, status=status, reason=reason, steps_analysed=steps)
+
+    # -- cleanup ---------------------------------------------------------------
+
+    def _end_marker(self) -> None:
+        marker, self._marker = self._marker, None
+        if marker is not None:
+            marker.__exit__(None, None, None)
+
+    def _close(self) -> None:
+        self._end_marker()
+        if self._window is not None:  # training ended or failed inside a window
+            self._window["end_call"] = self._steps.calls
+            try:
+                self._close_window()
+            except Exception as error:
+                logger.debug("stopping the profiler failed: %s", error)
+                self._window = None
+        if self._recorder is not None:
+            try:
+                self._collect(wait=True)
+            finally:
+                self._recorder.release()
+                self._recorder = None
+        if self._executor is not None:
+            self._executor.shutdown(wait=True)
+            self._executor = None
+        self._pending = []
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(message, MeasurementWarning, stacklevel=3)
+
+
+# Profilers inside a window: a fit that raised never calls on_train_end, so the window
+# is closed (its trace written and analysed) by the next fit or at exit.
+_open_windows: weakref.WeakSet[DataParallelProfiler] = weakref.WeakSet()
+
+
+@atexit.register
+def _close_open_windows() -> None:
+    for profiler in list(_open_windows):
+        try:
+            profiler._close()
+        except Exception as error:  # at exit, TensorFlow may be half torn down
+            logger.debug("closing a profiler window at exit failed: %s", error)
+
+
+def _wait_for_a_free_capture_name(directory: Path) -> None:
+    """The profiler names a capture by the local second it stops in and overwrites a
+    capture of the same name: wait out the second of an earlier capture (ours, or a
+    TensorBoard callback's) rather than replace it. Rare, and under a second."""
+    taken = {path.name for path in (directory / "plugins" / "profile").glob("*")}
+    while time.strftime("%Y_%m_%d_%H_%M_%S") in taken:
+        time.sleep(0.02)
+
+
+def _captures(directory: Path) -> list[Path]:
+    return sorted((directory / "plugins" / "profile").glob("*/*.xplane.pb"))
+
+
+def _relative(path: Path, log_dir) -> Path:
+    try:
+        return path.resolve().relative_to(Path(log_dir).resolve())
+    except ValueError:
+        return path
+
+
+def _number(value):
+    try:
+        return None if value is None or value != value else float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def _sibling_profile_calls(callback) -> list[tuple[int, int]]:
+    """Calls of this fit (0-based) that another callback of the same fit will profile.
+
+    Keras and tf_keras give callbacks no handle on each other, so this looks for the
+    ``CallbackList`` that is calling us up the stack and reads the ``profile_batch``
+    range (``_start_batch`` / ``_stop_batch``, counted from 1) of TensorBoard callbacks
+    in it. If that fails, starting the profiler still detects the collision.
+    """
+    frame = sys._getframe(1)
+    for _ in range(10):
+        if frame is None:
+            break
+        members = getattr(frame.f_locals.get("self"), "callbacks", None)
+        if isinstance(members, list) and any(member is callback for member in members):
+            return [
+                (int(member._start_batch) - 1, int(member._stop_batch) - 1)
+                for member in members
+                if member is not callback and getattr(member, "_start_batch", 0)
+            ]
+        frame = frame.f_back
+    return []

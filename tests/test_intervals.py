@@ -1,0 +1,16 @@
+"""Interval arithmetic behind the breakdown."""
+
+from keras_dp_tools.analysis import intervals
+
+
+def test_merge_joins_overlapping_and_touching_and_drops_empty():
+    assert intervals.merge([(5, 7), (0, 2), (1, 3), (3, 4), (9, 9), (8, 6)]) == [(0, 4), (5, 7)]
+
+
+def test_length_intersect_and_overlap():
+    first = intervals.merge([(0, 10), (20, 30)])
+    second = intervals.merge([(5, 25), (28, 40)])
+    assert intervals.length(first) == 20
+    assert intervals.intersect(first, second) == [(5, 10), (20, 25), (28, 30)]
+    assert intervals.overlap_length(first, second) == 12
+    assert intervals.intersect(first, []) == []
