@@ -1,32 +1,30 @@
 """keras_dp_tools: profile and tune synchronous data-parallel Keras training.
 
-Importing the package does not import TensorFlow: the records, the report and the
-NVML reader work without it. Callbacks import TensorFlow when training starts.
+Importing the package imports nothing heavy: names load on first use, so the records,
+the report and the NVML reader work without TensorFlow (the NVML reader even without
+pandas, e.g. on a GPU box checked with only ``nvidia-ml-py``). Callbacks import
+TensorFlow when training starts.
 """
+
+from keras_dp_tools._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-from keras_dp_tools.callbacks import (
-    DataParallelCallback,
-    DataParallelProfiler,
-    MeasurementWarning,
-    StepTimer,
-    callbacks,
-)
-from keras_dp_tools.devices import configure_devices, mirrored_strategy
-from keras_dp_tools.report import Report
-from keras_dp_tools.scaling import replica_count, scale_batch_size
+# The function, bound after its subpackage of the same name is imported (which is
+# light): later imports of callback modules then leave this name alone.
+from keras_dp_tools.callbacks import callbacks
 
-__all__ = [
-    "DataParallelCallback",
-    "DataParallelProfiler",
-    "MeasurementWarning",
-    "Report",
-    "StepTimer",
-    "__version__",
-    "callbacks",
-    "configure_devices",
-    "mirrored_strategy",
-    "replica_count",
-    "scale_batch_size",
-]
+_EXPORTS = {
+    "DataParallelCallback": "keras_dp_tools.callbacks.base",
+    "MeasurementWarning": "keras_dp_tools.callbacks.base",
+    "DataParallelProfiler": "keras_dp_tools.callbacks.data_parallel_profiler",
+    "GpuMonitor": "keras_dp_tools.callbacks.gpu_monitor",
+    "StepTimer": "keras_dp_tools.callbacks.step_timer",
+    "configure_devices": "keras_dp_tools.devices",
+    "mirrored_strategy": "keras_dp_tools.devices",
+    "Report": "keras_dp_tools.report",
+    "replica_count": "keras_dp_tools.scaling",
+    "scale_batch_size": "keras_dp_tools.scaling",
+}
+__all__ = ["__version__", "callbacks", *sorted(_EXPORTS)]
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -28,7 +28,16 @@ import pyarrow.json as pa_json
 
 SCHEMA_VERSION = 1
 RECORDS_DIRNAME = "keras_dp"
-RECORD_TYPES = ("header", "step", "window", "replica_step", "step_breakdown")
+RECORD_TYPES = (
+    "header",
+    "step",
+    "window",
+    "replica_step",
+    "step_breakdown",
+    "gpu_status",
+    "gpu_sample",
+    "cpu_sample",
+)
 
 # Field name -> Arrow type, per record type. Unknown fields (written by a newer
 # version) are still read, with their type inferred.
@@ -97,7 +106,39 @@ BREAKDOWN_FIELDS: dict[str, pa.DataType] = {  # replica_step and step_breakdown 
     "xprof_collectives_ms": pa.float64(),
     "xprof_device_compute_ms": pa.float64(),
 }
-FIELDS = {**COMMON_FIELDS, **HEADER_FIELDS, **STEP_FIELDS, **WINDOW_FIELDS, **BREAKDOWN_FIELDS}
+# GpuMonitor (see keras_dp_tools.monitor.nvml_reader for what the readings mean).
+MONITOR_FIELDS: dict[str, pa.DataType] = {
+    "gpu_available": pa.bool_(),  # gpu_status: whether GPU readings follow
+    "gpu_reason": pa.string(),  # gpu_status: why not
+    "gpu_names": pa.list_(pa.string()),
+    "gpu_pci_bus_ids": pa.list_(pa.string()),
+    "gpu": pa.int64(),  # gpu_sample: index among the strategy's GPUs (TF ordinal order)
+    "sampling": pa.string(),  # "poll" (all fields) or "buffer" (driver's util buffer)
+    "util_gpu": pa.float64(),  # percent of time any kernel ran
+    "util_memory": pa.float64(),
+    "mem_used_gb": pa.float64(),
+    "mem_total_gb": pa.float64(),
+    "power_w": pa.float64(),
+    "sm_clock_mhz": pa.float64(),
+    "temperature_c": pa.float64(),
+    "sm_activity": pa.float64(),  # GPM: percent of SMs busy
+    "sm_occupancy": pa.float64(),
+    "tensor_activity": pa.float64(),
+    "dram_bw_util": pa.float64(),
+    "nvlink_rx_gbps": pa.float64(),
+    "nvlink_tx_gbps": pa.float64(),
+    "process_cpu_percent": pa.float64(),  # cpu_sample: 100 = one core
+    "system_cpu_percent": pa.float64(),
+    "cpu_count": pa.int64(),
+}
+FIELDS = {
+    **COMMON_FIELDS,
+    **HEADER_FIELDS,
+    **STEP_FIELDS,
+    **WINDOW_FIELDS,
+    **BREAKDOWN_FIELDS,
+    **MONITOR_FIELDS,
+}
 
 
 def records_dir(log_dir: str | os.PathLike) -> Path:

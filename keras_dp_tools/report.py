@@ -13,6 +13,7 @@ import pandas as pd
 
 from keras_dp_tools.records import find_record_files, read_records
 
+GPU_STATUS_COLUMNS = ["gpu_available", "gpu_reason", "gpu_names"]
 RUN_COLUMNS = [
     "run",
     "worker",
@@ -30,6 +31,7 @@ RUN_COLUMNS = [
     "tf_version",
     "python_version",
     "keras_dp_tools_version",
+    *GPU_STATUS_COLUMNS,
     "source",
 ]
 STEP_COLUMNS = [
@@ -68,6 +70,29 @@ BREAKDOWN_COLUMNS = [
     "xprof_step_ms",
     "xprof_collectives_ms",
 ]
+# Where GpuMonitor ran: mean utilization of the GPUs over the step (see .gpu).
+MONITOR_COLUMNS = ["gpu_util_mean"]
+GPU_COLUMNS = [
+    "run",
+    "worker",
+    "gpu",
+    "time",
+    "sampling",
+    "util_gpu",
+    "util_memory",
+    "mem_used_gb",
+    "mem_total_gb",
+    "power_w",
+    "sm_clock_mhz",
+    "temperature_c",
+    "sm_activity",
+    "sm_occupancy",
+    "tensor_activity",
+    "dram_bw_util",
+    "nvlink_rx_gbps",
+    "nvlink_tx_gbps",
+]
+CPU_COLUMNS = ["run", "worker", "time", "process_cpu_percent", "system_cpu_percent", "cpu_count"]
 REPLICA_COLUMNS = [
     "run",
     "worker",
@@ -113,12 +138,18 @@ class Report:
             ``step_ms`` is wall time per step. ``warmup`` rows include tracing and
             compilation. Steps inside a profiler window also carry the breakdown
             (``BREAKDOWN_COLUMNS``: compute, all-reduce, sync wait, shares, averaged
-            over replicas); other steps leave those columns empty.
+            over replicas); other steps leave those columns empty. With GpuMonitor,
+            ``gpu_util_mean`` is the GPUs' mean utilization over the step.
         replicas: one row per profiled step and replica (``REPLICA_COLUMNS``): the
             breakdown of each replica, for finding stragglers.
         windows: one row per profiler window: its steps, ``status`` (``analysed``,
             ``skipped``, ``failed`` with a ``reason``), and the capture's name in
             TensorBoard's Profile tab (``profile_run``) and file (``trace``).
+        gpu: GpuMonitor's readings (``GPU_COLUMNS``), one row per GPU and reading;
+            ``sampling`` is ``poll`` (every field) or ``buffer`` (the driver's
+            utilization buffer). ``runs.gpu_available`` / ``gpu_reason`` say why it
+            is empty.
+        cpu: host CPU usage readings (``CPU_COLUMNS``; 100% = one core).
 
     Example:
 
@@ -137,11 +168,18 @@ class Report:
         steps: pd.DataFrame,
         replicas: pd.DataFrame | None = None,
         windows: pd.DataFrame | None = None,
+        gpu: pd.DataFrame | None = None,
+        cpu: pd.DataFrame | None = None,
     ):
+        def frame(given, columns):
+            return pd.DataFrame(columns=columns) if given is None else given
+
         self.runs = runs
         self.steps = steps
-        self.replicas = pd.DataFrame(columns=REPLICA_COLUMNS) if replicas is None else replicas
-        self.windows = pd.DataFrame(columns=WINDOW_COLUMNS) if windows is None else windows
+        self.replicas = frame(replicas, REPLICA_COLUMNS)
+        self.windows = frame(windows, WINDOW_COLUMNS)
+        self.gpu = frame(gpu, GPU_COLUMNS)
+        self.cpu = frame(cpu, CPU_COLUMNS)
 
     def __repr__(self) -> str:
         return (
@@ -163,7 +201,29 @@ class Report:
             frame["source"] = str(path)
             frames.append(frame)
         records = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        return cls(_runs(records), _steps(records), _replicas(records), _windows(records))
+        gpu = _of_type(records, "gpu_sample", GPU_COLUMNS).sort_values(["run", "worker", "time"])
+        steps = _with_gpu_utilization(_steps(records), gpu)
+        return cls(
+            _runs(records),
+            steps,
+            _replicas(records),
+            _windows(records),
+            gpu.reset_index(drop=True),
+            _of_type(records, "cpu_sample", CPU_COLUMNS).reset_index(drop=True),
+        )
+
+    def gpu_by_epoch(self) -> pd.DataFrame:
+        """Per run, worker, epoch and GPU: mean utilization over the epoch's steps, mean
+        SM activity and power, peak memory (``keras_dp_tools.analysis.utilization``)."""
+        from keras_dp_tools.analysis.utilization import epoch_gpu_summary
+
+        return epoch_gpu_summary(self.gpu, self.steps)
+
+    def gpu_findings(self) -> list[str]:
+        """Notes where NVML utilization is possibly misleading (SM activity much lower)."""
+        from keras_dp_tools.analysis.utilization import utilization_findings
+
+        return utilization_findings(self.gpu)
 
     def summary(self) -> pd.DataFrame:
         """One row per run: replicas, global batch, steps and step-time statistics, and
@@ -184,6 +244,7 @@ class Report:
                 "p90_step_ms": grouped["step_ms"].quantile(0.9),
                 "examples_per_s": grouped["examples_per_s"].median(),
                 **{name: grouped[name].median() for name in _SUMMARY_BREAKDOWN},
+                "gpu_util": grouped["gpu_util_mean"].mean(),
             }
         )
         started = self.runs.groupby("run")["time"].min()
@@ -209,9 +270,23 @@ def _of_type(records: pd.DataFrame, record_type: str, columns: list[str]) -> pd.
 
 
 def _runs(records: pd.DataFrame) -> pd.DataFrame:
-    runs = _of_type(records, "header", RUN_COLUMNS)
+    runs = _of_type(records, "header", [c for c in RUN_COLUMNS if c not in GPU_STATUS_COLUMNS])
     runs = runs.drop_duplicates(["run", "worker"], keep="last")
+    status = _of_type(records, "gpu_status", ["run", "worker", *GPU_STATUS_COLUMNS])
+    status = status.drop_duplicates(["run", "worker"], keep="last")  # the latest word
+    runs = runs.merge(status, on=["run", "worker"], how="left")[RUN_COLUMNS]
     return runs.sort_values(["time", "worker"]).reset_index(drop=True)
+
+
+def _with_gpu_utilization(steps: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
+    if gpu.empty:
+        return steps.assign(gpu_util_mean=float("nan"))
+    from keras_dp_tools.analysis.utilization import step_gpu_utilization
+
+    per_step = step_gpu_utilization(gpu, steps)
+    mean = per_step.groupby(["run", "worker", "step"], as_index=False)["gpu_util"].mean()
+    mean = mean.rename(columns={"gpu_util": "gpu_util_mean"})
+    return steps.merge(mean, on=["run", "worker", "step"], how="left")
 
 
 def _steps(records: pd.DataFrame) -> pd.DataFrame:

@@ -1,8 +1,19 @@
-"""Capture layer: Keras callbacks that record data-parallel training (Keras 3 and tf_keras)."""
+"""Capture layer: Keras callbacks that record data-parallel training (Keras 3 and tf_keras).
 
-from keras_dp_tools.callbacks.base import DataParallelCallback, MeasurementWarning
-from keras_dp_tools.callbacks.data_parallel_profiler import DataParallelProfiler
-from keras_dp_tools.callbacks.step_timer import StepTimer
+The callback classes load on first use (``keras_dp_tools.callbacks.StepTimer``), so
+importing this package stays light.
+"""
+
+from keras_dp_tools._lazy import lazy_exports
+
+_EXPORTS = {
+    "DataParallelCallback": "keras_dp_tools.callbacks.base",
+    "MeasurementWarning": "keras_dp_tools.callbacks.base",
+    "DataParallelProfiler": "keras_dp_tools.callbacks.data_parallel_profiler",
+    "GpuMonitor": "keras_dp_tools.callbacks.gpu_monitor",
+    "StepTimer": "keras_dp_tools.callbacks.step_timer",
+}
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
 
 def callbacks(
@@ -13,6 +24,8 @@ def callbacks(
     profile: bool = True,
     profile_start_step: int = 10,
     profile_every: int | None = None,
+    monitor: bool = True,
+    monitor_interval: float = 0.1,
 ) -> list:
     """The recommended keras_dp_tools callbacks for ``model.fit``, all writing to ``log_dir``.
 
@@ -31,10 +44,16 @@ def callbacks(
             all-reduce (``DataParallelProfiler``).
         profile_start_step: global step of the first profiler window.
         profile_every: steps between profiler windows; None captures one window.
+        monitor: sample GPU (NVML) and CPU usage (``GpuMonitor``).
+        monitor_interval: seconds between readings.
 
     Returns:
         A list of callbacks; add your own to it.
     """
+    from keras_dp_tools.callbacks.data_parallel_profiler import DataParallelProfiler
+    from keras_dp_tools.callbacks.gpu_monitor import GpuMonitor
+    from keras_dp_tools.callbacks.step_timer import StepTimer
+
     chosen = [StepTimer(log_dir, global_batch=global_batch, tensorboard=tensorboard)]
     if profile:
         chosen.append(
@@ -45,13 +64,9 @@ def callbacks(
                 tensorboard=tensorboard,
             )
         )
+    if monitor:
+        chosen.append(GpuMonitor(log_dir, interval=monitor_interval, tensorboard=tensorboard))
     return chosen
 
 
-__all__ = [
-    "DataParallelCallback",
-    "DataParallelProfiler",
-    "MeasurementWarning",
-    "StepTimer",
-    "callbacks",
-]
+__all__ = ["callbacks", *sorted(_EXPORTS)]

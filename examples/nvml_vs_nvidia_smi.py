@@ -1,0 +1,122 @@
+"""Compare keras_dp_tools' NVML readings with nvidia-smi's, side by side, on a GPU machine.
+
+Needs only Python, nvidia-ml-py and nvidia-smi (no TensorFlow, no pandas). Run it while
+something uses the GPUs (e.g. `make demo` in another shell) to compare utilization too:
+
+    python examples/nvml_vs_nvidia_smi.py --seconds 20 --interval 0.5
+
+For each GPU it prints the mean of both sources per quantity and their largest
+difference. Exit status: 0 when they agree within the tolerances, 1 when not, 2 when
+there is no NVML or nvidia-smi to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+try:
+    from keras_dp_tools.monitor.nvml_reader import NvmlReader, NvmlUnavailable
+except ImportError:  # run from a checkout without installing
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from keras_dp_tools.monitor.nvml_reader import NvmlReader, NvmlUnavailable
+
+# Our field -> (nvidia-smi query field, factor from smi's unit to ours, tolerance).
+# Utilization and power are averages over slightly different windows: loose tolerances.
+QUANTITIES = {
+    "util_gpu": ("utilization.gpu", 1.0, 15.0),
+    "util_memory": ("utilization.memory", 1.0, 15.0),
+    "mem_used_gb": ("memory.used", 1 / 1024, 0.25),  # MiB -> GiB
+    "mem_total_gb": ("memory.total", 1 / 1024, 0.01),
+    "power_w": ("power.draw", 1.0, 25.0),
+    "sm_clock_mhz": ("clocks.sm", 1.0, 100.0),
+    "temperature_c": ("temperature.gpu", 1.0, 3.0),
+}
+
+
+def smi_reading(bus_ids: list[str]) -> dict[str, dict[str, float]]:
+    """One nvidia-smi reading per GPU, keyed by PCI bus id."""
+    fields = ["pci.bus_id", *(smi for smi, _, _ in QUANTITIES.values())]
+    output = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    readings = {}
+    for line in output.strip().splitlines():
+        values = [value.strip() for value in line.split(",")]
+        bus_id = values[0].lower()
+        reading = {}
+        for (name, (_, factor, _)), value in zip(QUANTITIES.items(), values[1:], strict=True):
+            try:
+                reading[name] = float(value) * factor
+            except ValueError:  # "[N/A]"
+                reading[name] = None
+        readings[bus_id] = reading
+    return {bus_id: readings.get(bus_id.lower(), {}) for bus_id in bus_ids}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=10.0, help="how long to compare (10)")
+    parser.add_argument("--interval", type=float, default=0.5, help="seconds between readings")
+    args = parser.parse_args(argv)
+
+    reader = NvmlReader(high_rate=False)
+    try:
+        devices = reader.open()
+    except NvmlUnavailable as reason:
+        print(f"No NVML here: {reason}", file=sys.stderr)
+        return 2
+    if shutil.which("nvidia-smi") is None:
+        reader.close()
+        print("nvidia-smi is not on PATH: nothing to compare with.", file=sys.stderr)
+        return 2
+    bus_ids = [device.pci_bus_id.lower() for device in devices]  # both say 00000000:3B:00.0
+    pairs = {device.gpu: [] for device in devices}
+    deadline = time.monotonic() + args.seconds
+    count = 0
+    try:
+        while time.monotonic() < deadline:
+            ours = {reading["gpu"]: reading for reading in reader.read()}
+            theirs = smi_reading(bus_ids)
+            for device, bus_id in zip(devices, bus_ids, strict=True):
+                pairs[device.gpu].append((ours[device.gpu], theirs[bus_id]))
+            count += 1
+            print(f"\rreading {count} ({args.seconds:.0f} s)", end="", file=sys.stderr, flush=True)
+            time.sleep(args.interval)
+    finally:
+        reader.close()
+    print(file=sys.stderr)
+
+    agree = True
+    for device in devices:
+        print(f"GPU {device.gpu} ({device.name}, {device.pci_bus_id}):")
+        print(f"  {'quantity':<14}{'ours':>10}{'nvidia-smi':>12}{'max diff':>10}  ok")
+        for name, (_, _, tolerance) in QUANTITIES.items():
+            both = [
+                (ours.get(name), theirs.get(name))
+                for ours, theirs in pairs[device.gpu]
+                if ours.get(name) is not None and theirs.get(name) is not None
+            ]
+            if not both:
+                print(f"  {name:<14}{'n/a':>10}{'n/a':>12}")
+                continue
+            mean_ours = sum(a for a, _ in both) / len(both)
+            mean_smi = sum(b for _, b in both) / len(both)
+            worst = max(abs(a - b) for a, b in both)
+            ok = abs(mean_ours - mean_smi) <= tolerance
+            agree &= ok
+            verdict = "yes" if ok else "NO"
+            print(f"  {name:<14}{mean_ours:>10.2f}{mean_smi:>12.2f}{worst:>10.2f}  {verdict}")
+    return 0 if agree else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

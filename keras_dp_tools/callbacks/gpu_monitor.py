@@ -1,0 +1,283 @@
+"""GpuMonitor: GPU utilization, memory, power and clocks through NVML, and host CPU usage."""
+
+from __future__ import annotations
+
+import logging
+import queue
+import re
+import time
+import warnings
+
+from keras_dp_tools.callbacks.base import DataParallelCallback, MeasurementWarning
+from keras_dp_tools.callbacks.recorder import Recorder
+from keras_dp_tools.callbacks.run_info import describe_run, strategy_devices, worker_index
+from keras_dp_tools.callbacks.step_counter import StepCounter
+from keras_dp_tools.monitor.host_usage import HostCpuMeter
+from keras_dp_tools.monitor.nvml_reader import (
+    READING_FIELDS,
+    NvmlReader,
+    NvmlUnavailable,
+    visible_nvml_indices,
+)
+from keras_dp_tools.monitor.sampler import Sampler
+
+logger = logging.getLogger("keras_dp_tools")
+
+_GPU_DEVICE = re.compile(r"(?:^|/)device:GPU:(\d+)$", re.IGNORECASE)
+_PCI_BUS_ID = re.compile(r"pci bus id: ([0-9a-fA-F:.]+)")
+# Per-GPU TensorBoard scalars: tag "gpu/<i>/<name>".
+SCALAR_FIELDS = ("util_gpu", "mem_used_gb", "power_w", "sm_clock_mhz", "sm_activity")
+SCALAR_SECONDS = 2.0  # how often samples go to TensorBoard (records get every one)
+
+
+def gpu_ordinals(devices: list[str]) -> list[int]:
+    """TF GPU ordinals among a strategy's devices, in replica order."""
+    return [int(match.group(1)) for match in map(_GPU_DEVICE.search, devices) if match]
+
+
+def _pci_bus_ids(ordinals: list[int]) -> list[str] | None:
+    """PCI bus ids TensorFlow reports for its GPUs (None if it does not say)."""
+    from tensorflow.python.client import device_lib
+
+    found = {}
+    for device in device_lib.list_local_devices():
+        match = _GPU_DEVICE.search(device.name)
+        bus = _PCI_BUS_ID.search(device.physical_device_desc or "")
+        if match and bus:
+            found[int(match.group(1))] = bus.group(1)
+    ids = [found.get(ordinal) for ordinal in ordinals]
+    return ids if all(ids) else None
+
+
+class GpuMonitor(DataParallelCallback):
+    """Samples the strategy's GPUs through NVML in a background thread, and host CPU usage.
+
+    Every ``interval`` seconds it records, per GPU: utilization (``util_gpu``: the share
+    of time *any* kernel ran, not how many SMs were busy; ``util_memory``), memory used
+    and total, power, SM clock, temperature, and where the GPU supports it GPM SM
+    activity and occupancy (Hopper and newer) and NVLink throughput. The driver's
+    timestamped utilization buffer (``nvmlDeviceGetSamples``) is drained too, for a
+    denser utilization series. GPUs are matched to TensorFlow's by PCI bus id, so
+    ``CUDA_VISIBLE_DEVICES`` is honoured.
+
+    Process and machine CPU usage are recorded on the training thread at the same
+    interval, so CPU-only runs show how busy the machine was. Without a GPU, without
+    the NVIDIA driver, or when NVML fails, it logs one info line, starts no thread,
+    and writes a ``gpu_status`` record saying why GPU data is absent.
+
+    Readings go to the records (``gpu_sample``, ``cpu_sample``; ``kdt.Report.gpu``,
+    ``Report.cpu``, and ``gpu_util_mean`` per step in ``Report.steps``) and to
+    TensorBoard scalars ``gpu/<i>/util_gpu``, ``gpu/<i>/mem_used_gb``, ...,
+    ``cpu/process_percent``.
+
+    Example:
+
+    ```python
+    import keras_dp_tools as kdt
+
+    model.fit(dataset, epochs=3, callbacks=[kdt.GpuMonitor("runs/exp1", interval=0.2)])
+    report = kdt.Report.load("runs/exp1")
+    print(report.gpu.groupby("gpu")["util_gpu"].mean())   # empty without GPUs
+    print(report.runs[["gpu_available", "gpu_reason"]])
+    ```
+
+    Args:
+        log_dir: run folder, as for the other callbacks.
+        interval: seconds between readings (NVML refreshes utilization every 1/6 s to
+            1 s depending on the GPU; 0.1 s catches every refresh).
+        tensorboard: also write TensorBoard scalars (every couple of seconds).
+        source: where readings come from; default ``NvmlReader`` for the strategy's
+            GPUs. Anything with ``open() -> devices``, ``read() -> list[dict]`` and
+            ``close()`` works, e.g. ``keras_dp_tools.monitor.replay.ReplayReader``.
+        idle_timeout: seconds without a training step after which the sampler thread
+            stops (a ``fit`` that raised never says so); the next step restarts it.
+    """
+
+    def __init__(
+        self,
+        log_dir,
+        interval: float = 0.1,
+        tensorboard: bool = True,
+        source=None,
+        idle_timeout: float = 120.0,
+    ):
+        super().__init__()
+        if not isinstance(interval, (int, float)) or not 0.01 <= interval <= 3600:
+            raise ValueError(
+                f"interval must be a number of seconds from 0.01 to 3600, received {interval!r}."
+            )
+        self.log_dir = log_dir
+        self.interval = float(interval)
+        self.tensorboard = tensorboard
+        self.source = source
+        self.idle_timeout = idle_timeout
+        self.devices = []
+        self._recorder = None
+        self._reader = None
+        self._sampler: Sampler | None = None
+        self._cpu: HostCpuMeter | None = None
+        self._last_cpu = 0.0
+        self._last_scalars = 0.0
+        self._pending: queue.SimpleQueue = queue.SimpleQueue()
+        self._steps = StepCounter()
+
+    # -- hooks ---------------------------------------------------------------
+
+    def on_train_begin(self, logs=None):
+        self._close()
+        strategy = self.model.distribute_strategy
+        self._recorder = Recorder.acquire(self.log_dir, worker_index(strategy)[0])
+        self._recorder.start_run(describe_run(self.model, None))
+        self._steps.start(self.model)
+        self._cpu = HostCpuMeter()
+        self._last_cpu = self._last_scalars = time.monotonic()
+        self._start_gpu_sampling(strategy_devices(strategy))
+
+    def on_train_batch_begin(self, batch, logs=None):
+        self._steps.begin_call(batch)
+        if self._sampler is not None:
+            self._sampler.heartbeat()
+            self._sampler.start()  # after an idle pause
+
+    def on_train_batch_end(self, batch, logs=None):
+        self._steps.end_call(batch)
+        now = time.monotonic()
+        if now - self._last_cpu >= self.interval:
+            self._last_cpu = now
+            self._record_cpu()
+        if now - self._last_scalars >= SCALAR_SECONDS:
+            self._last_scalars = now
+            self._drain_scalars()
+
+    def on_test_begin(self, logs=None):
+        if self._sampler is not None:  # validation: training is alive, just not stepping
+            self._sampler.idle_timeout = None
+
+    def on_test_end(self, logs=None):
+        if self._sampler is not None:
+            self._sampler.idle_timeout = self.idle_timeout
+            self._sampler.heartbeat()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._record_cpu()
+        self._drain_scalars()
+        self._recorder.flush()
+
+    def on_train_end(self, logs=None):
+        self._close()
+
+    def _on_failure(self):
+        self._close()
+
+    # -- GPU ------------------------------------------------------------------
+
+    def _start_gpu_sampling(self, devices: list[str]) -> None:
+        ordinals = gpu_ordinals(devices)
+        reader = self.source
+        if reader is None:
+            if not ordinals:
+                self._no_gpu_data(f"the strategy uses no GPU (devices: {', '.join(devices)})")
+                return
+            try:
+                reader = NvmlReader(
+                    pci_bus_ids=_pci_bus_ids(ordinals),
+                    identities=visible_nvml_indices(max(ordinals) + 1),
+                )
+                if reader.pci_bus_ids is None:  # TF did not report bus ids: trust the order
+                    reader.identities = [reader.identities[ordinal] for ordinal in ordinals]
+            except NvmlUnavailable as reason:
+                self._no_gpu_data(str(reason))
+                return
+        try:
+            self.devices = reader.open()
+        except NvmlUnavailable as reason:
+            self._no_gpu_data(str(reason))
+            return
+        self._reader = reader
+        self._recorder.write(
+            "gpu_status",
+            time=time.time(),
+            gpu_available=True,
+            gpu_reason=None,
+            gpu_names=[device.name for device in self.devices],
+            gpu_pci_bus_ids=[device.pci_bus_id for device in self.devices],
+        )
+        self._sampler = Sampler(
+            reader,
+            self._record_gpu,
+            self.interval,
+            idle_timeout=self.idle_timeout,
+            on_error=self._sampler_failed,
+        )
+        self._sampler.start()
+
+    def _no_gpu_data(self, reason: str) -> None:
+        logger.info("keras_dp_tools GpuMonitor: no GPU data (%s); recording CPU usage only", reason)
+        self._recorder.write("gpu_status", time=time.time(), gpu_available=False, gpu_reason=reason)
+
+    def _record_gpu(self, readings: list[dict]) -> None:
+        """Runs in the sampler thread: records are thread-safe; scalars wait for the
+        training thread (TensorFlow summaries are written there)."""
+        for reading in readings:
+            fields = {name: reading.get(name) for name in READING_FIELDS if name in reading}
+            self._recorder.write(
+                "gpu_sample",
+                time=reading["time"],
+                gpu=reading["gpu"],
+                sampling=reading.get("sampling", "poll"),
+                **fields,
+            )
+            if self.tensorboard and reading.get("sampling", "poll") == "poll":
+                self._pending.put(reading)
+
+    def _sampler_failed(self, error: BaseException) -> None:
+        message = (
+            f"GpuMonitor stopped reading the GPUs after an error: {type(error).__name__}: "
+            f"{error}. Training continues; CPU usage is still recorded."
+        )
+        warnings.warn(message, MeasurementWarning, stacklevel=2)
+        self._recorder.write(
+            "gpu_status", time=time.time(), gpu_available=False, gpu_reason=message
+        )
+
+    def _drain_scalars(self) -> None:
+        step = self._steps.next_step
+        while True:
+            try:
+                reading = self._pending.get_nowait()
+            except queue.Empty:
+                return
+            values = {f"gpu/{reading['gpu']}/{name}": reading.get(name) for name in SCALAR_FIELDS}
+            self._recorder.scalars(step, values)
+
+    # -- CPU ------------------------------------------------------------------
+
+    def _record_cpu(self) -> None:
+        usage = self._cpu.read()
+        self._recorder.write("cpu_sample", **usage)
+        if self.tensorboard:
+            self._recorder.scalars(
+                self._steps.next_step,
+                {
+                    "cpu/process_percent": usage["process_cpu_percent"],
+                    "cpu/system_percent": usage["system_cpu_percent"],
+                },
+            )
+
+    # -- cleanup ----------------------------------------------------------------
+
+    def _close(self) -> None:
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._sampler = None
+        if self._reader is not None:
+            try:
+                self._reader.close()
+            finally:
+                self._reader = None
+        if self._recorder is not None:
+            try:
+                self._drain_scalars()
+            finally:
+                self._recorder.release()
+                self._recorder = None

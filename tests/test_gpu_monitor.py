@@ -1,0 +1,114 @@
+"""GpuMonitor during real training on CPU devices: the no-GPU path, and a recorded stream
+of GPU readings replayed through the reader interface."""
+
+import logging
+import threading
+import time
+
+import pytest
+
+import keras_dp_tools as kdt
+from keras_dp_tools.monitor.nvml_reader import NvmlReader
+from keras_dp_tools.monitor.replay import ReplayReader
+from keras_dp_tools.monitor.sampler import THREAD_NAME
+from tests.training import dense_model, fit, iterations
+
+
+def sampler_threads():
+    return [thread for thread in threading.enumerate() if thread.name == THREAD_NAME]
+
+
+def constant_stream(seconds=60.0, every=0.02):
+    """GPU 0 at 40% and GPU 1 at 80%, read every 20 ms."""
+    count = int(seconds / every)
+    return [
+        {"offset_s": k * every, "gpu": gpu, "util_gpu": util, "mem_used_gb": 3.0, "power_w": 150.0}
+        for k in range(count)
+        for gpu, util in ((0, 40.0), (1, 80.0))
+    ]
+
+
+def test_cpu_only_run_records_why_and_cpu_usage(tmp_path, keras, strategy4, caplog):
+    with caplog.at_level(logging.INFO, logger="keras_dp_tools"):
+        fit(dense_model(keras, strategy4), [kdt.GpuMonitor(tmp_path, interval=0.01)], epochs=2)
+
+    report = kdt.Report.load(tmp_path)
+    run = report.runs.iloc[0]
+    assert not run["gpu_available"]
+    assert "uses no GPU" in run["gpu_reason"]
+    assert report.gpu.empty and report.steps["gpu_util_mean"].isna().all()
+    assert len(report.cpu) >= 2 and (report.cpu["process_cpu_percent"] >= 0).all()
+    assert len([r for r in caplog.records if "no GPU data" in r.getMessage()]) == 1
+    assert not sampler_threads()
+
+
+def test_missing_nvml_is_recorded_and_training_is_unaffected(tmp_path, keras, strategy4):
+    model = dense_model(keras, strategy4)
+    fit(model, [kdt.GpuMonitor(tmp_path, source=NvmlReader())])
+
+    assert iterations(model) == 7
+    reason = kdt.Report.load(tmp_path).runs.iloc[0]["gpu_reason"]
+    assert "NVML could not start" in reason
+    assert not sampler_threads()
+
+
+def test_replayed_readings_align_to_steps(tmp_path, keras, strategy4):
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    monitor = kdt.GpuMonitor(tmp_path, interval=0.02, source=ReplayReader(constant_stream()))
+    callbacks = [kdt.StepTimer(tmp_path), monitor]
+    fit(dense_model(keras, strategy4), callbacks, epochs=3)
+
+    report = kdt.Report.load(tmp_path)
+    assert report.runs.iloc[0]["gpu_available"]
+    assert set(report.gpu["gpu"]) == {0, 1} and (report.gpu["sampling"] == "poll").all()
+    covered = report.steps.dropna(subset=["gpu_util_mean"])
+    assert len(covered) >= 15  # all but the steps before the first readings arrived
+    assert covered["gpu_util_mean"].tolist() == pytest.approx([60.0] * len(covered))
+    by_epoch = report.gpu_by_epoch()
+    assert set(by_epoch["gpu"]) == {0, 1}
+    assert by_epoch.groupby("gpu")["gpu_util"].mean().tolist() == pytest.approx([40.0, 80.0])
+    assert report.summary()["gpu_util"].iloc[0] == pytest.approx(60.0)
+    assert not sampler_threads()
+
+    multiplexer = EventMultiplexer(size_guidance={"tensors": 0})
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    tags = set(multiplexer.GetAccumulator("keras_dp/worker-0").Tags()["tensors"])
+    assert {"gpu/0/util_gpu", "gpu/1/mem_used_gb", "cpu/process_percent"} <= tags
+
+
+def test_sampler_does_not_outlive_a_crashed_fit(tmp_path, keras, strategy4):
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch == 2:
+                raise RuntimeError("user code failed")
+
+    source = ReplayReader(constant_stream())
+    monitor = kdt.GpuMonitor(tmp_path, interval=0.02, source=source, idle_timeout=0.2)
+    with pytest.raises(RuntimeError, match="user code failed"):
+        fit(dense_model(keras, strategy4), [monitor, Crash()])
+
+    time.sleep(0.6)
+    assert not sampler_threads()
+
+
+def test_a_failing_reader_warns_once_and_training_goes_on(tmp_path, keras, strategy4):
+    class Failing(ReplayReader):
+        def read(self):
+            raise RuntimeError("GPU fell off the bus")
+
+    model = dense_model(keras, strategy4)
+    monitor = kdt.GpuMonitor(tmp_path, interval=0.01, source=Failing(constant_stream(1.0)))
+    with pytest.warns(kdt.MeasurementWarning, match="GPU fell off the bus"):
+        fit(model, [monitor], epochs=2)
+
+    assert iterations(model) == 14
+    run = kdt.Report.load(tmp_path).runs.iloc[0]
+    assert not run["gpu_available"] and "GPU fell off the bus" in run["gpu_reason"]
+    assert not sampler_threads()
+
+
+def test_invalid_interval_names_the_value(tmp_path):
+    with pytest.raises(ValueError, match="received 0"):
+        kdt.GpuMonitor(tmp_path, interval=0)
