@@ -15,6 +15,9 @@ __version__ = "0.1.0"
 from keras_dp_tools.callbacks import callbacks
 
 _EXPORTS = {
+    "BatchScalingCheck": "keras_dp_tools.callbacks.batch_scaling_check",
+    "BatchScalingWarning": "keras_dp_tools.batching",
+    "check_batching": "keras_dp_tools.batching",
     "DataParallelCallback": "keras_dp_tools.callbacks.base",
     "MeasurementWarning": "keras_dp_tools.callbacks.base",
     "DataParallelProfiler": "keras_dp_tools.callbacks.data_parallel_profiler",
@@ -25,6 +28,10 @@ _EXPORTS = {
     "Report": "keras_dp_tools.report",
     "replica_count": "keras_dp_tools.scaling",
     "scale_batch_size": "keras_dp_tools.scaling",
+    "scale_learning_rate": "keras_dp_tools.scaling",
+    "ScalingPlan": "keras_dp_tools.scaling",
+    "plan_scaling": "keras_dp_tools.scaling",
+    "warmup_schedule": "keras_dp_tools.schedules",
 }
 __all__ = ["__version__", "callbacks", *sorted(_EXPORTS)]
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

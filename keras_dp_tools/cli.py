@@ -72,6 +72,22 @@ def build_parser() -> argparse.ArgumentParser:
         "records do not say",
     )
     analyze.set_defaults(handler=run_analyze_command)
+
+    lint = commands.add_parser(
+        "lint",
+        help="find batch sizes not scaled by the replica count (static, flake8-style)",
+        description="Check Python files and notebooks for batch sizes given under a "
+        "distribution strategy that are not derived from num_replicas_in_sync (KDP001), "
+        "and constant learning rates next to scaled batches (KDP002). Parses only: never "
+        "imports or runs the code. '# noqa: KDP001' silences a line. Exit status: 0 "
+        "clean, 1 findings, 2 usage error.",
+    )
+    lint.add_argument("paths", nargs="+", type=Path, help="files or folders (.py, .ipynb)")
+    lint.add_argument("--ignore", default="", help="comma-separated codes to skip, e.g. KDP002")
+    lint.add_argument(
+        "--exit-zero", action="store_true", help="exit 0 even when there are findings"
+    )
+    lint.set_defaults(handler=run_lint_command)
     return parser
 
 
@@ -90,6 +106,17 @@ def run_demo_command(args: argparse.Namespace) -> int:
     )
     demo.print_next_steps(report, log_dir)
     return 0
+
+
+def run_lint_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.lint import lint_paths
+
+    ignore = [code.strip() for code in args.ignore.split(",") if code.strip()]
+    count = 0
+    for report in lint_paths(args.paths, ignore=ignore):
+        print(report)
+        count += 1
+    return 0 if args.exit_zero or count == 0 else 1
 
 
 def run_analyze_command(args: argparse.Namespace) -> int:

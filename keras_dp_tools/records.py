@@ -37,6 +37,8 @@ RECORD_TYPES = (
     "gpu_status",
     "gpu_sample",
     "cpu_sample",
+    "batching_finding",
+    "scaling_plan",
 )
 
 # Field name -> Arrow type, per record type. Unknown fields (written by a newer
@@ -131,6 +133,22 @@ MONITOR_FIELDS: dict[str, pa.DataType] = {
     "system_cpu_percent": pa.float64(),
     "cpu_count": pa.int64(),
 }
+# BatchScalingCheck: findings of kdt.check_batching and the run's kdt.ScalingPlan.
+SCALING_FIELDS: dict[str, pa.DataType] = {
+    "severity": pa.string(),
+    "code": pa.string(),
+    "message": pa.string(),
+    "fix": pa.string(),
+    "plan_rule": pa.string(),
+    "plan_replicas": pa.int64(),
+    "plan_per_replica_batch": pa.int64(),
+    "plan_global_batch": pa.int64(),
+    "plan_base_batch": pa.int64(),
+    "plan_base_lr": pa.float64(),
+    "plan_target_lr": pa.float64(),
+    "plan_warmup_steps": pa.int64(),
+    "plan_explanation": pa.string(),
+}
 FIELDS = {
     **COMMON_FIELDS,
     **HEADER_FIELDS,
@@ -138,6 +156,7 @@ FIELDS = {
     **WINDOW_FIELDS,
     **BREAKDOWN_FIELDS,
     **MONITOR_FIELDS,
+    **SCALING_FIELDS,
 }
 
 

@@ -92,6 +92,7 @@ GPU_COLUMNS = [
     "nvlink_rx_gbps",
     "nvlink_tx_gbps",
 ]
+BATCHING_COLUMNS = ["run", "worker", "time", "severity", "code", "message", "fix"]
 CPU_COLUMNS = ["run", "worker", "time", "process_cpu_percent", "system_cpu_percent", "cpu_count"]
 REPLICA_COLUMNS = [
     "run",
@@ -150,6 +151,8 @@ class Report:
             utilization buffer). ``runs.gpu_available`` / ``gpu_reason`` say why it
             is empty.
         cpu: host CPU usage readings (``CPU_COLUMNS``; 100% = one core).
+        batching: findings of the batching check before the first step (severity,
+            code, message, fix), from ``BatchScalingCheck``.
 
     Example:
 
@@ -170,6 +173,7 @@ class Report:
         windows: pd.DataFrame | None = None,
         gpu: pd.DataFrame | None = None,
         cpu: pd.DataFrame | None = None,
+        batching: pd.DataFrame | None = None,
     ):
         def frame(given, columns):
             return pd.DataFrame(columns=columns) if given is None else given
@@ -180,6 +184,7 @@ class Report:
         self.windows = frame(windows, WINDOW_COLUMNS)
         self.gpu = frame(gpu, GPU_COLUMNS)
         self.cpu = frame(cpu, CPU_COLUMNS)
+        self.batching = frame(batching, BATCHING_COLUMNS)
 
     def __repr__(self) -> str:
         return (
@@ -210,6 +215,7 @@ class Report:
             _windows(records),
             gpu.reset_index(drop=True),
             _of_type(records, "cpu_sample", CPU_COLUMNS).reset_index(drop=True),
+            _of_type(records, "batching_finding", BATCHING_COLUMNS).reset_index(drop=True),
         )
 
     def gpu_by_epoch(self) -> pd.DataFrame:

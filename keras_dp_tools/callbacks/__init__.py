@@ -7,6 +7,7 @@ importing this package stays light.
 from keras_dp_tools._lazy import lazy_exports
 
 _EXPORTS = {
+    "BatchScalingCheck": "keras_dp_tools.callbacks.batch_scaling_check",
     "DataParallelCallback": "keras_dp_tools.callbacks.base",
     "MeasurementWarning": "keras_dp_tools.callbacks.base",
     "DataParallelProfiler": "keras_dp_tools.callbacks.data_parallel_profiler",
@@ -26,6 +27,9 @@ def callbacks(
     profile_every: int | None = None,
     monitor: bool = True,
     monitor_interval: float = 0.1,
+    dataset=None,
+    per_replica_batch: int | None = None,
+    plan=None,
 ) -> list:
     """The recommended keras_dp_tools callbacks for ``model.fit``, all writing to ``log_dir``.
 
@@ -46,10 +50,15 @@ def callbacks(
         profile_every: steps between profiler windows; None captures one window.
         monitor: sample GPU (NVML) and CPU usage (``GpuMonitor``).
         monitor_interval: seconds between readings.
+        dataset: the dataset given to ``fit``: checked before the first step
+            (``BatchScalingCheck``), with ``per_replica_batch`` if you say it.
+        per_replica_batch: the examples per replica you intend.
+        plan: a ``kdt.ScalingPlan`` to record (and to check against the strategy).
 
     Returns:
         A list of callbacks; add your own to it.
     """
+    from keras_dp_tools.callbacks.batch_scaling_check import BatchScalingCheck
     from keras_dp_tools.callbacks.data_parallel_profiler import DataParallelProfiler
     from keras_dp_tools.callbacks.gpu_monitor import GpuMonitor
     from keras_dp_tools.callbacks.step_timer import StepTimer
@@ -66,6 +75,8 @@ def callbacks(
         )
     if monitor:
         chosen.append(GpuMonitor(log_dir, interval=monitor_interval, tensorboard=tensorboard))
+    if dataset is not None or plan is not None:
+        chosen.insert(0, BatchScalingCheck(dataset, per_replica_batch, log_dir=log_dir, plan=plan))
     return chosen
 
 

@@ -126,12 +126,19 @@ class Recorder:
             {"type": record_type, "run": self.run_id, "worker": self.worker, **fields}
         )
 
+    def _summaries(self) -> ScalarWriter:
+        if self._scalars is None:
+            self._scalars = ScalarWriter(str(records_dir(self.log_dir) / f"worker-{self.worker}"))
+        return self._scalars
+
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         """Adds TensorBoard scalars (tags as given, e.g. ``dp/step_ms``) at ``step``;
         they are written in batches (see ``ScalarWriter``)."""
-        if self._scalars is None:
-            self._scalars = ScalarWriter(str(records_dir(self.log_dir) / f"worker-{self.worker}"))
-        self._scalars.add(step, values)
+        self._summaries().add(step, values)
+
+    def text(self, tag: str, markdown: str, step: int = 0) -> None:
+        """Writes markdown to TensorBoard's Text tab at once."""
+        self._summaries().write_text(tag, markdown, step)
 
     def flush(self) -> None:
         """Writes buffered TensorBoard scalars (records are never buffered)."""

@@ -79,11 +79,8 @@ class ScalarWriter:
         if not self._buffered:
             return
         import numpy as np
-        import tensorflow as tf
 
-        if self._summary_writer is None:
-            self._summary_writer = tf.summary.create_file_writer(self.run_dir)
-            self._write_series = _compile_series_writer()
+        self._ensure_writer()
         with self._summary_writer.as_default():
             for tag, (steps, values) in self._series.items():
                 if steps:
@@ -93,6 +90,22 @@ class ScalarWriter:
         self._summary_writer.flush()
         self._series.clear()
         self._buffered = 0
+
+    def write_text(self, tag: str, markdown: str, step: int = 0) -> None:
+        """Writes a text summary (TensorBoard's Text tab renders markdown) at once."""
+        import tensorflow as tf
+
+        self._ensure_writer()
+        with self._summary_writer.as_default():
+            tf.summary.text(tag, markdown, step=step)
+        self._summary_writer.flush()
+
+    def _ensure_writer(self) -> None:
+        if self._summary_writer is None:
+            import tensorflow as tf
+
+            self._summary_writer = tf.summary.create_file_writer(self.run_dir)
+            self._write_series = _compile_series_writer()
 
     def close(self) -> None:
         self.flush()

@@ -1,0 +1,90 @@
+"""BatchScalingCheck: the batching check before the first step, and the scaling plan."""
+
+from __future__ import annotations
+
+import time
+import warnings
+
+from keras_dp_tools.batching import BatchScalingWarning, Finding, check_batching
+from keras_dp_tools.callbacks.base import DataParallelCallback
+from keras_dp_tools.callbacks.recorder import Recorder
+from keras_dp_tools.callbacks.run_info import describe_run, worker_index
+
+
+class BatchScalingCheck(DataParallelCallback):
+    """Checks, when ``fit`` starts, that the dataset is batched for the replica count.
+
+    Runs ``kdt.check_batching(dataset, model.distribute_strategy, per_replica_batch)``
+    before the first step: each problem becomes a ``kdt.BatchScalingWarning`` (the
+    classic: ``dataset.batch(64)`` under 4 replicas trains with 16 examples per
+    replica). With a ``log_dir``, the findings and the ``plan`` (a ``kdt.ScalingPlan``)
+    also go to the records (``Report.batching``) and to TensorBoard's Text tab.
+
+    Example:
+
+    ```python
+    import keras_dp_tools as kdt
+
+    plan = kdt.plan_scaling(strategy, per_replica_batch=64, base_lr=0.1, base_batch=256)
+    dataset = dataset.batch(plan.global_batch)
+    model.fit(dataset, epochs=3, callbacks=[
+        kdt.BatchScalingCheck(dataset, per_replica_batch=64, log_dir="runs/exp1", plan=plan)])
+    ```
+
+    Args:
+        dataset: the dataset given to ``fit`` (None: only the plan is logged).
+        per_replica_batch: the examples per replica you intend (enables the
+            missing-multiply check).
+        log_dir: run folder for records and TensorBoard; None only warns.
+        plan: a ``kdt.ScalingPlan`` to log; its replica count is checked too.
+    """
+
+    def __init__(self, dataset=None, per_replica_batch: int | None = None, log_dir=None, plan=None):
+        super().__init__()
+        self.dataset = dataset
+        self.per_replica_batch = per_replica_batch
+        self.log_dir = log_dir
+        self.plan = plan
+        self.findings: list[Finding] = []
+
+    def on_train_begin(self, logs=None):
+        strategy = self.model.distribute_strategy
+        replicas = int(strategy.num_replicas_in_sync)
+        self.findings = []
+        if self.dataset is not None:
+            self.findings = check_batching(self.dataset, strategy, self.per_replica_batch)
+        if self.plan is not None and self.plan.replicas != replicas:
+            mismatch = Finding(
+                "warning",
+                "plan-mismatch",
+                f"The scaling plan is for {self.plan.replicas} replicas, the strategy has "
+                f"{replicas}.",
+                "Make the plan with kdt.plan_scaling(strategy, ...).",
+            )
+            warnings.warn(str(mismatch), BatchScalingWarning, stacklevel=2)
+            self.findings.append(mismatch)
+        if self.log_dir is not None:
+            self._record(worker_index(strategy)[0])
+
+    def _record(self, worker: int) -> None:
+        recorder = Recorder.acquire(self.log_dir, worker)
+        try:
+            recorder.start_run(describe_run(self.model, None))
+            now = time.time()
+            for finding in self.findings:
+                recorder.write(
+                    "batching_finding",
+                    time=now,
+                    severity=finding.severity,
+                    code=finding.code,
+                    message=finding.message,
+                    fix=finding.fix,
+                )
+            if self.plan is not None:
+                recorder.write("scaling_plan", time=now, **self.plan.to_record())
+                recorder.text("keras_dp/scaling_plan", self.plan.to_markdown())
+            if self.findings:
+                lines = [f"- **{f.severity}** {f.message} *Fix:* {f.fix}" for f in self.findings]
+                recorder.text("keras_dp/batching", "\n".join(lines))
+        finally:
+            recorder.release()
