@@ -22,6 +22,7 @@ _EXPORTS = {
     "MeasurementWarning": "keras_dp_tools.callbacks.base",
     "DataParallelProfiler": "keras_dp_tools.callbacks.data_parallel_profiler",
     "GpuMonitor": "keras_dp_tools.callbacks.gpu_monitor",
+    "RunAdvisor": "keras_dp_tools.callbacks.run_advisor",
     "StepTimer": "keras_dp_tools.callbacks.step_timer",
     "configure_devices": "keras_dp_tools.devices",
     "mirrored_strategy": "keras_dp_tools.devices",

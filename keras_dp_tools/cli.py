@@ -88,7 +88,47 @@ def build_parser() -> argparse.ArgumentParser:
         "--exit-zero", action="store_true", help="exit 0 even when there are findings"
     )
     lint.set_defaults(handler=run_lint_command)
+
+    report = commands.add_parser(
+        "report",
+        help="print a run's summary and advice (optionally an HTML page with plots)",
+        description="Load the records under LOG_DIR (all runs and workers) and print the "
+        "summary, the scaling table when runs differ in replicas, and the advice.",
+    )
+    report.add_argument("log_dir", type=Path, help="a log dir (searched recursively)")
+    report.add_argument("--html", type=Path, default=None, help="also write this HTML page")
+    report.set_defaults(handler=run_report_command)
+
+    sweep = commands.add_parser(
+        "sweep",
+        help="run a training script once per replica count and compare",
+        description="Run SCRIPT (a .py file, or 'demo') once per replica count with "
+        "KERAS_DP_REPLICAS, KERAS_DP_LOG_DIR=<log dir>/replicas-<N> and, with GPUs, "
+        "CUDA_VISIBLE_DEVICES set; '{replicas}' and '{log_dir}' in the script arguments "
+        "are replaced. Then print the scaling table and save scaling.png.",
+    )
+    sweep.add_argument("script", help="path of a training script, or 'demo'")
+    sweep.add_argument(
+        "--replicas", type=replica_list, required=True, help="comma-separated, e.g. 1,2,4"
+    )
+    sweep.add_argument(
+        "--log-dir", type=Path, default=None, help="sweep folder (runs/sweep-<timestamp>)"
+    )
+    sweep.add_argument("script_args", nargs="*", help="after --: the script's own arguments")
+    sweep.set_defaults(handler=run_sweep_command)
     return parser
+
+
+def replica_list(text: str) -> list[int]:
+    try:
+        counts = [positive_int(part.strip()) for part in text.split(",") if part.strip()]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected positive integers separated by commas, received {text!r}"
+        ) from None
+    if not counts:
+        raise argparse.ArgumentTypeError(f"expected at least one replica count, received {text!r}")
+    return sorted(set(counts))
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
@@ -105,6 +145,40 @@ def run_demo_command(args: argparse.Namespace) -> int:
         log_dir=log_dir,
     )
     demo.print_next_steps(report, log_dir)
+    return 0
+
+
+def run_report_command(args: argparse.Namespace) -> int:
+    report = keras_dp_tools.Report.load(args.log_dir)
+    print(report.text())
+    if args.html:
+        from keras_dp_tools.html_report import write_html
+
+        print(f"\nHTML report: {write_html(report, args.html)}")
+    return 0
+
+
+def run_sweep_command(args: argparse.Namespace) -> int:
+    import time
+
+    from keras_dp_tools import plots
+    from keras_dp_tools.sweep import run_sweep
+
+    log_dir = args.log_dir or Path("runs") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    script_args = args.script_args
+    print(f"Sweep of {args.script} over {args.replicas} replicas into {log_dir}", flush=True)
+    report = run_sweep(
+        args.script,
+        args.replicas,
+        log_dir,
+        script_args,
+        progress=lambda line: print(line, flush=True),
+    )
+    print()
+    print(report.text())
+    figure_path = log_dir / "scaling.png"
+    plots.scaling(report).savefig(figure_path, dpi=100)
+    print(f"\nScaling plot: {figure_path}\nMore: keras-dp report {log_dir} --html report.html")
     return 0
 
 
@@ -184,9 +258,16 @@ def _int_or_none(value):
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # "keras-dp sweep SCRIPT --replicas 1,2 -- ARGS": ARGS belong to the script, untouched.
+    script_args = []
+    if "--" in argv and "sweep" in argv[: argv.index("--")]:
+        argv, script_args = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     args = build_parser().parse_args(argv)
+    if args.command == "sweep":
+        args.script_args = [*args.script_args, *script_args]
     try:
         return args.handler(args)
-    except (ValueError, RuntimeError, FileNotFoundError) as error:
+    except (ValueError, RuntimeError, FileNotFoundError) as error:  # told, not traced
         print(f"keras-dp {args.command}: error: {error}", file=sys.stderr)
         return 2

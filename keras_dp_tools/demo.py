@@ -59,7 +59,9 @@ def small_cnn(keras):
 
 
 def default_log_dir() -> Path:
-    return Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
+    """``KERAS_DP_LOG_DIR`` (set by ``keras-dp sweep``), else ``runs/demo-<timestamp>``."""
+    from_env = os.environ.get("KERAS_DP_LOG_DIR")
+    return Path(from_env) if from_env else Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
 def run_demo(
@@ -131,19 +133,12 @@ def run_demo(
 
 
 def print_next_steps(report: Report, log_dir: os.PathLike) -> None:
-    import pandas as pd
-
-    with pd.option_context("display.width", 120, "display.max_columns", 20):
-        print("\nSummary (warm-up step excluded):")
-        summary = report.summary()
-        summary["start"] = summary["start"].dt.floor("s")
-        numbers = summary.select_dtypes("number").columns
-        summary[numbers] = summary[numbers].round(2)
-        print(summary.to_string())
+    print()
+    print(report.text())
     print(
         "\nNext:\n"
-        f"  tensorboard --logdir {log_dir}\n"
-        f"  keras-dp analyze {log_dir}      (per-step compute / all-reduce breakdown)\n"
-        f"  python -c \"import keras_dp_tools as kdt; print(kdt.Report.load('{log_dir}').steps)\"\n"
+        f"  tensorboard --logdir {log_dir}      (scalars, Profile tab, advice in Text)\n"
+        f"  keras-dp analyze {log_dir}          (per-step compute / all-reduce breakdown)\n"
+        f"  keras-dp report {log_dir} --html report.html\n"
         f"  notebook: {NOTEBOOK} (set KERAS_DP_LOG_DIR={log_dir}, or it opens the newest run)"
     )

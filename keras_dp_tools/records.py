@@ -64,6 +64,7 @@ HEADER_FIELDS: dict[str, pa.DataType] = {
     "tf_version": pa.string(),
     "python_version": pa.string(),
     "keras_dp_tools_version": pa.string(),
+    "embedding_layers": pa.int64(),
 }
 STEP_FIELDS: dict[str, pa.DataType] = {  # one record per executed train function call
     "epoch": pa.int64(),
@@ -82,6 +83,7 @@ WINDOW_FIELDS: dict[str, pa.DataType] = {
     "reason": pa.string(),
     "steps_analysed": pa.int64(),
     "stop_ms": pa.float64(),  # training-thread time spent stopping the profiler
+    "analysis_end": pa.float64(),  # Unix seconds when the background analysis ended
     "trace": pa.string(),  # the .xplane.pb, relative to the log dir
     "profile_run": pa.string(),  # the capture's name in TensorBoard's Profile tab
 }

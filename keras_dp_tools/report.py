@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from keras_dp_tools.records import find_record_files, read_records
@@ -31,6 +33,7 @@ RUN_COLUMNS = [
     "tf_version",
     "python_version",
     "keras_dp_tools_version",
+    "embedding_layers",
     *GPU_STATUS_COLUMNS,
     "source",
 ]
@@ -45,6 +48,7 @@ STEP_COLUMNS = [
     "step_ms",
     "examples_per_s",
     "warmup",
+    "profiled",
     "time",
 ]
 # What the profiler's step_breakdown records add to each step ("trace_step_ms" is the
@@ -117,6 +121,7 @@ WINDOW_COLUMNS = [
     "reason",
     "steps_analysed",
     "stop_ms",
+    "analysis_end",
     "allreduce_bytes",
     "profile_run",
     "trace",
@@ -137,7 +142,9 @@ class Report:
             global step (``optimizer.iterations``) it started at and ``steps`` how
             many steps it covers (more than 1 with ``steps_per_execution``);
             ``step_ms`` is wall time per step. ``warmup`` rows include tracing and
-            compilation. Steps inside a profiler window also carry the breakdown
+            compilation. ``profiled`` rows ran while a profiler window was captured or
+            analysed, which slows steps: the summary's step times leave them out.
+            Steps inside a profiler window also carry the breakdown
             (``BREAKDOWN_COLUMNS``: compute, all-reduce, sync wait, shares, averaged
             over replicas); other steps leave those columns empty. With GpuMonitor,
             ``gpu_util_mean`` is the GPUs' mean utilization over the step.
@@ -207,12 +214,13 @@ class Report:
             frames.append(frame)
         records = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         gpu = _of_type(records, "gpu_sample", GPU_COLUMNS).sort_values(["run", "worker", "time"])
-        steps = _with_gpu_utilization(_steps(records), gpu)
+        windows = _windows(records)
+        steps = _with_gpu_utilization(_mark_profiled(_steps(records), windows), gpu)
         return cls(
             _runs(records),
             steps,
             _replicas(records),
-            _windows(records),
+            windows,
             gpu.reset_index(drop=True),
             _of_type(records, "cpu_sample", CPU_COLUMNS).reset_index(drop=True),
             _of_type(records, "batching_finding", BATCHING_COLUMNS).reset_index(drop=True),
@@ -231,35 +239,151 @@ class Report:
 
         return utilization_findings(self.gpu)
 
-    def summary(self) -> pd.DataFrame:
+    def summary(self, advice: bool = True) -> pd.DataFrame:
         """One row per run: replicas, global batch, steps and step-time statistics, and
         the medians of the profiled steps' breakdown where a profiler ran.
 
-        Warm-up calls (tracing, compilation) are left out of the statistics.
-        ``examples_per_s`` is the median over steps.
+        Warm-up calls (tracing, compilation) and steps disturbed by profiling
+        (``profiled``) are left out of the step-time statistics. ``examples_per_s`` is
+        the median over steps. ``advice`` lists the titles of
+        ``advice()`` for the run (``advice=False`` leaves it out).
         """
         steps = self.steps[~self.steps["warmup"].fillna(False).astype(bool)]
         grouped = steps.groupby("run", sort=False)
+        timed = steps[~steps["profiled"]].groupby("run", sort=False)
         summary = pd.DataFrame(
             {
                 "workers": grouped["worker"].nunique(),
                 "replicas": grouped["replicas"].first(),
                 "global_batch": grouped["global_batch"].first(),
-                "steps": grouped["steps"].sum(),
-                "median_step_ms": grouped["step_ms"].median(),
-                "p90_step_ms": grouped["step_ms"].quantile(0.9),
-                "examples_per_s": grouped["examples_per_s"].median(),
+                # Every worker records every step: count one worker's.
+                "steps": steps.groupby(["run", "worker"])["steps"].sum().groupby("run").max(),
+                "median_step_ms": timed["step_ms"].median(),
+                "p90_step_ms": timed["step_ms"].quantile(0.9),
+                "examples_per_s": timed["examples_per_s"].median(),
                 **{name: grouped[name].median() for name in _SUMMARY_BREAKDOWN},
                 "gpu_util": grouped["gpu_util_mean"].mean(),
             }
         )
         started = self.runs.groupby("run")["time"].min()
         summary.insert(0, "start", pd.to_datetime(started.reindex(summary.index), unit="s"))
+        if advice:
+            from keras_dp_tools.analysis.advice import advise
+
+            summary["advice"] = [
+                "; ".join(item.title for item in advise(self.for_run(run))) for run in summary.index
+            ]
         return summary.sort_values("start")
+
+    def text(self) -> str:
+        """The summary (a column per run), the scaling table when the runs differ in
+        replicas, and the advice, as plain text for terminals and logs."""
+        summary = self.summary(advice=False)
+        numbers = summary.select_dtypes("number").columns
+        summary[numbers] = summary[numbers].round(3)
+        summary["start"] = summary["start"].dt.floor("s")
+        parts = ["Summary (warm-up and profiled steps left out of step times):"]
+        with pd.option_context("display.width", 160, "display.max_columns", 30):
+            parts.append(summary.T.to_string())
+            if self.steps["replicas"].nunique() > 1:
+                parts += ["", "Scaling:", self.compare().round(3).to_string(index=False)]
+        advice = self.advice()
+        parts += ["", "Advice:" if advice else "Advice: nothing stands out in the numbers."]
+        parts += [str(item) for item in advice]
+        return "\n".join(parts)
+
+    def for_run(self, run: str) -> Report:
+        """The part of this report that belongs to one run id."""
+        frames = {
+            name: frame[frame["run"] == run].reset_index(drop=True)
+            for name, frame in self._frames().items()
+        }
+        return Report(**frames)
+
+    def _frames(self) -> dict[str, pd.DataFrame]:
+        return {
+            "runs": self.runs,
+            "steps": self.steps,
+            "replicas": self.replicas,
+            "windows": self.windows,
+            "gpu": self.gpu,
+            "cpu": self.cpu,
+            "batching": self.batching,
+        }
+
+    def compare(self) -> pd.DataFrame:
+        """Runs side by side by replica count: throughput, speed-up and scaling efficiency.
+
+        ``speedup`` is throughput over that of the run with the fewest replicas (1, in a
+        sweep from 1), and ``scaling_efficiency`` is ``throughput_N / (N / N0 ×
+        throughput_N0)``: 1.0 is perfect linear scaling. With several runs at one replica
+        count, the latest counts. Throughput is examples/s where the global batch is
+        known, else steps/s.
+        """
+        summary = self.summary(advice=False)
+        summary = summary.dropna(subset=["replicas"]).drop_duplicates("replicas", keep="last")
+        summary = summary.sort_values("replicas")
+        throughput = summary["examples_per_s"].where(
+            summary["examples_per_s"].notna(), 1000.0 / summary["median_step_ms"]
+        )
+        base = summary.iloc[0] if len(summary) else None
+        table = pd.DataFrame(
+            {
+                "run": summary.index,
+                "replicas": summary["replicas"].astype("int64").to_numpy(),
+                "global_batch": summary["global_batch"].to_numpy(),
+                "median_step_ms": summary["median_step_ms"].to_numpy(),
+                "throughput": throughput.to_numpy(),
+                "comm_share": summary["comm_share"].to_numpy(),
+                "wait_share": summary["wait_share"].to_numpy(),
+            }
+        )
+        if base is not None:
+            base_throughput = table["throughput"].iloc[0]
+            table["speedup"] = table["throughput"] / base_throughput
+            ideal = table["replicas"] / int(base["replicas"])
+            table["scaling_efficiency"] = table["speedup"] / ideal
+        return table.reset_index(drop=True)
+
+    def advice(self) -> list:
+        """Findings with their evidence and a concrete fix, worst first
+        (``keras_dp_tools.analysis.advice``)."""
+        from keras_dp_tools.analysis.advice import advise
+
+        return advise(self)
+
+    def to_csv(self, directory: str | os.PathLike) -> list[Path]:
+        """Writes every frame (and the summary) as ``<directory>/<name>.csv``."""
+        return self._export(directory, "csv", lambda frame, path: frame.to_csv(path, index=False))
+
+    def to_parquet(self, directory: str | os.PathLike) -> list[Path]:
+        """Writes every frame (and the summary) as ``<directory>/<name>.parquet``;
+        needs a parquet engine (pyarrow, installed with keras_dp_tools)."""
+        try:
+            import pyarrow.parquet  # noqa: F401
+        except ImportError as error:
+            raise RuntimeError(
+                f"to_parquet needs pyarrow's parquet support ({error}); use to_csv instead."
+            ) from None
+        return self._export(
+            directory, "parquet", lambda frame, path: frame.to_parquet(path, index=False)
+        )
+
+    def _export(self, directory, suffix, write) -> list[Path]:
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        frames = {**self._frames(), "summary": self.summary(advice=False).reset_index()}
+        written = []
+        for name, frame in frames.items():
+            path = directory / f"{name}.{suffix}"
+            write(_flat(frame), path)
+            written.append(path)
+        return written
 
 
 _SUMMARY_BREAKDOWN = (
     "compute_ms",
+    "allreduce_ms",
     "exposed_allreduce_ms",
     "sync_wait_ms",
     "input_ms",
@@ -268,6 +392,20 @@ _SUMMARY_BREAKDOWN = (
     "wait_share",
     "busbw_gbps",
 )
+
+
+def _flat(frame: pd.DataFrame) -> pd.DataFrame:
+    """Lists (devices, GPU names) as text: CSV has no lists, and parquet wants one type."""
+
+    def text(value):
+        return ",".join(map(str, value)) if isinstance(value, (list, tuple, np.ndarray)) else value
+
+    listed = [
+        column
+        for column in frame.columns
+        if frame[column].map(lambda value: isinstance(value, (list, tuple, np.ndarray))).any()
+    ]
+    return frame.assign(**{column: frame[column].map(text) for column in listed})
 
 
 def _of_type(records: pd.DataFrame, record_type: str, columns: list[str]) -> pd.DataFrame:
@@ -282,6 +420,21 @@ def _runs(records: pd.DataFrame) -> pd.DataFrame:
     status = status.drop_duplicates(["run", "worker"], keep="last")  # the latest word
     runs = runs.merge(status, on=["run", "worker"], how="left")[RUN_COLUMNS]
     return runs.sort_values(["time", "worker"]).reset_index(drop=True)
+
+
+def _mark_profiled(steps: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
+    """Flags steps that ran inside a captured profiler window, or while its analysis
+    ran in the background."""
+    profiled = pd.Series(False, index=steps.index)
+    captured = windows[windows["status"] != "skipped"]
+    for window in captured.itertuples():
+        mine = (steps["run"] == window.run) & (steps["worker"] == window.worker)
+        inside = steps["step"].between(window.start_step, window.end_step - 1)
+        during = pd.Series(False, index=steps.index)
+        if pd.notna(window.analysis_end):
+            during = steps["time"].between(window.time, window.analysis_end)
+        profiled |= mine & (inside | during)
+    return steps.assign(profiled=profiled)
 
 
 def _with_gpu_utilization(steps: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:

@@ -100,13 +100,16 @@ def test_notebook_runs_on_the_demo_output(demo_run):
         patch.setenv("KERAS_DP_LOG_DIR", str(log_dir))
         client.execute()
 
-    printed = "".join(
-        output.get("text", "")
-        for cell in notebook.cells
-        for output in cell.get("outputs", [])
-        if cell.cell_type == "code"
+    outputs = [
+        output for cell in notebook.cells if cell.cell_type == "code" for output in cell.outputs
+    ]
+    texts = "".join(
+        output.get("text", "") + output.get("data", {}).get("text/plain", "") for output in outputs
     )
-    assert "Loaded 40 step records" in printed
+    images = [output for output in outputs if "image/png" in output.get("data", {})]
+    assert "Report(runs=1, workers=1, step_records=40" in texts
+    assert "median_step_ms" in texts and "sync_wait_ms" in texts
+    assert len(images) == 5  # breakdown, comm share, sync wait, step time, GPU
 
 
 def test_readme_example_script_runs(tmp_path):
@@ -151,7 +154,40 @@ def test_multiworker_example_records_each_worker_under_one_run(tmp_path):
     assert report.summary().loc["mw-test", "workers"] == 2
     # Each worker profiles its own replica into its own capture folder.
     windows = report.windows.set_index("worker")
-    assert windows["status"].tolist() == ["analysed", "analysed"]
-    assert windows.loc[1, "trace"].startswith("train/worker-1/plugins/profile/")
+    diagnosis = windows.to_string() + outputs[0][-1500:] + outputs[1][-1500:]
+    assert windows["status"].tolist() == ["analysed", "analysed"], diagnosis
+    assert windows.loc[1, "trace"].startswith("train/worker-1/plugins/profile/"), diagnosis
     assert sorted(report.replicas["worker"].unique()) == [0, 1]
     assert (report.replicas["replica"] == 0).all()
+
+
+@pytest.mark.slow
+def test_sweep_runs_the_demo_per_replica_count_and_compares(tmp_path):
+    result = run_cli(
+        "sweep",
+        "demo",
+        "--replicas",
+        "2,1",
+        "--log-dir",
+        str(tmp_path),
+        "--",
+        "--steps",
+        "24",
+        "--epochs",
+        "1",
+    )
+
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    assert "[1/2] 1 replica(s)" in result.stdout and "[2/2] 2 replica(s)" in result.stdout
+    assert "scaling_efficiency" in result.stdout
+    assert (tmp_path / "scaling.png").stat().st_size > 0
+    report = kdt.Report.load(tmp_path)
+    assert sorted(report.runs["replicas"]) == [1, 2]
+    assert report.compare()["replicas"].tolist() == [1, 2]
+    assert (tmp_path / "replicas-2" / "output.log").read_text().count("2 replicas") == 1
+
+
+def test_sweep_rejects_bad_replica_lists():
+    result = run_cli("sweep", "demo", "--replicas", "1,x")
+    assert result.returncode == 2
+    assert "expected positive integers separated by commas, received '1,x'" in result.stderr

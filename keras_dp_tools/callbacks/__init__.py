@@ -12,6 +12,7 @@ _EXPORTS = {
     "MeasurementWarning": "keras_dp_tools.callbacks.base",
     "DataParallelProfiler": "keras_dp_tools.callbacks.data_parallel_profiler",
     "GpuMonitor": "keras_dp_tools.callbacks.gpu_monitor",
+    "RunAdvisor": "keras_dp_tools.callbacks.run_advisor",
     "StepTimer": "keras_dp_tools.callbacks.step_timer",
 }
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
@@ -30,6 +31,7 @@ def callbacks(
     dataset=None,
     per_replica_batch: int | None = None,
     plan=None,
+    advise: bool = True,
 ) -> list:
     """The recommended keras_dp_tools callbacks for ``model.fit``, all writing to ``log_dir``.
 
@@ -54,6 +56,8 @@ def callbacks(
             (``BatchScalingCheck``), with ``per_replica_batch`` if you say it.
         per_replica_batch: the examples per replica you intend.
         plan: a ``kdt.ScalingPlan`` to record (and to check against the strategy).
+        advise: write the advisor's findings to TensorBoard's Text tab when ``fit``
+            ends (``RunAdvisor``).
 
     Returns:
         A list of callbacks; add your own to it.
@@ -61,6 +65,7 @@ def callbacks(
     from keras_dp_tools.callbacks.batch_scaling_check import BatchScalingCheck
     from keras_dp_tools.callbacks.data_parallel_profiler import DataParallelProfiler
     from keras_dp_tools.callbacks.gpu_monitor import GpuMonitor
+    from keras_dp_tools.callbacks.run_advisor import RunAdvisor
     from keras_dp_tools.callbacks.step_timer import StepTimer
 
     chosen = [StepTimer(log_dir, global_batch=global_batch, tensorboard=tensorboard)]
@@ -75,6 +80,8 @@ def callbacks(
         )
     if monitor:
         chosen.append(GpuMonitor(log_dir, interval=monitor_interval, tensorboard=tensorboard))
+    if advise and tensorboard:
+        chosen.append(RunAdvisor(log_dir))
     if dataset is not None or plan is not None:
         chosen.insert(0, BatchScalingCheck(dataset, per_replica_batch, log_dir=log_dir, plan=plan))
     return chosen

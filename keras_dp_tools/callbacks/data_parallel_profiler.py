@@ -21,6 +21,7 @@ from keras_dp_tools.callbacks.run_info import (
     worker_index,
 )
 from keras_dp_tools.callbacks.step_counter import StepCounter
+from keras_dp_tools.monitor.background import lower_thread_priority
 from keras_dp_tools.scaling import require_positive_int
 
 logger = logging.getLogger("keras_dp_tools")
@@ -264,19 +265,26 @@ class DataParallelProfiler(DataParallelCallback):
         record["trace"] = str(_relative(trace, self.log_dir))
         record["profile_run"] = trace.parent.name
         if self._executor is None:
-            self._executor = ThreadPoolExecutor(1, thread_name_prefix="keras_dp_analysis")
-        self._pending.append((record, self._executor.submit(self._analyze, trace)))
+            self._executor = ThreadPoolExecutor(
+                1, thread_name_prefix="keras_dp_analysis", initializer=lower_thread_priority
+            )
+        self._pending.append((record, self._executor.submit(self._analyze, trace, record)))
 
-    def _analyze(self, trace: Path):
+    def _analyze(self, trace: Path, record: dict):
         from keras_dp_tools.analysis import analyze_trace
 
-        return analyze_trace(
-            trace,
-            allreduce_bytes=self._run_facts["allreduce_bytes"],
-            replicas=self._run_facts["replicas"],
-            devices=self._run_facts["devices"],
-            group_size=self._run_facts["group_size"],
-        )
+        try:
+            return analyze_trace(
+                trace,
+                allreduce_bytes=self._run_facts["allreduce_bytes"],
+                replicas=self._run_facts["replicas"],
+                devices=self._run_facts["devices"],
+                group_size=self._run_facts["group_size"],
+            )
+        finally:
+            # Until then, this thread competes with training for the GIL and the CPU:
+            # steps up to here are marked as disturbed by profiling.
+            record["analysis_end"] = time.time()
 
     def _collect(self, wait: bool) -> None:
         """Writes the results of finished analyses (all of them if ``wait``)."""

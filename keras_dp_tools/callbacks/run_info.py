@@ -61,6 +61,17 @@ def global_step(model) -> int | None:
         return None
 
 
+def embedding_layers(model) -> int:
+    """Embedding layers in the model: their gradients are IndexedSlices, which
+    all-reduce poorly (see the advisor)."""
+    try:
+        layers = model._flatten_layers(include_self=False)  # Keras 3 and tf_keras
+        return sum(1 for layer in layers if "Embedding" in type(layer).__name__)
+    except Exception as error:  # a model class without the private walker
+        logger.info("could not list the model's layers (%s)", error)
+        return 0
+
+
 def describe_run(model, global_batch: int | None) -> dict:
     """Header fields for a run training ``model`` (see docs/records.md); the recorder adds
     ``run``, ``worker`` and ``time``."""
@@ -84,6 +95,7 @@ def describe_run(model, global_batch: int | None) -> dict:
         "tf_version": tf.__version__,
         "python_version": platform.python_version(),
         "keras_dp_tools_version": keras_dp_tools.__version__,
+        "embedding_layers": embedding_layers(model),
     }
 
 

@@ -7,6 +7,8 @@ import threading
 import time
 from collections.abc import Callable
 
+from keras_dp_tools.monitor.background import lower_thread_priority
+
 logger = logging.getLogger("keras_dp_tools")
 THREAD_NAME = "keras_dp_gpu_sampler"
 
@@ -63,6 +65,7 @@ class Sampler:
         self._last_heartbeat = time.monotonic()
 
     def _run(self) -> None:
+        lower_thread_priority()
         stop = self._stop
         while not stop.wait(self.interval):
             if (

@@ -1,0 +1,52 @@
+"""RunAdvisor: the advisor's findings for a run, in TensorBoard's Text tab at the end of fit."""
+
+from __future__ import annotations
+
+from keras_dp_tools.callbacks.base import DataParallelCallback
+from keras_dp_tools.callbacks.recorder import Recorder
+from keras_dp_tools.callbacks.run_info import describe_run, worker_index
+
+
+class RunAdvisor(DataParallelCallback):
+    """Writes ``Report.advice()`` for the run to TensorBoard's Text tab when ``fit`` ends.
+
+    Put it after the other keras_dp_tools callbacks (``kdt.callbacks`` does), so their
+    last records (e.g. a profiler window analysed at the end) are in.
+
+    Example:
+
+    ```python
+    model.fit(dataset, callbacks=[*kdt.callbacks("runs/exp1"), kdt.RunAdvisor("runs/exp1")])
+    ```
+
+    Args:
+        log_dir: run folder, as for the other callbacks.
+    """
+
+    def __init__(self, log_dir):
+        super().__init__()
+        self.log_dir = log_dir
+        self._recorder = None
+
+    def on_train_begin(self, logs=None):
+        self._close()
+        strategy = self.model.distribute_strategy
+        self._recorder = Recorder.acquire(self.log_dir, worker_index(strategy)[0])
+        self._recorder.start_run(describe_run(self.model, None))
+
+    def on_train_end(self, logs=None):
+        from keras_dp_tools.analysis.advice import advice_markdown
+        from keras_dp_tools.report import Report
+
+        self._recorder.flush()
+        report = Report.load(self.log_dir).for_run(self._recorder.run_id)
+        self._recorder.text("keras_dp/advice", advice_markdown(report.advice()))
+        self._close()
+
+    def _on_failure(self):
+        self._close()
+
+    def _close(self):
+        if self._recorder is not None:
+            self._recorder.release()
+            self._recorder = None

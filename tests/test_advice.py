@@ -1,0 +1,123 @@
+"""The advisor, compare(), exports and the report CLI on recorded runs; the advice in
+TensorBoard after a real fit."""
+
+import pandas as pd
+import pytest
+
+import keras_dp_tools as kdt
+from tests.recorded_runs import BALANCED, COMM_HEAVY, INPUT_BOUND, WAITING, write_run
+from tests.training import GLOBAL_BATCH, dense_model, fit
+
+from .conftest import run_cli
+
+
+def titles(report):
+    return [item.title for item in report.advice()]
+
+
+def test_communication_bound_run(tmp_path):
+    write_run(tmp_path, breakdown=COMM_HEAVY, embedding_layers=1)
+    advice = kdt.Report.load(tmp_path).advice()
+
+    assert advice[0].severity == "high" and advice[0].title.startswith("Communication-bound")
+    assert "35% of the step" in advice[0].evidence and "40.0 MB" in advice[0].evidence
+    assert "num_packs" in advice[0].fix and "mixed_float16" in advice[0].fix
+    assert any("IndexedSlices" in item.evidence for item in advice)
+
+
+def test_balanced_run_has_no_findings(tmp_path):
+    write_run(tmp_path, breakdown=BALANCED, gpu_util=90.0)
+    assert titles(kdt.Report.load(tmp_path)) == []
+
+
+def test_waiting_and_a_straggler(tmp_path):
+    write_run(tmp_path, breakdown=WAITING, stragglers=[2, 2, 2, 1, 2])
+    found = titles(kdt.Report.load(tmp_path))
+    assert found == ["Replicas wait for each other at the all-reduce", "Replica 2 is a straggler"]
+
+
+def test_input_bound_run(tmp_path):
+    write_run(tmp_path, breakdown=INPUT_BOUND)
+    (advice,) = kdt.Report.load(tmp_path).advice()
+    assert advice.title == "Input-bound: steps wait for data" and "25%" in advice.evidence
+    assert "prefetch(tf.data.AUTOTUNE)" in advice.fix
+
+
+def test_low_gpu_utilization_and_batching_findings(tmp_path):
+    write_run(tmp_path, gpu_util=20.0, batching=[("error", "missing-multiply")])
+    report = kdt.Report.load(tmp_path)
+    assert report.steps["gpu_util_mean"].dropna().tolist() == pytest.approx([20.0] * 30)
+    assert titles(report) == ["Batching: missing-multiply", "GPUs are idle much of the time"]
+
+
+def test_scaling_comparison_and_advice(tmp_path):
+    write_run(tmp_path / "n1", run="one", replicas=1, step_ms=10.0, global_batch=64)
+    # 4x the batch in 2x the time: 2x the throughput of 1 replica, efficiency 50%.
+    write_run(
+        tmp_path / "n4",
+        run="four",
+        replicas=4,
+        step_ms=20.0,
+        global_batch=256,
+        breakdown=COMM_HEAVY,
+        start=2000.0,
+    )
+    report = kdt.Report.load(tmp_path)
+
+    table = report.compare()
+    assert table["replicas"].tolist() == [1, 4]
+    assert table["speedup"].tolist() == pytest.approx([1.0, 2.0])
+    assert table["scaling_efficiency"].tolist() == pytest.approx([1.0, 0.5])
+    advice = report.advice()
+    assert [item.title for item in advice][:2] == [
+        "Communication-bound: gradients take a large share of each step",
+        "Scaling is poor",
+    ]
+    assert advice[0].evidence.startswith("run four (4 replicas): ")
+    assert "efficiency 50%" in advice[1].evidence
+    summary = report.summary()
+    assert summary.loc["four", "advice"].startswith("Communication-bound")
+
+
+def test_exports_every_frame(tmp_path):
+    write_run(tmp_path / "logs", breakdown=BALANCED, gpu_util=80.0)
+    report = kdt.Report.load(tmp_path / "logs")
+
+    csvs = report.to_csv(tmp_path / "csv")
+    parquets = report.to_parquet(tmp_path / "parquet")
+
+    names = {path.stem for path in csvs}
+    assert names == {"runs", "steps", "replicas", "windows", "gpu", "cpu", "batching", "summary"}
+    steps = pd.read_parquet(next(p for p in parquets if p.stem == "steps"))
+    assert len(steps) == 30 and steps["compute_ms"].notna().sum() == 5
+    assert pd.read_csv(next(p for p in csvs if p.stem == "summary"))["replicas"].tolist() == [4]
+
+
+def test_report_cli_prints_summary_and_advice_and_writes_html(tmp_path):
+    write_run(tmp_path, breakdown=COMM_HEAVY)
+    result = run_cli("report", str(tmp_path), "--html", str(tmp_path / "report.html"))
+
+    assert result.returncode == 0, result.stderr
+    assert "median_step_ms" in result.stdout and "Advice:" in result.stdout
+    assert "[high] Communication-bound" in result.stdout
+    page = (tmp_path / "report.html").read_text()
+    assert page.count("<img") == 5 and "Communication-bound" in page
+
+
+def test_report_cli_explains_a_folder_without_records(tmp_path):
+    result = run_cli("report", str(tmp_path))
+    assert result.returncode == 2 and "No keras_dp_tools records found" in result.stderr
+
+
+def test_advice_reaches_tensorboard_after_fit(tmp_path, keras, strategy4):
+    from tensorboard.backend.event_processing.event_multiplexer import EventMultiplexer
+
+    callbacks = kdt.callbacks(tmp_path, global_batch=GLOBAL_BATCH, profile=False, monitor=False)
+    assert type(callbacks[-1]).__name__ == "RunAdvisor"
+    fit(dense_model(keras, strategy4), callbacks)
+
+    multiplexer = EventMultiplexer(size_guidance={"tensors": 0})
+    multiplexer.AddRunsFromDirectory(str(tmp_path))
+    multiplexer.Reload()
+    (text,) = multiplexer.GetAccumulator("keras_dp/worker-0").Tensors("keras_dp/advice")
+    assert text.tensor_proto.string_val[0]  # findings, or "No findings: ..."
