@@ -25,8 +25,14 @@ logger = logging.getLogger("keras_dp_tools")
 
 _GPU_DEVICE = re.compile(r"(?:^|/)device:GPU:(\d+)$", re.IGNORECASE)
 _PCI_BUS_ID = re.compile(r"pci bus id: ([0-9a-fA-F:.]+)")
-# Per-GPU TensorBoard scalars: tag "gpu/<i>/<name>".
-SCALAR_FIELDS = ("util_gpu", "mem_used_gb", "power_w", "sm_clock_mhz", "sm_activity")
+# Per-GPU TensorBoard scalars: reading field -> tag "gpu/<i>/<name>".
+SCALAR_FIELDS = {
+    "util_gpu": "util",
+    "mem_used_gb": "mem_used_gb",
+    "power_w": "power_w",
+    "sm_clock_mhz": "sm_clock_mhz",
+    "sm_activity": "sm_activity",
+}
 SCALAR_SECONDS = 2.0  # how often samples go to TensorBoard (records get every one)
 
 
@@ -67,7 +73,7 @@ class GpuMonitor(DataParallelCallback):
 
     Readings go to the records (``gpu_sample``, ``cpu_sample``; ``kdt.Report.gpu``,
     ``Report.cpu``, and ``gpu_util_mean`` per step in ``Report.steps``) and to
-    TensorBoard scalars ``gpu/<i>/util_gpu``, ``gpu/<i>/mem_used_gb``, ...,
+    TensorBoard scalars ``gpu/<i>/util``, ``gpu/<i>/mem_used_gb``, ...,
     ``cpu/process_percent``.
 
     Example:
@@ -247,7 +253,10 @@ class GpuMonitor(DataParallelCallback):
                 reading = self._pending.get_nowait()
             except queue.Empty:
                 return
-            values = {f"gpu/{reading['gpu']}/{name}": reading.get(name) for name in SCALAR_FIELDS}
+            values = {
+                f"gpu/{reading['gpu']}/{tag}": reading.get(field)
+                for field, tag in SCALAR_FIELDS.items()
+            }
             self._recorder.scalars(step, values)
 
     # -- CPU ------------------------------------------------------------------
