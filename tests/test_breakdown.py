@@ -253,3 +253,16 @@ def test_xprof_collectives_beside_ours_on_gpu_traces(builder, tmp_path):
     assert step["step"] == 7
     assert step["xprof_collectives_ms"] == pytest.approx(1.5)
     assert step["exposed_allreduce_ms"] == pytest.approx(2.25)
+
+
+def test_analyze_cli_shows_xprof_beside_ours_for_gpu_traces(builder, tmp_path):
+    from .conftest import run_cli
+
+    two_gpu_trace(builder).write(tmp_path)
+    result = run_cli("analyze", str(tmp_path), "--csv")
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    header, row = result.stdout.splitlines()[:2]
+    values = dict(zip(header.split(","), row.split(","), strict=True))
+    assert values["step"] == "7" and float(values["xprof_collectives_ms"]) == 1.5
+    assert float(values["exposed_allreduce_ms"]) == 2.25
