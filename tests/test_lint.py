@@ -265,3 +265,10 @@ def test_flake8_runs_the_plugin(project):
     assert result.stdout.splitlines() == [
         f"{project}/bad.py:3:37: KDP001 " + result.stdout.split(" KDP001 ")[1].splitlines()[0]
     ]
+
+
+def test_our_own_examples_demo_and_notebooks_are_clean():
+    from .conftest import REPO
+
+    paths = [REPO / "examples", REPO / "notebooks", REPO / "keras_dp_tools" / "demo.py"]
+    assert [str(report) for report in lint_paths(paths)] == []
