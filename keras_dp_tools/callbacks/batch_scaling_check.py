@@ -8,7 +8,6 @@ import warnings
 from keras_dp_tools.batching import BatchScalingWarning, Finding, check_batching
 from keras_dp_tools.callbacks.base import DataParallelCallback
 from keras_dp_tools.callbacks.recorder import Recorder
-from keras_dp_tools.callbacks.run_info import describe_run, worker_index
 
 
 class BatchScalingCheck(DataParallelCallback):
@@ -64,12 +63,11 @@ class BatchScalingCheck(DataParallelCallback):
             warnings.warn(str(mismatch), BatchScalingWarning, stacklevel=2)
             self.findings.append(mismatch)
         if self.log_dir is not None:
-            self._record(worker_index(strategy)[0])
+            self._record()
 
-    def _record(self, worker: int) -> None:
-        recorder = Recorder.acquire(self.log_dir, worker)
+    def _record(self) -> None:
+        recorder = Recorder.for_fit(self.log_dir, self.model)
         try:
-            recorder.start_run(describe_run(self.model, None))
             now = time.time()
             for finding in self.findings:
                 recorder.write(

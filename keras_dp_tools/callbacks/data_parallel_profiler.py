@@ -14,7 +14,6 @@ from pathlib import Path
 from keras_dp_tools.callbacks.base import DataParallelCallback, MeasurementWarning
 from keras_dp_tools.callbacks.recorder import Recorder
 from keras_dp_tools.callbacks.run_info import (
-    describe_run,
     gradient_bytes,
     keras_package,
     strategy_devices,
@@ -144,8 +143,7 @@ class DataParallelProfiler(DataParallelCallback):
         self._close()
         strategy = self.model.distribute_strategy
         worker = worker_index(strategy)[0]
-        self._recorder = Recorder.acquire(self.log_dir, worker)
-        self._recorder.start_run(describe_run(self.model, None))
+        self._recorder = Recorder.for_fit(self.log_dir, self.model)
         self._steps.start(self.model)
         # tf_keras marks every step itself; our markers nest inside its own in windows.
         self._mark_steps = keras_package(self.model) != "tf_keras"

@@ -10,7 +10,7 @@ import warnings
 
 from keras_dp_tools.callbacks.base import DataParallelCallback, MeasurementWarning
 from keras_dp_tools.callbacks.recorder import Recorder
-from keras_dp_tools.callbacks.run_info import describe_run, strategy_devices, worker_index
+from keras_dp_tools.callbacks.run_info import strategy_devices
 from keras_dp_tools.callbacks.step_counter import StepCounter
 from keras_dp_tools.monitor.host_usage import HostCpuMeter
 from keras_dp_tools.monitor.nvml_reader import (
@@ -132,8 +132,7 @@ class GpuMonitor(DataParallelCallback):
     def on_train_begin(self, logs=None):
         self._close()
         strategy = self.model.distribute_strategy
-        self._recorder = Recorder.acquire(self.log_dir, worker_index(strategy)[0])
-        self._recorder.start_run(describe_run(self.model, None))
+        self._recorder = Recorder.for_fit(self.log_dir, self.model)
         self._steps.start(self.model)
         self._cpu = HostCpuMeter()
         self._last_cpu = self._last_scalars = time.monotonic()

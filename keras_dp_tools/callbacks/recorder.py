@@ -77,6 +77,22 @@ class Recorder:
             recorder._users += 1
             return recorder
 
+    @classmethod
+    def for_fit(
+        cls, log_dir: str | os.PathLike, model, global_batch: int | None = None
+    ) -> Recorder:
+        """Acquires the recorder of the worker that trains ``model`` and starts (or
+        continues) its run: what every callback does in ``on_train_begin``."""
+        from keras_dp_tools.callbacks.run_info import describe_run, worker_index
+
+        recorder = cls.acquire(log_dir, worker_index(model.distribute_strategy)[0])
+        try:
+            recorder.start_run(describe_run(model, global_batch))
+        except BaseException:
+            recorder.release()
+            raise
+        return recorder
+
     def release(self) -> None:
         with self._registry_lock:
             self._users -= 1

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from keras_dp_tools.callbacks.base import DataParallelCallback
 from keras_dp_tools.callbacks.recorder import Recorder
-from keras_dp_tools.callbacks.run_info import describe_run, worker_index
 
 
 class RunAdvisor(DataParallelCallback):
@@ -30,9 +29,7 @@ class RunAdvisor(DataParallelCallback):
 
     def on_train_begin(self, logs=None):
         self._close()
-        strategy = self.model.distribute_strategy
-        self._recorder = Recorder.acquire(self.log_dir, worker_index(strategy)[0])
-        self._recorder.start_run(describe_run(self.model, None))
+        self._recorder = Recorder.for_fit(self.log_dir, self.model)
 
     def on_train_end(self, logs=None):
         from keras_dp_tools.analysis.advice import advice_markdown

@@ -6,7 +6,6 @@ import time
 
 from keras_dp_tools.callbacks.base import DataParallelCallback
 from keras_dp_tools.callbacks.recorder import Recorder
-from keras_dp_tools.callbacks.run_info import describe_run, worker_index
 from keras_dp_tools.callbacks.step_counter import StepCounter
 from keras_dp_tools.scaling import require_positive_int
 
@@ -68,9 +67,7 @@ class StepTimer(DataParallelCallback):
 
     def on_train_begin(self, logs=None):
         self._close()  # a previous fit that raised never reached on_train_end
-        strategy = self.model.distribute_strategy
-        self._recorder = Recorder.acquire(self.log_dir, worker_index(strategy)[0])
-        self._recorder.start_run(describe_run(self.model, self.global_batch))
+        self._recorder = Recorder.for_fit(self.log_dir, self.model, self.global_batch)
         self._steps.start(self.model)
 
     def on_epoch_begin(self, epoch, logs=None):
