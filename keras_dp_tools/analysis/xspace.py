@@ -44,10 +44,6 @@ class StepMarker:
     start_ps: int
     end_ps: int
 
-    @property
-    def duration_ms(self) -> float:
-        return (self.end_ps - self.start_ps) / 1e9
-
 
 def load_xspace(path: str | os.PathLike):
     """Parses one ``.xplane.pb`` file; raises ValueError naming the file if it is not one."""
