@@ -128,7 +128,12 @@ def test_readme_example_script_runs(tmp_path):
 def test_multiworker_example_records_each_worker_under_one_run(tmp_path):
     addresses = ",".join(f"localhost:{port}" for port in free_ports(2))
     script = str(REPO / "examples" / "multiworker_fit.py")
-    env = {**os.environ, "KERAS_DP_RUN_ID": "mw-test", "TF_CPP_MIN_LOG_LEVEL": "2"}
+    env = {
+        **os.environ,
+        "KERAS_DP_RUN_ID": "mw-test",
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "PYTHONFAULTHANDLER": "1",  # a crash in TensorFlow prints the Python stack
+    }
     workers = [
         subprocess.Popen(
             [sys.executable, script, str(index), str(tmp_path), addresses],
@@ -152,12 +157,14 @@ def test_multiworker_example_records_each_worker_under_one_run(tmp_path):
         1: list(range(10)),
     }
     assert report.summary().loc["mw-test", "workers"] == 2
-    # Each worker profiles its own replica into its own capture folder.
+    # Worker 0 profiles its own replica; other workers do not by default (TF's profiler
+    # stop crashed non-chief workers intermittently).
     windows = report.windows.set_index("worker")
     diagnosis = windows.to_string() + outputs[0][-1500:] + outputs[1][-1500:]
-    assert windows["status"].tolist() == ["analysed", "analysed"], diagnosis
-    assert windows.loc[1, "trace"].startswith("train/worker-1/plugins/profile/"), diagnosis
-    assert sorted(report.replicas["worker"].unique()) == [0, 1]
+    assert windows["status"].to_dict() == {0: "analysed", 1: "skipped"}, diagnosis
+    assert "only worker 0 profiles" in windows.loc[1, "reason"], diagnosis
+    assert windows.loc[0, "trace"].startswith("train/plugins/profile/"), diagnosis
+    assert sorted(report.replicas["worker"].unique()) == [0]
     assert (report.replicas["replica"] == 0).all()
 
 

@@ -85,7 +85,7 @@ def test_host_cpu_meter_sees_a_busy_process():
     while time.process_time() < deadline:
         pass
     usage = meter.read()
-    assert usage["process_cpu_percent"] > 50  # one core busy is 100
+    assert usage["process_cpu_percent"] > 30  # one core busy is 100 (less if the machine is shared)
     assert usage["cpu_count"] >= 1
     assert usage["system_cpu_percent"] is None or 0 <= usage["system_cpu_percent"] <= 100
 

@@ -99,6 +99,10 @@ class DataParallelProfiler(DataParallelCallback):
         every: steps from one window start to the next; None profiles one window.
         max_windows: most windows to capture over the callback's life (disk use).
         tensorboard: also write TensorBoard scalars.
+        all_workers: under a multi-worker strategy, profile every worker. By default
+            only worker 0 does: with TensorFlow 2.21, stopping the profiler crashed
+            another worker's process ("free(): invalid pointer") in about one run in
+            seven of our two-worker tests, and a measurement must not kill training.
     """
 
     def __init__(
@@ -109,6 +113,7 @@ class DataParallelProfiler(DataParallelCallback):
         every: int | None = None,
         max_windows: int = 20,
         tensorboard: bool = True,
+        all_workers: bool = False,
     ):
         super().__init__()
         self.log_dir = log_dir
@@ -124,6 +129,7 @@ class DataParallelProfiler(DataParallelCallback):
             )
         self.max_windows = require_positive_int("max_windows", max_windows)
         self.tensorboard = tensorboard
+        self.all_workers = all_workers
         self.windows_taken = 0
         self._next_start = start_step
         self._recorder = None
@@ -142,8 +148,22 @@ class DataParallelProfiler(DataParallelCallback):
     def on_train_begin(self, logs=None):
         self._close()
         strategy = self.model.distribute_strategy
-        worker = worker_index(strategy)[0]
+        worker, workers = worker_index(strategy)
         self._recorder = Recorder.for_fit(self.log_dir, self.model)
+        if worker > 0 and not self.all_workers and self._next_start is not None:
+            self._next_start = None  # no windows on this worker
+            reason = (
+                "only worker 0 profiles under a multi-worker strategy "
+                "(DataParallelProfiler(all_workers=True) to change)"
+            )
+            logger.info("DataParallelProfiler on worker %d of %d: %s", worker, workers, reason)
+            self._recorder.write(
+                "window",
+                time=time.time(),
+                start_step=self.start_step,
+                status="skipped",
+                reason=reason,
+            )
         self._steps.start(self.model)
         # tf_keras marks every step itself; our markers nest inside its own in windows.
         self._mark_steps = keras_package(self.model) != "tf_keras"
