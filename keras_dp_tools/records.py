@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
 SCHEMA_VERSION = 1
@@ -320,26 +321,43 @@ def _is_json(line: bytes) -> bool:
     return True
 
 
+def _read_table(path: Path) -> pa.Table:
+    """The records of one file as an Arrow table; a torn last line is ignored, and a
+    header of a newer schema warns."""
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1  # whatever follows the last newline is a torn line
+    if _PRINTABLE.search(data, 0, end) is None:  # stops at the first printable byte
+        return _SCHEMA.empty_table()
+    table = _parse_lines(pa.py_buffer(data).slice(0, end), path)
+    if "schema" in table.column_names:
+        schema = pc.max(table.column("schema")).as_py()
+        if schema is not None and schema > SCHEMA_VERSION:
+            warnings.warn(
+                f"{path} was written with records schema {schema}; this version of "
+                f"keras_dp_tools reads schema {SCHEMA_VERSION}. Upgrade keras_dp_tools to "
+                "read every field.",
+                stacklevel=3,
+            )
+    return table
+
+
 def read_records(path: str | os.PathLike) -> pd.DataFrame:
     """Reads one records file into a DataFrame with a column per field.
 
     A torn last line (the writer crashed, or is writing right now) is ignored.
     Records of all types share the frame; filter on ``type``.
     """
-    path = Path(path)
-    data = path.read_bytes()
-    end = data.rfind(b"\n") + 1  # whatever follows the last newline is a torn line
-    if _PRINTABLE.search(data, 0, end) is None:  # stops at the first printable byte
-        table = _SCHEMA.empty_table()
-    else:
-        table = _parse_lines(pa.py_buffer(data).slice(0, end), path)
-    frame = table.to_pandas(types_mapper=_PANDAS_TYPES.get)
-    schema = frame.loc[frame["type"] == "header", "schema"].max() if "schema" in frame else None
-    if pd.notna(schema) and schema > SCHEMA_VERSION:
-        warnings.warn(
-            f"{path} was written with records schema {int(schema)}; this version of "
-            f"keras_dp_tools reads schema {SCHEMA_VERSION}. Upgrade keras_dp_tools to read "
-            "every field.",
-            stacklevel=2,
-        )
-    return frame
+    return _read_table(Path(path)).to_pandas(types_mapper=_PANDAS_TYPES.get)
+
+
+def read_records_by_type(path: str | os.PathLike) -> dict[str, pd.DataFrame]:
+    """Reads one records file into a DataFrame per record type, each with only the
+    fields its records have (splitting in Arrow keeps a million step lines fast)."""
+    table = _read_table(Path(path))
+    frames = {}
+    types = table.column("type")
+    for record_type in pc.unique(types).to_pylist():
+        part = table.filter(pc.equal(types, record_type))
+        empty = [name for name in part.column_names if part.column(name).null_count == len(part)]
+        frames[record_type] = part.drop_columns(empty).to_pandas(types_mapper=_PANDAS_TYPES.get)
+    return frames

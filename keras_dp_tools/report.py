@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from keras_dp_tools.records import find_record_files, read_records
+from keras_dp_tools.records import find_record_files, read_records_by_type
 
 GPU_STATUS_COLUMNS = ["gpu_available", "gpu_reason", "gpu_names"]
 RUN_COLUMNS = [
@@ -207,12 +207,14 @@ class Report:
         Raises:
             FileNotFoundError: a path does not exist, or holds no records.
         """
-        frames = []
+        by_type: dict[str, list[pd.DataFrame]] = {}
         for path in find_record_files(sources):
-            frame = read_records(path)
-            frame["source"] = str(path)
-            frames.append(frame)
-        records = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+            for record_type, frame in read_records_by_type(path).items():
+                by_type.setdefault(record_type, []).append(frame.assign(source=str(path)))
+        records = {
+            record_type: pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
+            for record_type, frames in by_type.items()
+        }
         gpu = _of_type(records, "gpu_sample", GPU_COLUMNS).sort_values(["run", "worker", "time"])
         windows = _windows(records)
         steps = _with_gpu_utilization(_mark_profiled(_steps(records), windows), gpu)
@@ -408,12 +410,15 @@ def _flat(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(**{column: frame[column].map(text) for column in listed})
 
 
-def _of_type(records: pd.DataFrame, record_type: str, columns: list[str]) -> pd.DataFrame:
+def _of_type(records: dict, record_type: str, columns: list[str]) -> pd.DataFrame:
     """Records of one type with the given columns; fields no record had are empty."""
-    return records.loc[records["type"] == record_type].reindex(columns=columns)
+    frame = records.get(record_type)
+    if frame is None:
+        return pd.DataFrame(columns=columns)
+    return frame.reindex(columns=columns)
 
 
-def _runs(records: pd.DataFrame) -> pd.DataFrame:
+def _runs(records: dict) -> pd.DataFrame:
     runs = _of_type(records, "header", [c for c in RUN_COLUMNS if c not in GPU_STATUS_COLUMNS])
     runs = runs.drop_duplicates(["run", "worker"], keep="last")
     status = _of_type(records, "gpu_status", ["run", "worker", *GPU_STATUS_COLUMNS])
@@ -448,7 +453,7 @@ def _with_gpu_utilization(steps: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFram
     return steps.merge(mean, on=["run", "worker", "step"], how="left")
 
 
-def _steps(records: pd.DataFrame) -> pd.DataFrame:
+def _steps(records: dict) -> pd.DataFrame:
     steps = _of_type(
         records, "step", [c for c in STEP_COLUMNS if c not in ("replicas", "global_batch")]
     )
@@ -474,11 +479,11 @@ def _steps(records: pd.DataFrame) -> pd.DataFrame:
     return steps.reset_index(drop=True)
 
 
-def _replicas(records: pd.DataFrame) -> pd.DataFrame:
+def _replicas(records: dict) -> pd.DataFrame:
     rows = _of_type(records, "replica_step", REPLICA_COLUMNS)
     return rows.sort_values(["run", "worker", "step", "replica"]).reset_index(drop=True)
 
 
-def _windows(records: pd.DataFrame) -> pd.DataFrame:
+def _windows(records: dict) -> pd.DataFrame:
     rows = _of_type(records, "window", WINDOW_COLUMNS)
     return rows.sort_values(["run", "worker", "time"]).reset_index(drop=True)
