@@ -13,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from keras_dp_tools.analysis import breakdown
+from keras_dp_tools.monitor.nvml_reader import READING_FIELDS
 from keras_dp_tools.records import find_record_files, read_records_by_type
 
 GPU_STATUS_COLUMNS = ["gpu_available", "gpu_reason", "gpu_names"]
@@ -55,62 +57,16 @@ STEP_COLUMNS = [
 # step as the trace marks it; "step_ms" stays the host wall time of StepTimer).
 BREAKDOWN_COLUMNS = [
     "trace_step_ms",
-    "compute_ms",
-    "allreduce_ms",
-    "sync_wait_ms",
-    "transfer_ms",
-    "exposed_allreduce_ms",
-    "exposed_sync_wait_ms",
-    "exposed_transfer_ms",
-    "input_ms",
-    "other_ms",
-    "comm_share",
-    "wait_share",
-    "max_sync_wait_ms",
-    "straggler_replica",
-    "allreduce_bytes",
-    "algbw_gbps",
-    "busbw_gbps",
+    *breakdown.STEP_COLUMNS[3:],  # compute_ms ... busbw_gbps, averaged over replicas
     "xprof_step_ms",
     "xprof_collectives_ms",
 ]
 # Where GpuMonitor ran: mean utilization of the GPUs over the step (see .gpu).
 MONITOR_COLUMNS = ["gpu_util_mean"]
-GPU_COLUMNS = [
-    "run",
-    "worker",
-    "gpu",
-    "time",
-    "sampling",
-    "util_gpu",
-    "util_memory",
-    "mem_used_gb",
-    "mem_total_gb",
-    "power_w",
-    "sm_clock_mhz",
-    "temperature_c",
-    "sm_activity",
-    "sm_occupancy",
-    "tensor_activity",
-    "dram_bw_util",
-    "nvlink_rx_gbps",
-    "nvlink_tx_gbps",
-]
+GPU_COLUMNS = ["run", "worker", "gpu", "time", "sampling", *READING_FIELDS]
 BATCHING_COLUMNS = ["run", "worker", "time", "severity", "code", "message", "fix"]
 CPU_COLUMNS = ["run", "worker", "time", "process_cpu_percent", "system_cpu_percent", "cpu_count"]
-REPLICA_COLUMNS = [
-    "run",
-    "worker",
-    "window",
-    "step",
-    "replica",
-    "device",
-    "step_ms",
-    *BREAKDOWN_COLUMNS[1:12],
-    "allreduce_bytes",
-    "algbw_gbps",
-    "busbw_gbps",
-]
+REPLICA_COLUMNS = ["run", "worker", "window", *breakdown.REPLICA_COLUMNS]
 WINDOW_COLUMNS = [
     "run",
     "worker",

@@ -127,6 +127,22 @@ def write_run(
     writer.close()
 
 
+def write_scaling_runs(log_dir):
+    """Runs "one" (1 replica, batch 64, 10 ms steps) and "four" (4 replicas, batch 256,
+    20 ms steps, communication-heavy): 4x the batch in 2x the time, so twice the
+    throughput of one replica, a scaling efficiency of 50%."""
+    write_run(log_dir / "n1", run="one", replicas=1, step_ms=10.0, global_batch=64)
+    write_run(
+        log_dir / "n4",
+        run="four",
+        replicas=4,
+        step_ms=20.0,
+        global_batch=256,
+        breakdown=COMM_HEAVY,
+        start=2000.0,
+    )
+
+
 # Breakdowns (ms per 10 ms step) that add up to the step.
 COMM_HEAVY = {
     "compute_ms": 4.0,

@@ -5,7 +5,14 @@ import pandas as pd
 import pytest
 
 import keras_dp_tools as kdt
-from tests.recorded_runs import BALANCED, COMM_HEAVY, INPUT_BOUND, WAITING, write_run
+from tests.recorded_runs import (
+    BALANCED,
+    COMM_HEAVY,
+    INPUT_BOUND,
+    WAITING,
+    write_run,
+    write_scaling_runs,
+)
 from tests.training import GLOBAL_BATCH, dense_model, fit
 
 from .conftest import run_cli
@@ -51,17 +58,7 @@ def test_low_gpu_utilization_and_batching_findings(tmp_path):
 
 
 def test_scaling_comparison_and_advice(tmp_path):
-    write_run(tmp_path / "n1", run="one", replicas=1, step_ms=10.0, global_batch=64)
-    # 4x the batch in 2x the time: 2x the throughput of 1 replica, efficiency 50%.
-    write_run(
-        tmp_path / "n4",
-        run="four",
-        replicas=4,
-        step_ms=20.0,
-        global_batch=256,
-        breakdown=COMM_HEAVY,
-        start=2000.0,
-    )
+    write_scaling_runs(tmp_path)
     report = kdt.Report.load(tmp_path)
 
     table = report.compare()

@@ -5,7 +5,7 @@ from matplotlib.figure import Figure
 
 import keras_dp_tools as kdt
 from keras_dp_tools import plots
-from tests.recorded_runs import COMM_HEAVY, WAITING, write_run
+from tests.recorded_runs import WAITING, write_run, write_scaling_runs
 
 
 @pytest.fixture
@@ -47,16 +47,7 @@ def test_gpu_utilization_timeline_per_device(report):
 
 
 def test_scaling_plot_has_ideal_and_measured(tmp_path):
-    write_run(tmp_path / "a", run="one", replicas=1, step_ms=10.0, global_batch=64)
-    write_run(
-        tmp_path / "b",
-        run="four",
-        replicas=4,
-        step_ms=20.0,
-        global_batch=256,
-        breakdown=COMM_HEAVY,
-        start=2000.0,
-    )
+    write_scaling_runs(tmp_path)
     axes = only_axes(plots.scaling(kdt.Report.load(tmp_path)))
     ideal, measured = axes.get_lines()
     assert list(measured.get_xdata()) == [1, 4]
