@@ -39,6 +39,7 @@ from keras_dp_tools.analysis.xspace import (
     plane_events,
     step_markers,
 )
+from keras_dp_tools.devices import gpu_ordinal
 
 REPLICA_COLUMNS = [
     "step",
@@ -316,13 +317,9 @@ def _wrap_replica(span: _Span, replica_count: int) -> _Span:
 
 
 def _device_ordinals(devices: Sequence[str] | None) -> list[int]:
-    ordinals = []
-    for device in devices or ():
-        kind, _, index = device.rstrip("/").rpartition(":")
-        if not kind.lower().endswith("gpu") or not index.isdigit():
-            return []
-        ordinals.append(int(index))
-    return ordinals
+    """GPU ordinals of the replicas' devices; empty unless every one is a GPU."""
+    ordinals = [gpu_ordinal(device) for device in devices or ()]
+    return [] if None in ordinals else ordinals
 
 
 def analyze_trace(

@@ -91,6 +91,7 @@ class DataParallelCallback:
         self.params = None
         self._model = None
         self._failed = False
+        self._recorder = None  # a Recorder while a fit runs (Recorder.for_fit)
 
     @property
     def model(self):
@@ -122,6 +123,13 @@ class DataParallelCallback:
 
     def _on_failure(self) -> None:
         """Releases what the callback holds after a failed hook (override)."""
+        self._release_recorder()
+
+    def _release_recorder(self) -> None:
+        """Gives back the recorder this callback holds, if any."""
+        recorder, self._recorder = self._recorder, None
+        if recorder is not None:
+            recorder.release()
 
     # tf_keras asks these three whether to call the batch hooks at all.
     def _implements_train_batch_hooks(self):

@@ -132,7 +132,6 @@ class DataParallelProfiler(DataParallelCallback):
         self.all_workers = all_workers
         self.windows_taken = 0
         self._next_start = start_step
-        self._recorder = None
         self._steps = StepCounter()
         self._window = None  # the open window: dict of its record fields
         self._marker = None
@@ -361,8 +360,7 @@ class DataParallelProfiler(DataParallelCallback):
             try:
                 self._collect(wait=True)
             finally:
-                self._recorder.release()
-                self._recorder = None
+                self._release_recorder()
         if self._executor is not None:
             self._executor.shutdown(wait=True)
             self._executor = None

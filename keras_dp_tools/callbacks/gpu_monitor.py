@@ -12,6 +12,7 @@ from keras_dp_tools.callbacks.base import DataParallelCallback, MeasurementWarni
 from keras_dp_tools.callbacks.recorder import Recorder
 from keras_dp_tools.callbacks.run_info import strategy_devices
 from keras_dp_tools.callbacks.step_counter import StepCounter
+from keras_dp_tools.devices import gpu_ordinal
 from keras_dp_tools.monitor.host_usage import HostCpuMeter
 from keras_dp_tools.monitor.nvml_reader import (
     READING_FIELDS,
@@ -23,7 +24,6 @@ from keras_dp_tools.monitor.sampler import Sampler
 
 logger = logging.getLogger("keras_dp_tools")
 
-_GPU_DEVICE = re.compile(r"(?:^|/)device:GPU:(\d+)$", re.IGNORECASE)
 _PCI_BUS_ID = re.compile(r"pci bus id: ([0-9a-fA-F:.]+)")
 # Per-GPU TensorBoard scalars: reading field -> tag "gpu/<i>/<name>".
 SCALAR_FIELDS = {
@@ -38,7 +38,7 @@ SCALAR_SECONDS = 2.0  # how often samples go to TensorBoard (records get every o
 
 def gpu_ordinals(devices: list[str]) -> list[int]:
     """TF GPU ordinals among a strategy's devices, in replica order."""
-    return [int(match.group(1)) for match in map(_GPU_DEVICE.search, devices) if match]
+    return [ordinal for ordinal in map(gpu_ordinal, devices) if ordinal is not None]
 
 
 def _pci_bus_ids(ordinals: list[int]) -> list[str] | None:
@@ -47,10 +47,10 @@ def _pci_bus_ids(ordinals: list[int]) -> list[str] | None:
 
     found = {}
     for device in device_lib.list_local_devices():
-        match = _GPU_DEVICE.search(device.name)
+        ordinal = gpu_ordinal(device.name)
         bus = _PCI_BUS_ID.search(device.physical_device_desc or "")
-        if match and bus:
-            found[int(match.group(1))] = bus.group(1)
+        if ordinal is not None and bus:
+            found[ordinal] = bus.group(1)
     ids = [found.get(ordinal) for ordinal in ordinals]
     return ids if all(ids) else None
 
@@ -118,7 +118,6 @@ class GpuMonitor(DataParallelCallback):
         self.source = source
         self.idle_timeout = idle_timeout
         self.devices = []
-        self._recorder = None
         self._reader = None
         self._sampler: Sampler | None = None
         self._cpu: HostCpuMeter | None = None
@@ -287,5 +286,4 @@ class GpuMonitor(DataParallelCallback):
             try:
                 self._drain_scalars()
             finally:
-                self._recorder.release()
-                self._recorder = None
+                self._release_recorder()

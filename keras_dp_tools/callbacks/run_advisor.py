@@ -25,10 +25,9 @@ class RunAdvisor(DataParallelCallback):
     def __init__(self, log_dir):
         super().__init__()
         self.log_dir = log_dir
-        self._recorder = None
 
     def on_train_begin(self, logs=None):
-        self._close()
+        self._release_recorder()
         self._recorder = Recorder.for_fit(self.log_dir, self.model)
 
     def on_train_end(self, logs=None):
@@ -38,12 +37,4 @@ class RunAdvisor(DataParallelCallback):
         self._recorder.flush()
         report = Report.load(self.log_dir).for_run(self._recorder.run_id)
         self._recorder.text("keras_dp/advice", advice_markdown(report.advice()))
-        self._close()
-
-    def _on_failure(self):
-        self._close()
-
-    def _close(self):
-        if self._recorder is not None:
-            self._recorder.release()
-            self._recorder = None
+        self._release_recorder()

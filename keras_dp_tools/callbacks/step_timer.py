@@ -60,13 +60,12 @@ class StepTimer(DataParallelCallback):
             None if global_batch is None else require_positive_int("global_batch", global_batch)
         )
         self.tensorboard = tensorboard
-        self._recorder = None
         self._steps = StepCounter()
         self._epoch = 0
         self._call_started = None
 
     def on_train_begin(self, logs=None):
-        self._close()  # a previous fit that raised never reached on_train_end
+        self._release_recorder()  # a previous fit that raised never reached on_train_end
         self._recorder = Recorder.for_fit(self.log_dir, self.model, self.global_batch)
         self._steps.start(self.model)
 
@@ -108,12 +107,4 @@ class StepTimer(DataParallelCallback):
         self._recorder.flush()
 
     def on_train_end(self, logs=None):
-        self._close()
-
-    def _on_failure(self):
-        self._close()
-
-    def _close(self):
-        if self._recorder is not None:
-            self._recorder.release()
-            self._recorder = None
+        self._release_recorder()
