@@ -185,3 +185,137 @@ WAITING = {
     "compute_ms": 5.6,
 }
 INPUT_BOUND = {**BALANCED, "compute_ms": 6.0, "input_ms": 2.5, "other_ms": 1.0}
+
+
+def write_windowed_multiworker_run(
+    log_dir,
+    run="mw",
+    workers=2,
+    replicas_per_worker=2,
+    steps=240,
+    windows=((10, 15), (110, 115), (210, 215)),
+    step_ms=10.0,
+    warmup_ms=220.0,
+    profiled_ms=30.0,
+    analysis_steps=3,
+    breakdown=BALANCED,
+    gpu_util=None,
+    start=1000.0,
+):
+    """One run on ``workers`` workers, each profiled in every window of ``windows``
+    (``[start_step, end_step)``) as a multi-worker job with ``profile_workers="all"``
+    records it: step 0 is a warm-up of ``warmup_ms``; steps inside a window and the
+    ``analysis_steps`` after it (the analysis runs in the background) take
+    ``profiled_ms``; the others ``step_ms``. Replica r of worker w is the straggler (no
+    wait) in every profiled step when r == w % replicas_per_worker. With ``gpu_util``,
+    two GPUs per worker read that percent; without, a gpu_status record says why not.
+    Worker w's replicas that wait wait (1 + w) times ``breakdown["sync_wait_ms"]``."""
+    replicas = workers * replicas_per_worker
+    global_batch = 16 * replicas
+    slow = {
+        step for first, end in windows for step in range(first, min(end + analysis_steps, steps))
+    }
+    # Steady steps vary by up to 20% (a fixed pattern), as real ones do.
+    durations = [
+        warmup_ms if step == 0 else profiled_ms if step in slow else step_ms * (1 + step % 5 / 20)
+        for step in range(steps)
+    ]
+    began = [start + sum(durations[:step]) / 1e3 for step in range(steps + 1)]
+    for worker in range(workers):
+        writer = RecordWriter(worker_records_path(log_dir, worker))
+        common = {"run": run, "worker": worker}
+        writer.write(
+            {
+                "type": "header",
+                "schema": SCHEMA_VERSION,
+                **common,
+                "time": start,
+                "strategy": "MultiWorkerMirroredStrategy",
+                "replicas": replicas,
+                "workers": workers,
+                "global_batch": global_batch,
+            }
+        )
+        if gpu_util is None:
+            writer.write(
+                {
+                    "type": "gpu_status",
+                    **common,
+                    "time": start,
+                    "gpu_available": False,
+                    "gpu_reason": "the strategy uses no GPU (devices: /cpu:0, /cpu:1)",
+                }
+            )
+        for step in range(steps):
+            writer.write(
+                {
+                    "type": "step",
+                    **common,
+                    "time": began[step + 1],
+                    "epoch": 0,
+                    "step": step,
+                    "steps": 1,
+                    "step_ms": durations[step],
+                    "examples_per_s": global_batch / durations[step] * 1e3,
+                    "warmup": step == 0,
+                }
+            )
+        straggler = worker % replicas_per_worker
+        for number, (first, end) in enumerate(windows):
+            writer.write(
+                {
+                    "type": "window",
+                    **common,
+                    "time": began[first] + 1e-6,  # just after step first-1 ended
+                    "window": number,
+                    "start_step": first,
+                    "end_step": end,
+                    "status": "analysed",
+                    "steps_analysed": end - first,
+                    "analysis_end": began[min(end + analysis_steps, steps)],
+                    "trace": f"train/plugins/profile/w{number}/h{worker}.xplane.pb",
+                    "profile_run": f"w{number}",
+                }
+            )
+            for step in range(first, end):
+                writer.write(
+                    {
+                        "type": "step_breakdown",
+                        **common,
+                        "time": began[end],
+                        "window": number,
+                        "step": step,
+                        "step_ms": step_ms,
+                        "replicas": replicas_per_worker,
+                        "straggler_replica": straggler,
+                        **breakdown,
+                    }
+                )
+                for replica in range(replicas_per_worker):
+                    wait = 0.0 if replica == straggler else breakdown["sync_wait_ms"] * (1 + worker)
+                    writer.write(
+                        {
+                            "type": "replica_step",
+                            **common,
+                            "time": began[end],
+                            "window": number,
+                            "step": step,
+                            "replica": replica,
+                            "step_ms": step_ms,
+                            **{**breakdown, "sync_wait_ms": wait},
+                        }
+                    )
+        if gpu_util is not None:
+            for step in range(steps + 1):
+                for gpu in (0, 1):
+                    writer.write(
+                        {
+                            "type": "gpu_sample",
+                            **common,
+                            "gpu": gpu,
+                            "sampling": "poll",
+                            "time": began[step],
+                            "util_gpu": gpu_util,
+                        }
+                    )
+        writer.close()
