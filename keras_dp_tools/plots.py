@@ -443,7 +443,7 @@ _SUMMARY_FIELDS = {
 }
 SUMMARY_NOTE = (
     "Step times and throughput leave out warm-up and profiled steps; compute to bus "
-    "bandwidth are medians over the profiled steps (mean over replicas); - : not measured."
+    "bandwidth are medians over the profiled steps (mean over replicas); a dash: not measured."
 )
 
 
