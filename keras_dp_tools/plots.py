@@ -123,8 +123,8 @@ class _StepAxis:
         position, previous = -1, None
         for step, keys in members.items():
             if previous is not None and not previous & keys:
-                position += 1  # the empty slot: steps in between were not measured
-                self.gaps.append(position + 1)
+                position += 1  # an empty slot: the steps in between were not measured
+                self.gaps.append(position)
             position += 1
             self.positions[int(step)] = position
             previous = keys
@@ -138,7 +138,7 @@ class _StepAxis:
         shown = steps[::every]
         axes.set_xticks([self.positions[s] for s in shown], [str(s) for s in shown], rotation=90)
         for gap in self.gaps:
-            axes.axvline(gap - 1, color="#cccccc", linestyle=":", linewidth=1)
+            axes.axvline(gap, color="#cccccc", linestyle=":", linewidth=1)
         axes.set_xlim(-0.7, max(self.positions.values()) + 0.7)
         axes.set_xlabel("global step (dotted: unmeasured steps left out)")
 
