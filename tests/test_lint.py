@@ -17,7 +17,6 @@ MIRRORED = TF + "strategy = tf.distribute.MirroredStrategy()\n"
 
 POSITIVE = {
     "literal in batch": MIRRORED + "ds = tf.data.Dataset.range(9).batch(64)\n",
-    "fit batch_size keyword": MIRRORED + "model.fit(x, y, batch_size=64)\n",
     "name bound to a literal": MIRRORED + "BATCH = 64\nds = ds.batch(BATCH)\n",
     "annotated assignment": MIRRORED + "BATCH: int = 64\nds = ds.batch(BATCH)\n",
     "constant expression": MIRRORED + "ds = ds.batch(32 * 2)\n",
@@ -71,11 +70,6 @@ POSITIVE = {
     "nested input function": (
         TF + "def main():\n    strategy = tf.distribute.MirroredStrategy()\n"
         "    def input_fn():\n        return ds.batch(64)\n    return input_fn\n"
-    ),
-    "keras-io style fit": (
-        TF + "strategy = tf.distribute.MirroredStrategy()\nbatch_size = 64\n"
-        "with strategy.scope():\n    model = make_model()\n"
-        "model.fit(x_train, y_train, batch_size=batch_size, epochs=2)\n"
     ),
     "image_dataset_from_directory": (
         MIRRORED + 'ds = tf.keras.utils.image_dataset_from_directory("d", batch_size=32)\n'
