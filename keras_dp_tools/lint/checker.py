@@ -553,7 +553,7 @@ class Checker:
                 flows.append(_Flow(PARAMETER, frozenset({(owner, node.id)})))
             return _combine(flows)
         if isinstance(node, ast.Call):
-            name = (self.module_qualified(module, node.func) or "").split(".")[-1]
+            name = (module.collector.qualified(node.func) or "").split(".")[-1]
             if isinstance(node.func, ast.Attribute) and node.func.attr in _SCALED_CALLS:
                 return _Flow(SCALED)
             if name in _SCALED_CALLS:
@@ -573,18 +573,12 @@ class Checker:
             )
         return _Flow(UNKNOWN)
 
-    @staticmethod
-    def module_qualified(module: Module, node) -> str | None:
-        return module.collector.qualified(node)
-
     def _imported_flow(self, module: Module, node, seen) -> _Flow:
         """A module constant of another project file (``from config import BATCH``)."""
         found = self.resolve(module, node) if self.project is not None else None
         if found is None or found[0] != "constant":
             return _Flow(UNKNOWN)
         _, owner, name = found
-        if (id(owner), name) in seen or len(seen) > 4 * MAX_IMPORT_DEPTH:
-            return _Flow(UNKNOWN)
         return self.flow(owner, owner.collector.module, ast.Name(name, ast.Load()), seen)
 
     # -- through calls -----------------------------------------------------------------
