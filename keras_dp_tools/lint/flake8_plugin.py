@@ -11,8 +11,12 @@ import ast
 from pathlib import Path
 
 import keras_dp_tools
-from keras_dp_tools.lint.checker import check_tree
+from keras_dp_tools.lint.checker import Checker, check_tree
 from keras_dp_tools.lint.runner import Project
+
+# One per flake8 process (a short-lived run): files imported by several checked files,
+# or checked after being imported, are parsed once.
+_PROJECT = Project()
 
 
 class KerasDpChecker:
@@ -26,7 +30,10 @@ class KerasDpChecker:
         self.filename = filename
 
     def run(self):
-        project = Project() if Path(self.filename).is_file() else None
-        filename = self.filename if project is not None else None
-        for violation in check_tree(self.tree, filename, project):
+        if Path(self.filename).is_file():
+            module = _PROJECT.parsed(self.filename) or _PROJECT.register(self.filename, self.tree)
+            violations = Checker(module, _PROJECT).violations()
+        else:  # stdin: nothing to follow imports from
+            violations = check_tree(self.tree)
+        for violation in violations:
             yield violation.line, violation.col, f"{violation.code} {violation.message}", type(self)

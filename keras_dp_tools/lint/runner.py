@@ -10,7 +10,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from keras_dp_tools.lint.checker import Module, Related, Violation, check_source
+from keras_dp_tools.lint.checker import Checker, Module, Related, Violation, check_source
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
 # IPython syntax that is not Python: line magics, shell escapes, help.
@@ -72,6 +72,10 @@ class Project:
         path = Path(filename).resolve()
         self._modules[path] = module = Module(tree, path)
         return module
+
+    def parsed(self, filename: str | os.PathLike) -> Module | None:
+        """The module of a file already parsed while following imports, if any."""
+        return self._modules.get(Path(filename).resolve())
 
     def load(self, importer: Path, level: int, dotted: str) -> Module | None:
         """The module ``dotted`` as imported from file ``importer`` (``level`` dots)."""
@@ -166,7 +170,12 @@ def _related(related: Iterable[Related], path: str, locate) -> tuple[dict, ...]:
 def _lint_python(path: Path, project: Project) -> Iterator[Report]:
     source = path.read_text(encoding="utf-8", errors="replace")
     lines = source.splitlines()
-    for violation in check_source(source, str(path), project):
+    module = project.parsed(path)  # read already, as another file's import?
+    if module is not None:
+        violations = Checker(module, project).violations()
+    else:
+        violations = check_source(source, str(path), project)
+    for violation in violations:
         line = lines[violation.line - 1] if 0 < violation.line <= len(lines) else ""
         if not suppressed(line, violation.code):
             related = _related(violation.related, str(path), lambda line: (None, line))
