@@ -632,7 +632,7 @@ class Checker:
             strategy = module.is_strategy_scope(scope)
             for site in scope.batch_sites:
                 flow = self.flow(module, scope, site.size)
-                batch = _place(module, site.call, site.text())
+                batch = _place(module, site.size, site.text())  # on the batch(...) line
                 size = ast.unparse(site.size)
                 if flow.kind == CONSTANT:
                     sinks.append(
