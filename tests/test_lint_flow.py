@@ -46,7 +46,7 @@ FILES = {
         def train_model(model, batch_size):
             return model.fit(x, y, batch_size=batch_size)  # BATCH:fit
         """,
-    "pkg/__init__.py": "",
+    "pkg/__init__.py": "from .data import make_pkg_dataset as make_batches\n",
     "pkg/data.py": """
         def make_pkg_dataset(ds, batch, drop=False):
             return ds.batch(batch, drop_remainder=drop)  # BATCH:pkg
@@ -69,6 +69,7 @@ FILES = {
 
         import data
         import keras_dp_tools as kdt
+        import pkg
         from config import BATCH
         from data import fixed, make_dataset, make_eval, train_model, wrap
         from pkg.data import make_pkg_dataset
@@ -98,6 +99,7 @@ FILES = {
             data.make_dataset(64)  # CALL:import-module
             make_dataset(BATCH)  # CALL:imported-constant
             make_pkg_dataset(ds, 8, drop=True)  # CALL:package
+            pkg.make_batches(ds, 4)  # CALL:re-export
             wrap(8)  # CALL:two-levels
             make_eval()  # CALL:imported-default
             fixed()  # CALL:constant-inside
@@ -127,6 +129,7 @@ EXPECTED = {
     "import-module": ("KDP001", ("data.py", "BATCH:data"), None),
     "imported-constant": ("KDP001", ("data.py", "BATCH:data"), None),
     "package": ("KDP001", ("pkg/data.py", "BATCH:pkg"), None),
+    "re-export": ("KDP001", ("pkg/data.py", "BATCH:pkg"), None),
     "two-levels": ("KDP001", ("data.py", "BATCH:data"), None),
     "imported-default": ("KDP001", ("data.py", "BATCH:eval"), ("data.py", "DEFAULT:eval")),
     "constant-inside": ("KDP001", ("data.py", "BATCH:fixed"), None),
