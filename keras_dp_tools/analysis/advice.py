@@ -188,9 +188,10 @@ def _cpu(report) -> list[Advice]:
 
 
 def _batching(report) -> list[Advice]:
+    severity = {"error": "high", "warning": "medium", "info": "info"}
     findings = report.batching.drop_duplicates(["code", "message"])
     return [
-        Advice(row.severity, f"Batching: {row.code}", row.message, row.fix)
+        Advice(severity.get(row.severity, "info"), f"Batching: {row.code}", row.message, row.fix)
         for row in findings.itertuples()
     ]
 
