@@ -12,6 +12,7 @@ import warnings
 from dataclasses import dataclass
 
 from keras_dp_tools.scaling import replica_count, require_positive_int
+from keras_dp_tools.severity import Severity
 
 # Dataset ops that batch (the first input is the dataset, the second the batch size).
 _BATCH_OPS = {
@@ -31,13 +32,17 @@ class BatchScalingWarning(UserWarning):
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem (or remark) about batching: ``severity`` is ``error``, ``warning`` or
-    ``info``; ``code`` a stable identifier; ``fix`` what to change."""
+    """One problem (or remark) about batching: ``severity`` is a ``Severity``
+    (``error``, ``warning`` or ``info``); ``code`` a stable identifier; ``fix`` what to
+    change."""
 
-    severity: str
+    severity: Severity
     code: str
     message: str
     fix: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "severity", Severity(self.severity))
 
     def __str__(self) -> str:
         return f"{self.message} Fix: {self.fix}"

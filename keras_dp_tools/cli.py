@@ -77,15 +77,24 @@ def build_parser() -> argparse.ArgumentParser:
         "lint",
         help="find batch sizes not scaled by the replica count (static, flake8-style)",
         description="Check Python files and notebooks for batch sizes given under a "
-        "distribution strategy that are not derived from num_replicas_in_sync (KDP001), "
-        "and constant learning rates next to scaled batches (KDP002). Parses only: never "
+        "distribution strategy that are not derived from num_replicas_in_sync (KDP001; "
+        "followed through helper functions and imports of project files), constant "
+        "batch_size given to fit/evaluate/predict, the global batch (KDP003), and "
+        "constant learning rates next to scaled batches (KDP002). Parses only: never "
         "imports or runs the code. '# noqa: KDP001' silences a line. Exit status: 0 "
-        "clean, 1 findings, 2 usage error.",
+        "clean, 1 findings, 2 usage error (bad option, missing path, unreadable notebook).",
     )
     lint.add_argument("paths", nargs="+", type=Path, help="files or folders (.py, .ipynb)")
     lint.add_argument("--ignore", default="", help="comma-separated codes to skip, e.g. KDP002")
     lint.add_argument(
         "--exit-zero", action="store_true", help="exit 0 even when there are findings"
+    )
+    lint.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text: flake8-style lines (default); json: one array of findings, each with "
+        "path, line, col, cell, code, severity, message and related places",
     )
     lint.set_defaults(handler=run_lint_command)
 
@@ -183,14 +192,19 @@ def run_sweep_command(args: argparse.Namespace) -> int:
 
 
 def run_lint_command(args: argparse.Namespace) -> int:
+    import json
+
     from keras_dp_tools.lint import lint_paths
 
     ignore = [code.strip() for code in args.ignore.split(",") if code.strip()]
-    count = 0
+    reports = []
     for report in lint_paths(args.paths, ignore=ignore):
-        print(report)
-        count += 1
-    return 0 if args.exit_zero or count == 0 else 1
+        if args.format == "text":
+            print(report, flush=True)
+        reports.append(report)
+    if args.format == "json":
+        print(json.dumps([report.to_dict() for report in reports], indent=2))
+    return 0 if args.exit_zero or not reports else 1
 
 
 def run_analyze_command(args: argparse.Namespace) -> int:

@@ -26,7 +26,7 @@ def test_communication_bound_run(tmp_path):
     write_run(tmp_path, breakdown=COMM_HEAVY, embedding_layers=1)
     advice = kdt.Report.load(tmp_path).advice()
 
-    assert advice[0].severity == "high" and advice[0].title.startswith("Communication-bound")
+    assert advice[0].severity == "error" and advice[0].title.startswith("Communication-bound")
     assert "35% of the step" in advice[0].evidence and "40.0 MB" in advice[0].evidence
     assert "num_packs" in advice[0].fix and "mixed_float16" in advice[0].fix
     assert any("IndexedSlices" in item.evidence for item in advice)
@@ -96,7 +96,7 @@ def test_report_cli_prints_summary_and_advice_and_writes_html(tmp_path):
 
     assert result.returncode == 0, result.stderr
     assert "median_step_ms" in result.stdout and "Advice:" in result.stdout
-    assert "[high] Communication-bound" in result.stdout
+    assert "[error] Communication-bound" in result.stdout
     page = (tmp_path / "report.html").read_text()
     assert page.count("<img") == 4 and "Communication-bound" in page
     assert "<b>GPU utilization</b> left out" in page  # no GPU readings: one line instead

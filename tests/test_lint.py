@@ -17,11 +17,11 @@ MIRRORED = TF + "strategy = tf.distribute.MirroredStrategy()\n"
 
 POSITIVE = {
     "literal in batch": MIRRORED + "ds = tf.data.Dataset.range(9).batch(64)\n",
-    "fit batch_size keyword": MIRRORED + "model.fit(x, y, batch_size=64)\n",
     "name bound to a literal": MIRRORED + "BATCH = 64\nds = ds.batch(BATCH)\n",
     "annotated assignment": MIRRORED + "BATCH: int = 64\nds = ds.batch(BATCH)\n",
     "constant expression": MIRRORED + "ds = ds.batch(32 * 2)\n",
     "chained dataset calls": MIRRORED + "ds = ds.map(f).shuffle(100).batch(128).prefetch(2)\n",
+    "padded_batch": MIRRORED + "ds = ds.padded_batch(32, padded_shapes=[None])\n",
     "from tensorflow import distribute": (
         "from tensorflow import distribute\ns = distribute.MirroredStrategy()\nds.batch(64)\n"
     ),
@@ -71,11 +71,6 @@ POSITIVE = {
     "nested input function": (
         TF + "def main():\n    strategy = tf.distribute.MirroredStrategy()\n"
         "    def input_fn():\n        return ds.batch(64)\n    return input_fn\n"
-    ),
-    "keras-io style fit": (
-        TF + "strategy = tf.distribute.MirroredStrategy()\nbatch_size = 64\n"
-        "with strategy.scope():\n    model = make_model()\n"
-        "model.fit(x_train, y_train, batch_size=batch_size, epochs=2)\n"
     ),
     "image_dataset_from_directory": (
         MIRRORED + 'ds = tf.keras.utils.image_dataset_from_directory("d", batch_size=32)\n'
@@ -130,6 +125,26 @@ NEGATIVE = {
 @pytest.mark.parametrize("snippet", POSITIVE.values(), ids=POSITIVE.keys())
 def test_unscaled_batches_are_flagged(snippet):
     assert [v.code for v in check_source(snippet)] == ["KDP001"]
+
+
+# fit/evaluate/predict take the global batch: a constant may be meant (KDP003, not KDP001).
+GLOBAL_BATCH = {
+    "fit batch_size keyword": MIRRORED + "model.fit(x, y, batch_size=64)\n",
+    "evaluate batch_size keyword": MIRRORED + "model.evaluate(x, y, batch_size=64)\n",
+    "keras-io style fit": (
+        TF + "strategy = tf.distribute.MirroredStrategy()\nbatch_size = 64\n"
+        "with strategy.scope():\n    model = make_model()\n"
+        "model.fit(x_train, y_train, batch_size=batch_size, epochs=2)\n"
+    ),
+}
+
+
+@pytest.mark.parametrize("snippet", GLOBAL_BATCH.values(), ids=GLOBAL_BATCH.keys())
+def test_constant_fit_batch_sizes_have_their_own_code(snippet):
+    assert [v.code for v in check_source(snippet)] == ["KDP003"]
+    scaled = snippet.replace("batch_size=64", "batch_size=64 * strategy.num_replicas_in_sync")
+    scaled = scaled.replace("batch_size = 64", "batch_size = 64 * strategy.num_replicas_in_sync")
+    assert check_source(scaled) == []
 
 
 @pytest.mark.parametrize("snippet", NEGATIVE.values(), ids=NEGATIVE.keys())

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from keras_dp_tools.severity import Severity
+
 COMM_SHARE_HIGH = 0.20  # exposed all-reduce transfer over step time
 WAIT_SHARE_HIGH = 0.15  # exposed waiting for the slowest replica over step time
 INPUT_SHARE_HIGH = 0.10  # exposed input wait over step time
@@ -18,17 +20,20 @@ GPU_UTIL_LOW = 50.0  # percent
 SCALING_EFFICIENCY_LOW = 0.7
 JITTER_RATIO = 1.5  # p90 over median step time
 CPU_SATURATED = 75.0  # percent of all cores busy
-_SEVERITY_ORDER = {"high": 0, "medium": 1, "info": 2}
 
 
 @dataclass(frozen=True)
 class Advice:
-    """``severity``: high, medium or info; ``evidence``: the numbers behind it."""
+    """``severity``: a ``Severity`` (error, warning or info; the former words high
+    and medium are read as error and warning); ``evidence``: the numbers behind it."""
 
-    severity: str
+    severity: Severity
     title: str
     evidence: str
     fix: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "severity", Severity(self.severity))
 
     def __str__(self) -> str:
         return f"[{self.severity}] {self.title}\n  evidence: {self.evidence}\n  fix: {self.fix}"
@@ -260,7 +265,7 @@ def advise(report) -> list[Advice]:
                 for item in _run_advice(part)
             ]
     advice += _scaling(report)
-    return sorted(advice, key=lambda item: _SEVERITY_ORDER.get(item.severity, 3))
+    return sorted(advice, key=lambda item: -item.severity.level)
 
 
 def advice_markdown(advice: list[Advice]) -> str:

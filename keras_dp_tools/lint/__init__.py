@@ -3,7 +3,7 @@
 Parses with ``ast`` only: the user's code is never imported or run.
 """
 
-from keras_dp_tools.lint.checker import CODES, Violation, check_source
-from keras_dp_tools.lint.runner import lint_paths
+from keras_dp_tools.lint.checker import CODES, SEVERITIES, Violation, check_source
+from keras_dp_tools.lint.runner import Project, lint_paths
 
-__all__ = ["CODES", "Violation", "check_source", "lint_paths"]
+__all__ = ["CODES", "SEVERITIES", "Project", "Violation", "check_source", "lint_paths"]

@@ -1,15 +1,22 @@
 """The flake8 plugin: ``flake8 --select KDP`` runs the same checks as ``keras-dp lint``.
 
 Registered under the ``flake8.extension`` entry point group with the code prefix
-``KDP``; flake8 itself handles ``# noqa`` and output.
+``KDP``; flake8 itself handles ``# noqa`` and output. flake8 checks one file at a time:
+the imports of the checked file are followed on disk as ``keras-dp lint`` does.
 """
 
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 import keras_dp_tools
-from keras_dp_tools.lint.checker import check_tree
+from keras_dp_tools.lint.checker import Checker, check_tree
+from keras_dp_tools.lint.runner import Project
+
+# One per flake8 process (a short-lived run): files imported by several checked files,
+# or checked after being imported, are parsed once.
+_PROJECT = Project()
 
 
 class KerasDpChecker:
@@ -18,9 +25,15 @@ class KerasDpChecker:
     name = "keras-dp-tools"
     version = keras_dp_tools.__version__
 
-    def __init__(self, tree: ast.Module):
+    def __init__(self, tree: ast.Module, filename: str = "stdin"):
         self.tree = tree
+        self.filename = filename
 
     def run(self):
-        for violation in check_tree(self.tree):
+        if Path(self.filename).is_file():
+            module = _PROJECT.parsed(self.filename) or _PROJECT.register(self.filename, self.tree)
+            violations = Checker(module, _PROJECT).violations()
+        else:  # stdin: nothing to follow imports from
+            violations = check_tree(self.tree)
+        for violation in violations:
             yield violation.line, violation.col, f"{violation.code} {violation.message}", type(self)

@@ -1,0 +1,43 @@
+"""One severity scale for lint, the run-time batching check and the advisor."""
+
+import json
+
+import pytest
+
+from keras_dp_tools.analysis.advice import Advice
+from keras_dp_tools.batching import Finding
+from keras_dp_tools.lint import CODES, SEVERITIES
+from keras_dp_tools.severity import Severity
+
+
+def test_levels_compare_by_weight_not_alphabet():
+    # As plain strings "error" < "info" < "warning": the scale must not sort that way.
+    assert sorted(["warning", "error", "info"]) == ["error", "info", "warning"]
+    assert sorted([Severity.WARNING, Severity.ERROR, Severity.INFO]) == [
+        Severity.INFO,
+        Severity.WARNING,
+        Severity.ERROR,
+    ]
+    assert Severity.ERROR > "warning" and Severity.INFO < Severity.WARNING
+
+
+def test_members_are_the_plain_words():
+    assert f"{Severity.ERROR}" == "error" and Severity.INFO == "info"
+    assert json.dumps({"severity": Severity.WARNING}) == '{"severity": "warning"}'
+
+
+def test_the_advisors_former_words_are_read_and_unknown_words_refused():
+    assert Severity("high") is Severity.ERROR and Severity("Medium") is Severity.WARNING
+    with pytest.raises(ValueError, match="received 'severe'"):
+        Severity("severe")
+
+
+def test_batching_findings_advice_and_lint_share_the_scale():
+    finding = Finding("error", "missing-multiply", "m", "f")
+    advice = Advice("high", "t", "e", "f")
+    assert finding.severity is advice.severity is Severity.ERROR
+    assert str(advice).startswith("[error] t")
+    assert set(SEVERITIES) == set(CODES)
+    assert all(isinstance(level, Severity) for level in SEVERITIES.values())
+    with pytest.raises(ValueError, match="received 'fatal'"):
+        Finding("fatal", "x", "m", "f")
