@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import functools
 import logging
-import warnings
+import sys
+
+from keras_dp_tools._warn import warn
 
 logger = logging.getLogger("keras_dp_tools")
 
@@ -115,7 +117,7 @@ class DataParallelCallback:
             f"{type(error).__name__}: {error}. Training continues without it."
         )
         logger.debug(message, exc_info=error)
-        warnings.warn(message, MeasurementWarning, stacklevel=4)
+        warn(message, MeasurementWarning)
         try:
             self._on_failure()
         except Exception as cleanup_error:
@@ -145,6 +147,25 @@ class DataParallelCallback:
 
     def _overrides_any(self, *hooks: str) -> bool:
         return any(not getattr(getattr(self, f"on_{hook}"), "_is_default", False) for hook in hooks)
+
+
+def find_in_fit(match, depth: int = 12):
+    """The first value other than None that ``match(frame_locals)`` returns for the
+    frames calling us, nearest first (up to ``depth`` of them); None if none does.
+
+    Keras and tf_keras give callbacks no handle on ``fit``'s data or on the other
+    callbacks of the fit; ``fit`` and its ``CallbackList`` hold them as locals a few
+    frames up from a hook.
+    """
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        found = match(frame.f_locals)
+        if found is not None:
+            return found
+        frame = frame.f_back
+    return None
 
 
 @_default
