@@ -152,12 +152,16 @@ class DataParallelProfiler(DataParallelCallback):
         strategy = self.model.distribute_strategy
         worker, workers = worker_index(strategy)
         self._recorder = Recorder.for_fit(self.log_dir, self.model)
-        if worker > 0 and not self.all_workers and self._next_start is not None:
-            self._next_start = None  # no windows on this worker
+        reason = None
+        if self._parameter_servers and self._next_start is not None:
+            reason = "parameter-server training: no all-reduce to break down, no batch hooks"
+        elif worker > 0 and not self.all_workers and self._next_start is not None:
             reason = (
                 "only worker 0 profiles under a multi-worker strategy "
                 "(DataParallelProfiler(all_workers=True) to change)"
             )
+        if reason is not None:
+            self._next_start = None  # no windows in this fit on this worker
             logger.info("DataParallelProfiler on worker %d of %d: %s", worker, workers, reason)
             self._recorder.write(
                 "window",
