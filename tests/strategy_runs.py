@@ -68,6 +68,7 @@ if __name__ == "__main__":
 
     log_dir = sys.argv[1]
     fit("one_device", keras, tf.distribute.OneDeviceStrategy("/cpu:0"), log_dir)
+    fit("one_device_cpu1", keras, tf.distribute.OneDeviceStrategy("/cpu:1"), log_dir)
     central = tf.distribute.experimental.CentralStorageStrategy(["/cpu:0", "/cpu:1"])
     fit("central_storage", keras, central, log_dir)
     strategy = in_process_cluster(tf)

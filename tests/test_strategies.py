@@ -77,6 +77,19 @@ def test_one_device_strategy_has_no_communication(strategy_runs):
 
 
 @pytest.mark.slow
+@pytest.mark.xfail(
+    reason="the breakdown counts the _Send of the step's results from /cpu:1 back to the "
+    "host (div_no_nan/_5:_Send, a control edge) as communication of a lone replica",
+    strict=False,
+)
+def test_one_device_strategy_off_the_host_device_has_no_communication(strategy_runs):
+    log_dir, fits = strategy_runs
+    assert fits["one_device_cpu1"]["ended"] == "epochs=2"
+    replicas = kdt.Report.load(log_dir / "one_device_cpu1").replicas
+    assert len(replicas) == 5 and (replicas["allreduce_ms"] == 0).all()
+
+
+@pytest.mark.slow
 def test_central_storage_strategy_runs_the_callbacks(strategy_runs):
     """Smoke test only: how its reductions are accounted is the breakdown's business."""
     log_dir, fits = strategy_runs
