@@ -340,7 +340,7 @@ def _batch_findings(batch: DatasetBatch, replicas: int, per_replica: int | None)
                 f"Use a multiple of {replicas}, e.g. {(size // replicas + 1) * replicas}.",
             )
         )
-    if batch.drop_remainder is not True and batch.remainder != 0:
+    if batch.drop_remainder is False and batch.remainder != 0:
         findings.append(_partial_last_batch(batch))
     return findings
 

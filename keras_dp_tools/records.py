@@ -81,7 +81,7 @@ WINDOW_FIELDS: dict[str, pa.DataType] = {
     "window": pa.int64(),  # index of the window within the callback's life; null if skipped
     "start_step": pa.int64(),
     "end_step": pa.int64(),  # first step after the window
-    "status": pa.string(),  # analysed, skipped or failed
+    "status": pa.string(),  # analysed, skipped, failed, or foreign (another profiler)
     "reason": pa.string(),
     "steps_analysed": pa.int64(),
     "stop_ms": pa.float64(),  # training-thread time spent stopping the profiler

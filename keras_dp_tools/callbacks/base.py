@@ -63,8 +63,9 @@ PARAMETER_SERVER_NOTE = (
     "breakdown measure synchronous data parallelism (MirroredStrategy, "
     "MultiWorkerMirroredStrategy), so StepTimer and DataParallelProfiler record no steps "
     "here. Still recorded: the run header, the batching check and scaling plan "
-    "(BatchScalingCheck), this host's CPU usage per epoch and GPU readings (GpuMonitor), "
-    "and the advice at the end of fit (RunAdvisor). To profile the workers, use "
+    "(BatchScalingCheck), the advice at the end of fit (RunAdvisor), and GpuMonitor's "
+    "readings of this (the coordinator's) host: CPU usage per epoch, GPUs until its "
+    "idle_timeout, as no steps arrive. To profile the workers, use "
     "tf.profiler.experimental.client.trace."
 )
 _noted_strategies: weakref.WeakSet = weakref.WeakSet()
