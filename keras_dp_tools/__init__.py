@@ -20,6 +20,7 @@ _EXPORTS = {
     "check_batching": "keras_dp_tools.batching",
     "DataParallelCallback": "keras_dp_tools.callbacks.base",
     "MeasurementWarning": "keras_dp_tools.callbacks.base",
+    "StrategyWarning": "keras_dp_tools.callbacks.base",
     "DataParallelProfiler": "keras_dp_tools.callbacks.data_parallel_profiler",
     "GpuMonitor": "keras_dp_tools.callbacks.gpu_monitor",
     "RunAdvisor": "keras_dp_tools.callbacks.run_advisor",

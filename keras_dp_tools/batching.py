@@ -3,14 +3,16 @@
 The classic bug: ``dataset.batch(64)`` under a 4-replica strategy trains with 16
 examples per replica, because a batch given to a strategy is the *global* batch. The
 check reads the batch size from the dataset itself (its static shapes, or the batch
-node of its graph) and never consumes data.
+node of its graph) and never consumes data. For arrays given to ``fit(x, y,
+batch_size=...)``, the batch is the one ``fit``'s data adapter makes
+(``adapter_batch``).
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 
+from keras_dp_tools._warn import warn as warn_at_user
 from keras_dp_tools.scaling import replica_count, require_positive_int
 from keras_dp_tools.severity import Severity
 
@@ -52,11 +54,15 @@ class Finding:
 class DatasetBatch:
     """What a dataset says about its batch: ``size`` (None if unknown or unbatched),
     ``drop_remainder`` (None if unknown), ``batched`` (False: no batch op found, None:
-    cannot tell)."""
+    cannot tell), ``remainder`` (examples in the smaller last batch of a pass: 0 when
+    every batch is full, None when the number of examples is unknown), and ``source``
+    (``"dataset"``, or ``"fit"`` for arrays that ``fit(batch_size=...)`` batches)."""
 
     size: int | None
     drop_remainder: bool | None
     batched: bool | None
+    remainder: int | None = None
+    source: str = "dataset"
 
 
 def _graph_batch(dataset) -> DatasetBatch | None:
@@ -89,9 +95,34 @@ def _graph_batch(dataset) -> DatasetBatch | None:
             size = constant(node.input[1]) if len(node.input) > 1 else None
             drop_index = _BATCH_OPS[node.op]
             drop = constant(node.input[drop_index]) if drop_index is not None else False
-            return DatasetBatch(None if size is None else int(size), drop, batched=True)
+            size = None if size is None else int(size)
+            remainder = 0 if drop else _remainder(graph, output, node.input[0], size)
+            return DatasetBatch(size, drop, batched=True, remainder=remainder)
         node = nodes.get(node.input[0].split(":")[0]) if node.input else None
     return DatasetBatch(None, None, batched=False)
+
+
+def _remainder(graph, output, batch_input: str, size: int | None) -> int | None:
+    """Examples left for a smaller last batch: the cardinality of what the batch op
+    reads (rebuilt from the graph with the batch's input as output), modulo the batch
+    size. An endless input (``repeat()``) has no last batch; None when unknown (e.g. a
+    generator)."""
+    import tensorflow as tf
+
+    if not size:
+        return None
+    original = output.input[0]
+    output.input[0] = batch_input
+    try:
+        variant = tf.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString())
+        examples = int(tf.raw_ops.DatasetCardinality(input_dataset=variant))
+    except (tf.errors.OpError, TypeError, ValueError):
+        return None
+    finally:
+        output.input[0] = original
+    if examples == tf.data.INFINITE_CARDINALITY:
+        return 0
+    return None if examples < 0 else examples % size
 
 
 def dataset_batch(dataset) -> DatasetBatch:
@@ -110,14 +141,42 @@ def dataset_batch(dataset) -> DatasetBatch:
     from_graph = _graph_batch(dataset)
     if from_graph is None:  # no graph: trust the static shape
         if leading is not None:
-            return DatasetBatch(int(leading), True, batched=True)
+            return DatasetBatch(int(leading), True, batched=True, remainder=0)
         return DatasetBatch(None, None, batched=None)
     if not from_graph.batched and shape is not None and shape.rank and leading is None:
         return DatasetBatch(None, None, batched=None)
     return from_graph
 
 
-def _is_distributed(dataset) -> bool:
+def _adapter_value(adapter, name: str):
+    value = getattr(adapter, name, None)  # Keras 3: properties; tf_keras: methods
+    return value() if callable(value) else value
+
+
+def adapter_batch(adapter) -> DatasetBatch | None:
+    """What ``fit``'s data adapter (Keras 3 or tf_keras) says about its batch; None if
+    it says nothing.
+
+    For arrays, ``fit(x, y, batch_size=...)`` batches by ``batch_size`` and keeps a
+    smaller last batch (the adapter knows its size). For a ``tf.data.Dataset``, the
+    dataset the adapter wraps is read with ``dataset_batch``.
+    """
+    import tensorflow as tf
+
+    size = _adapter_value(adapter, "batch_size")
+    partial = _adapter_value(adapter, "has_partial_batch")
+    if size is not None and isinstance(partial, bool):  # arrays: fit batches them
+        remainder = int(_adapter_value(adapter, "partial_batch_size") or 0) if partial else 0
+        return DatasetBatch(int(size), False, batched=True, remainder=remainder, source="fit")
+    dataset = getattr(adapter, "_dataset", None)
+    if isinstance(dataset, tf.data.Dataset):
+        return dataset_batch(dataset)
+    if size is not None:
+        return DatasetBatch(int(size), None, batched=True, source="fit")
+    return None
+
+
+def is_distributed(dataset) -> bool:
     import tensorflow as tf
 
     return isinstance(
@@ -137,8 +196,9 @@ def check_batching(dataset, strategy, per_replica_batch: int | None = None, warn
       global batch you intended;
     * ``uneven-split`` (warning): the global batch does not divide by the replicas;
     * ``empty-replicas`` (error): fewer examples per step than replicas;
-    * ``partial-last-batch`` (info): ``drop_remainder=False``: the last step's batch
-      can be smaller and split unevenly, with a shape of its own;
+    * ``partial-last-batch`` (info): ``drop_remainder=False`` and the examples do not
+      divide by the batch (or their number is unknown): the last step's batch is
+      smaller and split unevenly, with a shape of its own;
     * ``unbatched`` / ``unknown-batch`` (warning): no batch to check; said, not guessed;
     * ``already-distributed`` (info): a distributed dataset batches per replica itself.
 
@@ -155,7 +215,9 @@ def check_batching(dataset, strategy, per_replica_batch: int | None = None, warn
     ```
 
     Args:
-        dataset: a ``tf.data.Dataset`` (or a distributed dataset).
+        dataset: a ``tf.data.Dataset`` (or a distributed dataset), or a
+            ``DatasetBatch`` already read (``adapter_batch`` for arrays given to
+            ``fit``; ``kdt.BatchScalingCheck`` reads it for you).
         strategy: the ``tf.distribute`` strategy, or the replica count.
         per_replica_batch: the examples per replica you intend; without it the check
             cannot tell a missing multiply from a deliberate small global batch.
@@ -166,14 +228,23 @@ def check_batching(dataset, strategy, per_replica_batch: int | None = None, warn
         per_replica_batch = require_positive_int("per_replica_batch", per_replica_batch)
     findings = _findings(dataset, replicas, per_replica_batch)
     if warn:
-        for finding in findings:
-            if finding.severity != "info":
-                warnings.warn(str(finding), BatchScalingWarning, stacklevel=2)
+        warn_findings(findings)
     return findings
 
 
+def warn_findings(findings: list[Finding]) -> None:
+    """A ``BatchScalingWarning`` per problem (info findings stay quiet)."""
+    for finding in findings:
+        if finding.severity != "info":
+            warn_at_user(str(finding), BatchScalingWarning)
+
+
 def _findings(dataset, replicas: int, per_replica: int | None) -> list[Finding]:
-    if _is_distributed(dataset):
+    import tensorflow as tf
+
+    if isinstance(dataset, DatasetBatch):
+        return _batch_findings(dataset, replicas, per_replica)
+    if is_distributed(dataset):
         return [
             Finding(
                 "info",
@@ -185,8 +256,34 @@ def _findings(dataset, replicas: int, per_replica: int | None) -> list[Finding]:
                 "input_context.get_per_replica_batch_size in distribute_datasets_from_function.",
             )
         ]
-    batch = dataset_batch(dataset)
-    wanted = f"dataset.batch({per_replica} * strategy.num_replicas_in_sync)"
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            f"check_batching reads the batch of a tf.data.Dataset; received a "
+            f"{type(dataset).__module__}.{type(dataset).__qualname__}. For arrays given to "
+            "fit(x, y, batch_size=...), add kdt.BatchScalingCheck(per_replica_batch=...) "
+            "to fit's callbacks: it reads the batch fit makes."
+        )
+    return _batch_findings(dataset_batch(dataset), replicas, per_replica)
+
+
+def unknown_batch(reason: str) -> Finding:
+    """The finding for a batch that cannot be read: said, not guessed."""
+    return Finding(
+        "warning",
+        "unknown-batch",
+        f"The batch size cannot be read ({reason}), so it cannot be checked.",
+        "Batch with dataset.batch(global_batch) or fit(batch_size=global_batch), where "
+        "global_batch = per-replica batch * strategy.num_replicas_in_sync.",
+    )
+
+
+def _batch_findings(batch: DatasetBatch, replicas: int, per_replica: int | None) -> list[Finding]:
+    from_fit = batch.source == "fit"
+    wanted = (
+        f"fit(batch_size={per_replica} * strategy.num_replicas_in_sync)"
+        if from_fit
+        else f"dataset.batch({per_replica} * strategy.num_replicas_in_sync)"
+    )
     if batch.batched is False:
         return [
             Finding(
@@ -201,25 +298,20 @@ def _findings(dataset, replicas: int, per_replica: int | None) -> list[Finding]:
         ]
     if batch.size is None:
         return [
-            Finding(
-                "warning",
-                "unknown-batch",
-                "The dataset's batch size cannot be read from it (no batch op; the source, "
-                "e.g. a generator, may batch itself), so it cannot be checked.",
-                "Batch with dataset.batch(global_batch) where global_batch = per-replica "
-                "batch * strategy.num_replicas_in_sync.",
-            )
+            unknown_batch("no batch op in the dataset; its source, e.g. a generator, may batch")
         ]
     size, findings = batch.size, []
+    batched_by = f"fit's batch_size is {size}" if from_fit else f"The dataset is batched by {size}"
     if per_replica is not None and replicas > 1 and size == per_replica:
         findings.append(
             Finding(
                 "error",
                 "missing-multiply",
-                f"The dataset is batched by {size}, your per-replica batch: under "
+                f"{batched_by}, your per-replica batch: under "
                 f"{replicas} replicas each replica trains on {size // replicas} examples "
                 f"per step, not {size}.",
-                f"{wanted} = dataset.batch({per_replica * replicas}) (kdt.scale_batch_size).",
+                f"{wanted} = {_batch_call(from_fit, per_replica * replicas)} "
+                "(kdt.scale_batch_size).",
             )
         )
     elif per_replica is not None and size != per_replica * replicas:
@@ -227,9 +319,9 @@ def _findings(dataset, replicas: int, per_replica: int | None) -> list[Finding]:
             Finding(
                 "warning",
                 "batch-mismatch",
-                f"The dataset is batched by {size}; {per_replica} per replica on {replicas} "
+                f"{batched_by}; {per_replica} per replica on {replicas} "
                 f"replicas makes {per_replica * replicas}.",
-                f"{wanted} = dataset.batch({per_replica * replicas}).",
+                f"{wanted} = {_batch_call(from_fit, per_replica * replicas)}.",
             )
         )
     if size < replicas:
@@ -253,16 +345,35 @@ def _findings(dataset, replicas: int, per_replica: int | None) -> list[Finding]:
                 f"Use a multiple of {replicas}, e.g. {(size // replicas + 1) * replicas}.",
             )
         )
-    if batch.drop_remainder is False:
-        findings.append(
-            Finding(
-                "info",
-                "partial-last-batch",
-                "The dataset keeps a partial last batch (drop_remainder=False): the last "
-                "step of each pass has fewer examples, split unevenly over replicas, with "
-                "a shape of its own (one more trace of the train function).",
-                "dataset.batch(global_batch, drop_remainder=True), if losing the remainder "
-                "is fine.",
-            )
-        )
+    if batch.drop_remainder is False and batch.remainder != 0:
+        findings.append(_partial_last_batch(batch))
     return findings
+
+
+def _batch_call(from_fit: bool, size: int) -> str:
+    return f"fit(batch_size={size})" if from_fit else f"dataset.batch({size})"
+
+
+def _partial_last_batch(batch: DatasetBatch) -> Finding:
+    consequence = (
+        "split unevenly over replicas, with a shape of its own (one more trace of the "
+        "train function)."
+    )
+    if batch.source == "fit":
+        return Finding(
+            "info",
+            "partial-last-batch",
+            f"The examples do not divide by batch_size={batch.size}: the last step of each "
+            f"epoch has {batch.remainder} examples, " + consequence,
+            "Use a batch size that divides the number of examples, or leave the "
+            f"{batch.remainder} extra examples out.",
+        )
+    known = batch.remainder is not None
+    return Finding(
+        "info",
+        "partial-last-batch",
+        "The dataset keeps a partial last batch (drop_remainder=False): the last step of "
+        + (f"each pass has {batch.remainder} examples, " if known else "each pass can be smaller, ")
+        + consequence,
+        "dataset.batch(global_batch, drop_remainder=True), if losing the remainder is fine.",
+    )

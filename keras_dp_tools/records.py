@@ -18,7 +18,6 @@ import math
 import os
 import re
 import threading
-import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -26,6 +25,8 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
+
+from keras_dp_tools._warn import warn
 
 SCHEMA_VERSION = 1
 RECORDS_DIRNAME = "keras_dp"
@@ -80,7 +81,7 @@ WINDOW_FIELDS: dict[str, pa.DataType] = {
     "window": pa.int64(),  # index of the window within the callback's life; null if skipped
     "start_step": pa.int64(),
     "end_step": pa.int64(),  # first step after the window
-    "status": pa.string(),  # analysed, skipped or failed
+    "status": pa.string(),  # analysed, skipped, failed, or foreign (another profiler)
     "reason": pa.string(),
     "steps_analysed": pa.int64(),
     "stop_ms": pa.float64(),  # training-thread time spent stopping the profiler
@@ -279,10 +280,7 @@ def _parse_lines(data: pa.Buffer, path: Path) -> pa.Table:
     good = [line for line in lines if _is_json(line)]
     if len(good) == len(lines):
         raise _wrong_types(path, arrow_error)
-    warnings.warn(
-        f"{path}: skipped {len(lines) - len(good)} damaged line(s) that are not valid JSON.",
-        stacklevel=3,
-    )
+    warn(f"{path}: skipped {len(lines) - len(good)} damaged line(s) that are not valid JSON.")
     if not good:
         return _SCHEMA.empty_table()
     try:
@@ -332,11 +330,10 @@ def _read_table(path: Path) -> pa.Table:
     if "schema" in table.column_names:
         schema = pc.max(table.column("schema")).as_py()
         if schema is not None and schema > SCHEMA_VERSION:
-            warnings.warn(
+            warn(
                 f"{path} was written with records schema {schema}; this version of "
                 f"keras_dp_tools reads schema {SCHEMA_VERSION}. Upgrade keras_dp_tools to "
-                "read every field.",
-                stacklevel=3,
+                "read every field."
             )
     return table
 

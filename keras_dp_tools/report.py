@@ -201,21 +201,31 @@ class Report:
         """One row per run: replicas, global batch, steps and step-time statistics, and
         the medians of the profiled steps' breakdown where a profiler ran.
 
-        Warm-up calls (tracing, compilation) and steps disturbed by profiling
-        (``profiled``) are left out of the step-time statistics. ``examples_per_s`` is
-        the median over steps. ``advice`` lists the titles of
-        ``advice()`` for the run (``advice=False`` leaves it out).
+        ``steps`` counts the steps after warm-up; the step-time statistics
+        (``median_step_ms``, ``p90_step_ms``, ``examples_per_s``: medians over steps)
+        use the ``measured_steps`` among them that no profiler disturbed (``profiled``
+        steps are left out), and the breakdown medians the ``breakdown_steps`` a
+        profiler window analysed. ``advice`` lists the titles of ``advice()`` for the
+        run (``advice=False`` leaves it out).
         """
         steps = self.steps[~self.steps["warmup"].fillna(False).astype(bool)]
         grouped = steps.groupby("run", sort=False)
-        timed = steps[~steps["profiled"]].groupby("run", sort=False)
+        measured = steps[~steps["profiled"]]
+        timed = measured.groupby("run", sort=False)
+        analysed = steps[steps["trace_step_ms"].notna()]
+
+        def count(frame):  # every worker records every step: count one worker's
+            per_worker = frame["steps"].fillna(1).groupby([frame["run"], frame["worker"]]).sum()
+            return per_worker.groupby("run").max().reindex(grouped.size().index, fill_value=0)
+
         summary = pd.DataFrame(
             {
                 "workers": grouped["worker"].nunique(),
                 "replicas": grouped["replicas"].first(),
                 "global_batch": grouped["global_batch"].first(),
-                # Every worker records every step: count one worker's.
-                "steps": steps.groupby(["run", "worker"])["steps"].sum().groupby("run").max(),
+                "steps": count(steps),
+                "measured_steps": count(measured),
+                "breakdown_steps": count(analysed),
                 "median_step_ms": timed["step_ms"].median(),
                 "p90_step_ms": timed["step_ms"].quantile(0.9),
                 "examples_per_s": timed["examples_per_s"].median(),

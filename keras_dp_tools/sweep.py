@@ -3,7 +3,8 @@
 Each run gets ``KERAS_DP_REPLICAS=N`` (``kdt.configure_devices`` and the demo honour it:
 N GPUs, or the CPU split into N devices), ``CUDA_VISIBLE_DEVICES`` set to the first N
 visible GPUs where there are GPUs, and ``KERAS_DP_LOG_DIR=<sweep dir>/replicas-<N>``.
-``{replicas}`` and ``{log_dir}`` in the script's arguments are replaced too.
+``{replicas}`` and ``{log_dir}`` in the script's arguments are replaced too. Without
+GPUs the replicas are logical devices of one CPU, sharing its cores: the sweep says so.
 """
 
 from __future__ import annotations
@@ -60,6 +61,12 @@ def run_sweep(
     gpus = _gpu_ids()
     if gpus and max(replicas) > len(gpus):
         raise ValueError(f"--replicas asks for {max(replicas)} GPUs; {len(gpus)} are visible.")
+    if not gpus:
+        progress(
+            f"No GPUs: each run splits the CPU into N logical devices that share its "
+            f"{os.cpu_count()} cores, so adding replicas adds no compute: read the scaling "
+            "as a rehearsal of the setup, not a measurement of it."
+        )
     for number, count in enumerate(replicas, 1):
         run_dir = log_dir / f"replicas-{count}"
         run_dir.mkdir(parents=True, exist_ok=True)

@@ -117,18 +117,11 @@ def test_check_runs_before_the_first_step_and_is_recorded(tmp_path, keras, strat
     ours = [str(w.message) for w in caught if w.category is kdt.BatchScalingWarning]
     assert len(ours) == 2 and "each replica trains on 2 examples" in ours[0]
     assert "plan is for 2 replicas, the strategy has 4" in ours[1]
-    assert [f.code for f in check.findings] == [
-        "missing-multiply",
-        "partial-last-batch",
-        "plan-mismatch",
-    ]
+    # 224 examples in batches of 8: no partial last batch to note.
+    assert [f.code for f in check.findings] == ["missing-multiply", "plan-mismatch"]
 
     report = kdt.Report.load(tmp_path)
-    assert report.batching["code"].tolist() == [
-        "missing-multiply",
-        "partial-last-batch",
-        "plan-mismatch",
-    ]
+    assert report.batching["code"].tolist() == ["missing-multiply", "plan-mismatch"]
     assert events  # training went on
 
 
@@ -151,3 +144,89 @@ def test_plan_reaches_tensorboard_text(tmp_path, keras, strategy4):
     multiplexer.Reload()
     texts = multiplexer.GetAccumulator("keras_dp/worker-0").Tensors("keras_dp/scaling_plan")
     assert b"global batch of 32" in texts[0].tensor_proto.string_val[0]
+
+
+@pytest.mark.parametrize(
+    ("examples", "make", "remainder"),
+    [
+        (1280, lambda d: d.batch(32), 0),  # 40 full batches: nothing to say
+        (1000, lambda d: d.shuffle(10).batch(32).prefetch(1), 1000 % 32),
+        (1000, lambda d: d.repeat().batch(32), 0),  # endless: no last batch
+        (1000, lambda d: d.batch(32, drop_remainder=True), 0),
+    ],
+    ids=["even", "uneven", "repeated", "dropped"],
+)
+def test_partial_last_batch_only_when_the_examples_do_not_divide(tf, examples, make, remainder):
+    dataset = make(tf.data.Dataset.range(examples))
+
+    batch = dataset_batch(dataset)
+    findings = kdt.check_batching(dataset, 4, warn=False)
+
+    assert batch.remainder == remainder
+    partial = [f for f in findings if f.code == "partial-last-batch"]
+    assert len(partial) == (1 if remainder else 0)
+    if remainder:
+        assert f"has {remainder} examples" in partial[0].message
+
+
+def test_a_generator_of_unknown_length_may_keep_a_partial_batch(tf):
+    dataset = tf.data.Dataset.from_generator(
+        lambda: iter([[1]]), output_signature=tf.TensorSpec([1], tf.int64)
+    ).batch(64)
+    assert dataset_batch(dataset).remainder is None
+    assert codes(dataset, per_replica=16) == ["partial-last-batch"]
+
+
+def test_arrays_are_refused_with_a_pointer_to_the_callback():
+    import numpy as np
+
+    with pytest.raises(TypeError, match=r"received a numpy.ndarray.*BatchScalingCheck"):
+        kdt.check_batching(np.zeros((64, 8)), 4)
+
+
+def _fit_arrays(keras_module, strategy, check, batch_size, examples=224):
+    x, y = regression_data(examples)
+    model = dense_model(keras_module, strategy)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(x, y, batch_size=batch_size, epochs=1, verbose=0, callbacks=[check])
+    return caught
+
+
+@pytest.mark.parametrize("package", ["keras", "tf_keras"])
+@pytest.mark.parametrize("given", ["nothing", "the arrays"])
+def test_fit_on_arrays_is_checked_by_its_batch_size(request, strategy4, package, given):
+    """fit(x, y, batch_size=8) under 4 replicas: the batch_size, not x, is the batch."""
+    x, _ = regression_data()
+    check = kdt.BatchScalingCheck(x if given == "the arrays" else None, per_replica_batch=8)
+
+    caught = _fit_arrays(request.getfixturevalue(package), strategy4, check, batch_size=8)
+
+    assert not check.failed
+    assert [f.code for f in check.findings] == ["missing-multiply"]  # 224 = 28 x 8: no remainder
+    assert "fit(batch_size=8 * strategy.num_replicas_in_sync) = fit(batch_size=32)" in (
+        check.findings[0].fix
+    )
+    ours = [w for w in caught if w.category in (kdt.BatchScalingWarning, kdt.MeasurementWarning)]
+    assert [w.category for w in ours] == [kdt.BatchScalingWarning]
+    assert ours[0].filename == __file__  # the user's fit line, not ours or Keras's
+
+
+def test_fit_on_arrays_reports_the_last_batch_it_makes(keras, strategy4):
+    check = kdt.BatchScalingCheck(per_replica_batch=12)
+
+    _fit_arrays(keras, strategy4, check, batch_size=48)  # 224 = 4 x 48 + 32
+
+    assert [f.code for f in check.findings] == ["partial-last-batch"]
+    assert "has 32 examples" in check.findings[0].message
+
+
+def test_without_fit_data_the_batch_is_unknown_not_guessed(keras, strategy4):
+    check = kdt.BatchScalingCheck(per_replica_batch=8)
+    check.set_model(dense_model(keras, strategy4))
+
+    with pytest.warns(kdt.BatchScalingWarning, match="batch size cannot be read") as caught:
+        check.on_train_begin()  # outside fit: no data adapter to read
+
+    assert [f.code for f in check.findings] == ["unknown-batch"] and not check.failed
+    assert caught[0].filename == __file__

@@ -44,9 +44,12 @@ def test_default_hooks_accept_both_calling_conventions():
 def test_a_raising_hook_warns_once_then_goes_quiet():
     callback = Counting()
 
-    with pytest.warns(MeasurementWarning, match=r"Counting stopped measuring .*OSError: disk full"):
+    with pytest.warns(
+        MeasurementWarning, match=r"Counting stopped measuring .*OSError: disk full"
+    ) as caught:
         for batch in range(5):
             callback.on_train_batch_end(batch)
+    assert caught[0].filename == __file__  # the caller's line, not the base class's
 
     assert callback.failed and callback.cleaned_up
     assert callback.calls == 3  # batches 0, 1 and the failing 2; none after

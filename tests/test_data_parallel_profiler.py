@@ -127,18 +127,27 @@ def test_comm_heavy_training_shows_a_higher_comm_share(tmp_path, keras, strategy
 def test_window_moves_past_keras_tensorboard_profile_batch(tmp_path, keras, strategy4):
     board = keras.callbacks.TensorBoard(str(tmp_path), profile_batch=(3, 5))
     profiler = profiled(tmp_path, start_step=2, window=3)
+    timer = kdt.StepTimer(tmp_path)
 
-    with pytest.warns(kdt.MeasurementWarning, match="moved its window past calls 3-5"):
-        fit(dense_model(keras, strategy4), [board, profiler], epochs=2)
+    # profile_batch counts train calls from 1: calls 3-5 are global steps 2-4.
+    with pytest.warns(kdt.MeasurementWarning, match=r"moved its window past steps 2-4,") as caught:
+        fit(dense_model(keras, strategy4), [board, profiler, timer], epochs=2)
+    assert caught[0].filename == fit.__code__.co_filename  # the model.fit line, not ours
 
     report = kdt.Report.load(tmp_path)
-    assert report.windows["status"].tolist() == ["analysed"]
-    assert report.windows["start_step"].iloc[0] >= 5
+    assert report.windows["status"].tolist() == ["foreign", "analysed"]
+    foreign = report.windows.iloc[0]
+    assert (foreign.start_step, foreign.end_step) == (2, 5)
+    assert "TensorBoard(profile_batch=(3, 5))" in foreign.reason
+    assert report.windows["start_step"].iloc[1] >= 5
+    # Keras's capture slowed steps 2-4: they are left out of the step times like ours.
+    steps = report.steps.set_index("step")
+    assert steps.loc[[2, 3, 4], "profiled"].all() and not steps.loc[1, "profiled"]
     captures = find_traces(tmp_path)
     assert len(captures) == 2  # Keras's and ours
     # Keras 3's own capture of steps 2-4 gets step markers from ours (keras-team/keras#19476),
     # all but the edge step whose marker the other callback's start or stop cuts off.
-    keras_capture = next(c for c in captures if str(c) != str(tmp_path / report.windows.trace[0]))
+    keras_capture = next(c for c in captures if str(c) != str(tmp_path / report.windows.trace[1]))
     assert xprof_step_table(keras_capture)["step"].tolist() in ([2, 3], [3, 4])
 
 

@@ -216,28 +216,72 @@ def _steps(report) -> list[Advice]:
 
 
 def _scaling(report) -> list[Advice]:
+    """Poor scaling, with only the causes the runs show: communication or waiting over
+    their thresholds, a shrinking per-replica batch, replicas sharing CPU cores."""
     if report.steps["replicas"].nunique() < 2:
         return []
     table = report.compare()
-    worst = table.iloc[-1]
+    base, worst = table.iloc[0], table.iloc[-1]
     if not worst["scaling_efficiency"] < SCALING_EFFICIENCY_LOW:
         return []
+    replicas = int(worst["replicas"])
     evidence = (
-        f"at {int(worst['replicas'])} replicas throughput is {worst['speedup']:.2f}x that of "
-        f"{int(table['replicas'].iloc[0])} (efficiency {worst['scaling_efficiency']:.0%})"
+        f"at {replicas} replicas throughput is {worst['speedup']:.2f}x that of "
+        f"{int(base['replicas'])} (efficiency {worst['scaling_efficiency']:.0%})"
     )
-    if pd.notna(worst["comm_share"]):
-        evidence += f"; comm share there {worst['comm_share']:.0%}"
-    return [
-        Advice(
-            "high",
-            "Scaling is poor",
-            evidence + ".",
-            "Profile the largest run (kdt.DataParallelProfiler) and follow the "
-            "communication and waiting advice; keep the per-replica batch constant as you "
-            "add replicas (weak scaling).",
+    comm, wait = worst["comm_share"], worst["wait_share"]
+    if pd.notna(comm):
+        evidence += f"; comm share there {comm:.0%}, wait share {wait:.0%}"
+    causes = []
+    cores = _shared_cpu_cores(report, worst["run"])
+    if cores is not None:
+        evidence += f"; its {replicas} replicas are logical devices of one CPU" + (
+            f" with {cores} cores" if cores else ""
         )
+        causes.append(
+            "The replicas share the same CPU cores: more replicas add no compute, so "
+            "throughput cannot grow with them. Measure scaling on GPUs (one per replica)."
+        )
+    if comm >= COMM_SHARE_HIGH:
+        causes.append("Communication is a large share of the step: see the communication advice.")
+    if wait >= WAIT_SHARE_HIGH:
+        causes.append("Replicas wait for each other: see the waiting advice.")
+    per_replica = table["global_batch"] / table["replicas"]
+    if per_replica.iloc[-1] < per_replica.iloc[0]:
+        causes.append(
+            f"The per-replica batch fell from {per_replica.iloc[0]:g} to "
+            f"{per_replica.iloc[-1]:g}: keep it constant as you add replicas (weak scaling)."
+        )
+    # On shared cores alone, poor scaling is expected: a note, not an alarm.
+    severity = "info" if cores is not None and len(causes) == 1 else "high"
+    if pd.isna(comm):
+        causes.append(
+            "Profile the largest run (kdt.DataParallelProfiler) to see where its time goes."
+        )
+    elif not causes:
+        causes.append(
+            "Communication and waiting are low there: compare compute_ms, input_ms and "
+            "other_ms of the runs (Report.summary) to see which part grew."
+        )
+    return [Advice(severity, "Scaling is poor", evidence + ".", " ".join(causes))]
+
+
+def _shared_cpu_cores(report, run) -> int | None:
+    """The run's core count (0 if unrecorded) when its replicas are logical devices
+    of one host's CPU; None when they are not (or the devices are unknown)."""
+    runs = report.runs[report.runs["run"] == run]
+    devices = [
+        str(device)
+        for listed in runs["devices"]
+        if pd.api.types.is_list_like(listed)
+        for device in listed
     ]
+    if not devices or not all("CPU" in device.upper() for device in devices):
+        return None
+    if report.gpu["run"].eq(run).any():
+        return None
+    counts = report.cpu.loc[report.cpu["run"] == run, "cpu_count"].dropna()
+    return int(counts.max()) if len(counts) else 0
 
 
 def _run_advice(report) -> list[Advice]:

@@ -10,6 +10,7 @@ _EXPORTS = {
     "BatchScalingCheck": "keras_dp_tools.callbacks.batch_scaling_check",
     "DataParallelCallback": "keras_dp_tools.callbacks.base",
     "MeasurementWarning": "keras_dp_tools.callbacks.base",
+    "StrategyWarning": "keras_dp_tools.callbacks.base",
     "DataParallelProfiler": "keras_dp_tools.callbacks.data_parallel_profiler",
     "GpuMonitor": "keras_dp_tools.callbacks.gpu_monitor",
     "RunAdvisor": "keras_dp_tools.callbacks.run_advisor",
@@ -53,7 +54,9 @@ def callbacks(
         monitor: sample GPU (NVML) and CPU usage (``GpuMonitor``).
         monitor_interval: seconds between readings.
         dataset: the dataset given to ``fit``: checked before the first step
-            (``BatchScalingCheck``), with ``per_replica_batch`` if you say it.
+            (``BatchScalingCheck``), with ``per_replica_batch`` if you say it. For
+            arrays (``fit(x, y, batch_size=...)``) give only ``per_replica_batch``: the
+            batch ``fit`` makes is read.
         per_replica_batch: the examples per replica you intend.
         plan: a ``kdt.ScalingPlan`` to record (and to check against the strategy).
         advise: write the advisor's findings to TensorBoard's Text tab when ``fit``
@@ -82,7 +85,7 @@ def callbacks(
         chosen.append(GpuMonitor(log_dir, interval=monitor_interval, tensorboard=tensorboard))
     if advise and tensorboard:
         chosen.append(RunAdvisor(log_dir))
-    if dataset is not None or plan is not None:
+    if dataset is not None or plan is not None or per_replica_batch is not None:
         chosen.insert(0, BatchScalingCheck(dataset, per_replica_batch, log_dir=log_dir, plan=plan))
     return chosen
 

@@ -8,14 +8,19 @@ tf_keras's ``Callback`` lets one class serve a model of either flavour, and keep
 
 The base also enforces the rule that a measurement never stops training: any
 exception in a hook is turned into one warning, after which the callback stops
-measuring and training carries on.
+measuring and training carries on. Under ``ParameterServerStrategy`` (asynchronous
+training, which tf_keras runs only without batch-level callbacks) the batch hooks are
+switched off and one ``StrategyWarning`` says what is still recorded.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import warnings
+import sys
+import weakref
+
+from keras_dp_tools._warn import warn
 
 logger = logging.getLogger("keras_dp_tools")
 
@@ -44,6 +49,42 @@ _HOOKS = tuple(
 
 class MeasurementWarning(UserWarning):
     """A keras_dp_tools callback could not measure and stopped; training went on."""
+
+
+class StrategyWarning(UserWarning):
+    """The strategy trains in a way the per-step breakdown does not measure; the
+    callbacks record what they still can."""
+
+
+PARAMETER_SERVER_NOTE = (
+    "{strategy} trains asynchronously: workers read variables from parameter servers "
+    "and push their updates, with no all-reduce between replicas, and tf_keras runs no "
+    "batch-level callbacks under it. keras_dp_tools's step times and compute/all-reduce "
+    "breakdown measure synchronous data parallelism (MirroredStrategy, "
+    "MultiWorkerMirroredStrategy), so StepTimer and DataParallelProfiler record no steps "
+    "here. Still recorded: the run header, the batching check and scaling plan "
+    "(BatchScalingCheck), the advice at the end of fit (RunAdvisor), and GpuMonitor's "
+    "readings of this (the coordinator's) host: CPU usage per epoch, GPUs until its "
+    "idle_timeout, as no steps arrive. To profile the workers, use "
+    "tf.profiler.experimental.client.trace."
+)
+_noted_strategies: weakref.WeakSet = weakref.WeakSet()
+
+
+def parameter_server_training(model) -> bool:
+    """Whether ``model`` is fit under a parameter-server strategy (V1 or V2)."""
+    strategy = getattr(model, "distribute_strategy", None)
+    return any("ParameterServerStrategy" in cls.__name__ for cls in type(strategy).__mro__)
+
+
+def _note_parameter_servers(strategy) -> None:
+    """Says once per strategy object, for all our callbacks, what they record under it."""
+    if strategy in _noted_strategies:
+        return
+    _noted_strategies.add(strategy)
+    message = PARAMETER_SERVER_NOTE.format(strategy=type(strategy).__name__)
+    logger.info(message)
+    warn(message, StrategyWarning)
 
 
 def _default(method):
@@ -92,6 +133,7 @@ class DataParallelCallback:
         self._model = None
         self._failed = False
         self._recorder = None  # a Recorder while a fit runs (Recorder.for_fit)
+        self._parameter_servers = False  # asynchronous training: no batch hooks
 
     @property
     def model(self):
@@ -107,6 +149,9 @@ class DataParallelCallback:
 
     def set_model(self, model):
         self._model = model
+        self._parameter_servers = parameter_server_training(model)
+        if self._parameter_servers:
+            _note_parameter_servers(model.distribute_strategy)
 
     def _fail(self, hook_name: str, error: BaseException) -> None:
         self._failed = True
@@ -115,7 +160,7 @@ class DataParallelCallback:
             f"{type(error).__name__}: {error}. Training continues without it."
         )
         logger.debug(message, exc_info=error)
-        warnings.warn(message, MeasurementWarning, stacklevel=4)
+        warn(message, MeasurementWarning)
         try:
             self._on_failure()
         except Exception as cleanup_error:
@@ -144,7 +189,28 @@ class DataParallelCallback:
         return self._overrides_any("predict_batch_begin", "predict_batch_end")
 
     def _overrides_any(self, *hooks: str) -> bool:
+        if self._parameter_servers:  # tf_keras refuses to fit with batch-level callbacks
+            return False
         return any(not getattr(getattr(self, f"on_{hook}"), "_is_default", False) for hook in hooks)
+
+
+def find_in_fit(match, depth: int = 12):
+    """The first value other than None that ``match(frame_locals)`` returns for the
+    frames calling us, nearest first (up to ``depth`` of them); None if none does.
+
+    Keras and tf_keras give callbacks no handle on ``fit``'s data or on the other
+    callbacks of the fit; ``fit`` and its ``CallbackList`` hold them as locals a few
+    frames up from a hook.
+    """
+    frame = sys._getframe(1)
+    for _ in range(depth):
+        if frame is None:
+            return None
+        found = match(frame.f_locals)
+        if found is not None:
+            return found
+        frame = frame.f_back
+    return None
 
 
 @_default

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import time
-import warnings
 
-from keras_dp_tools.batching import BatchScalingWarning, Finding, check_batching
-from keras_dp_tools.callbacks.base import DataParallelCallback
+from keras_dp_tools.batching import (
+    DatasetBatch,
+    Finding,
+    adapter_batch,
+    check_batching,
+    is_distributed,
+    unknown_batch,
+    warn_findings,
+)
+from keras_dp_tools.callbacks.base import DataParallelCallback, find_in_fit
 from keras_dp_tools.callbacks.recorder import Recorder
 
 
@@ -31,7 +38,10 @@ class BatchScalingCheck(DataParallelCallback):
     ```
 
     Args:
-        dataset: the dataset given to ``fit`` (None: only the plan is logged).
+        dataset: the ``tf.data.Dataset`` given to ``fit``. None (or arrays): the batch
+            ``fit`` makes of its input is read from its data adapter, e.g. the
+            ``batch_size`` of ``fit(x, y, batch_size=64)``; when it cannot be read, the
+            finding is ``unknown-batch``.
         per_replica_batch: the examples per replica you intend (enables the
             missing-multiply check).
         log_dir: run folder for records and TensorBoard; None only warns.
@@ -49,21 +59,36 @@ class BatchScalingCheck(DataParallelCallback):
     def on_train_begin(self, logs=None):
         strategy = self.model.distribute_strategy
         replicas = int(strategy.num_replicas_in_sync)
-        self.findings = []
-        if self.dataset is not None:
-            self.findings = check_batching(self.dataset, strategy, self.per_replica_batch)
+        batch = self._fit_batch()
+        if batch is None:
+            self.findings = [unknown_batch("fit's data adapter says nothing about its batch")]
+        else:
+            self.findings = check_batching(batch, strategy, self.per_replica_batch, warn=False)
         if self.plan is not None and self.plan.replicas != replicas:
-            mismatch = Finding(
-                "warning",
-                "plan-mismatch",
-                f"The scaling plan is for {self.plan.replicas} replicas, the strategy has "
-                f"{replicas}.",
-                "Make the plan with kdt.plan_scaling(strategy, ...).",
+            self.findings.append(
+                Finding(
+                    "warning",
+                    "plan-mismatch",
+                    f"The scaling plan is for {self.plan.replicas} replicas, the strategy has "
+                    f"{replicas}.",
+                    "Make the plan with kdt.plan_scaling(strategy, ...).",
+                )
             )
-            warnings.warn(str(mismatch), BatchScalingWarning, stacklevel=2)
-            self.findings.append(mismatch)
+        warn_findings(self.findings)
         if self.log_dir is not None:
             self._record()
+
+    def _fit_batch(self):
+        """The dataset given to us, else what fit's data adapter says about the batch it
+        makes of fit's input (a ``DatasetBatch``, or None)."""
+        import tensorflow as tf
+
+        if isinstance(self.dataset, (tf.data.Dataset, DatasetBatch)) or is_distributed(
+            self.dataset
+        ):
+            return self.dataset
+        adapter = find_in_fit(_data_adapter)
+        return None if adapter is None else adapter_batch(adapter)
 
     def _record(self) -> None:
         recorder = Recorder.for_fit(self.log_dir, self.model)
@@ -86,3 +111,11 @@ class BatchScalingCheck(DataParallelCallback):
                 recorder.text("keras_dp/batching", "\n".join(lines))
         finally:
             recorder.release()
+
+
+def _data_adapter(frame_locals):
+    """fit's data adapter, if ``frame_locals`` are those of Keras 3's or tf_keras's fit."""
+    adapter = getattr(frame_locals.get("epoch_iterator"), "data_adapter", None)  # Keras 3
+    if adapter is None:
+        adapter = getattr(frame_locals.get("data_handler"), "_adapter", None)  # tf_keras
+    return adapter

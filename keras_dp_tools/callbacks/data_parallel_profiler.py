@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import atexit
 import logging
-import sys
 import time
-import warnings
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from keras_dp_tools.callbacks.base import DataParallelCallback, MeasurementWarning
+from keras_dp_tools._warn import warn
+from keras_dp_tools.callbacks.base import DataParallelCallback, MeasurementWarning, find_in_fit
 from keras_dp_tools.callbacks.recorder import Recorder
 from keras_dp_tools.callbacks.run_info import (
     gradient_bytes,
     keras_package,
+    steps_per_execution,
     strategy_devices,
     worker_index,
 )
@@ -71,7 +71,9 @@ class DataParallelProfiler(DataParallelCallback):
 
     Only one profiler session can run in a process: a window that would overlap another
     session (a ``TensorBoard(profile_batch=...)`` in the same fit, or one you started)
-    is skipped with a warning.
+    is skipped with a warning. The steps a ``TensorBoard(profile_batch=...)`` of the
+    same fit profiles get a ``window`` record of status ``foreign``, so ``kdt.Report``
+    marks them ``profiled`` and leaves them out of the step times.
 
     Example:
 
@@ -137,6 +139,7 @@ class DataParallelProfiler(DataParallelCallback):
         self._marker = None
         self._mark_steps = True
         self._foreign_calls: list[tuple[int, int]] = []  # calls other profilers claim
+        self._foreign = None  # the record of the other profiler's range now running
         self._pending: list[tuple[dict, Future]] = []
         self._executor: ThreadPoolExecutor | None = None
         self._warned: set[str] = set()
@@ -149,12 +152,16 @@ class DataParallelProfiler(DataParallelCallback):
         strategy = self.model.distribute_strategy
         worker, workers = worker_index(strategy)
         self._recorder = Recorder.for_fit(self.log_dir, self.model)
-        if worker > 0 and not self.all_workers and self._next_start is not None:
-            self._next_start = None  # no windows on this worker
+        reason = None
+        if self._parameter_servers and self._next_start is not None:
+            reason = "parameter-server training: no all-reduce to break down, no batch hooks"
+        elif worker > 0 and not self.all_workers and self._next_start is not None:
             reason = (
                 "only worker 0 profiles under a multi-worker strategy "
                 "(DataParallelProfiler(all_workers=True) to change)"
             )
+        if reason is not None:
+            self._next_start = None  # no windows in this fit on this worker
             logger.info("DataParallelProfiler on worker %d of %d: %s", worker, workers, reason)
             self._recorder.write(
                 "window",
@@ -178,6 +185,7 @@ class DataParallelProfiler(DataParallelCallback):
 
     def on_train_batch_begin(self, batch, logs=None):
         step = self._steps.begin_call(batch)
+        self._follow_foreign_begin(step)
         if self._window is None and self._window_due(step):
             self._open_window(step)
         if self._mark_steps or self._window is not None:
@@ -189,6 +197,8 @@ class DataParallelProfiler(DataParallelCallback):
     def on_train_batch_end(self, batch, logs=None):
         self._end_marker()
         self._steps.end_call(batch)
+        if self._foreign is not None and self._steps.calls > self._foreign["last_call"]:
+            self._write_foreign()
         if self._window is not None and self._steps.calls >= self._window["end_call"]:
             self._close_window()
         self._collect(wait=False)
@@ -212,14 +222,37 @@ class DataParallelProfiler(DataParallelCallback):
         call = self._steps.calls
         for first, last in self._foreign_calls:
             if call <= last and first < call + self.window:
+                # Global steps, as start_step counts; TensorBoard counts calls from 1.
+                per_call = steps_per_execution(self.model)
+                first_step = step + (first - call) * per_call
+                last_step = step + (last + 1 - call) * per_call - 1
                 self._warn_once(
                     "foreign",
-                    f"DataParallelProfiler moved its window past calls {first + 1}-{last + 1} "
-                    "of this fit, which keras.callbacks.TensorBoard(profile_batch=...) "
-                    "profiles: only one profiler session can run at a time.",
+                    f"DataParallelProfiler moved its window past steps {first_step}-"
+                    f"{last_step}, which keras.callbacks.TensorBoard(profile_batch="
+                    f"({first + 1}, {last + 1})) profiles: only one profiler session can "
+                    "run at a time. Report.steps marks those steps profiled.",
                 )
                 return False
         return True
+
+    def _follow_foreign_begin(self, step: int) -> None:
+        """At a call's start: note where a sibling TensorBoard's profiled range begins."""
+        for first, last in self._foreign_calls:
+            if self._steps.calls == first:
+                self._foreign = {
+                    "time": time.time(),
+                    "start_step": step,
+                    "last_call": last,
+                    "reason": "profiled by keras.callbacks.TensorBoard(profile_batch="
+                    f"({first + 1}, {last + 1})) in the same fit",
+                }
+
+    def _write_foreign(self) -> None:
+        """The steps another profiler captured: Report marks them profiled."""
+        foreign, self._foreign = self._foreign, None
+        foreign.pop("last_call", None)
+        self._recorder.write("window", **foreign, end_step=self._steps.next_step, status="foreign")
 
     def _schedule_next(self, step: int) -> None:
         self._next_start = None if self.every is None else max(step, self._next_start) + self.every
@@ -349,6 +382,9 @@ class DataParallelProfiler(DataParallelCallback):
 
     def _close(self) -> None:
         self._end_marker()
+        if self._foreign is not None and self._recorder is not None:  # fit ended inside it
+            self._write_foreign()
+        self._foreign = None
         if self._window is not None:  # training ended or failed inside a window
             self._window["end_call"] = self._steps.calls
             try:
@@ -369,7 +405,7 @@ class DataParallelProfiler(DataParallelCallback):
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
-            warnings.warn(message, MeasurementWarning, stacklevel=3)
+            warn(message, MeasurementWarning)
 
 
 # Profilers inside a window: a fit that raised never calls on_train_end, so the window
@@ -416,21 +452,19 @@ def _number(value):
 def _sibling_profile_calls(callback) -> list[tuple[int, int]]:
     """Calls of this fit (0-based) that another callback of the same fit will profile.
 
-    Keras and tf_keras give callbacks no handle on each other, so this looks for the
-    ``CallbackList`` that is calling us up the stack and reads the ``profile_batch``
-    range (``_start_batch`` / ``_stop_batch``, counted from 1) of TensorBoard callbacks
-    in it. If that fails, starting the profiler still detects the collision.
+    Reads the ``profile_batch`` range (``_start_batch`` / ``_stop_batch``, counted
+    from 1) of TensorBoard callbacks in the ``CallbackList`` that is calling us. If
+    that fails, starting the profiler still detects the collision.
     """
-    frame = sys._getframe(1)
-    for _ in range(10):
-        if frame is None:
-            break
-        members = getattr(frame.f_locals.get("self"), "callbacks", None)
-        if isinstance(members, list) and any(member is callback for member in members):
-            return [
-                (int(member._start_batch) - 1, int(member._stop_batch) - 1)
-                for member in members
-                if member is not callback and getattr(member, "_start_batch", 0)
-            ]
-        frame = frame.f_back
-    return []
+
+    def profiled_calls(frame_locals):
+        members = getattr(frame_locals.get("self"), "callbacks", None)
+        if not isinstance(members, list) or not any(member is callback for member in members):
+            return None
+        return [
+            (int(member._start_batch) - 1, int(member._stop_batch) - 1)
+            for member in members
+            if member is not callback and getattr(member, "_start_batch", 0)
+        ]
+
+    return find_in_fit(profiled_calls) or []

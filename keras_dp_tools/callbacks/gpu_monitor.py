@@ -6,8 +6,8 @@ import logging
 import queue
 import re
 import time
-import warnings
 
+from keras_dp_tools._warn import warn
 from keras_dp_tools.callbacks.base import DataParallelCallback, MeasurementWarning
 from keras_dp_tools.callbacks.recorder import Recorder
 from keras_dp_tools.callbacks.run_info import strategy_devices
@@ -239,7 +239,7 @@ class GpuMonitor(DataParallelCallback):
             f"GpuMonitor stopped reading the GPUs after an error: {type(error).__name__}: "
             f"{error}. Training continues; CPU usage is still recorded."
         )
-        warnings.warn(message, MeasurementWarning, stacklevel=2)
+        warn(message, MeasurementWarning)
         self._recorder.write(
             "gpu_status", time=time.time(), gpu_available=False, gpu_reason=message
         )
