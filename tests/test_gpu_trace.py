@@ -257,3 +257,24 @@ def test_xprof_beside_ours_on_the_same_trace(gpu_trace, tmp_path):
     assert steps.loc[1, "xprof_device_to_device_ms"] == 0
     assert steps.loc[2, "exposed_allreduce_ms"] == pytest.approx(2.0)
     assert steps.loc[2, "xprof_collectives_ms"] == pytest.approx(2.0)
+
+
+def test_window_without_device_events_is_marked_failed(tmp_path, keras, strategy4, monkeypatch):
+    """A real capture with no device events (this machine has no GPU, as a run without
+    CUPTI would record), from a strategy whose devices are GPUs: the window fails with
+    the reason, and training goes on."""
+    import keras_dp_tools as kdt
+    from keras_dp_tools.callbacks import data_parallel_profiler
+    from tests.training import dense_model, fit, iterations
+
+    gpus = ["/job:localhost/replica:0/task:0/device:GPU:0", "/gpu:1"]
+    monkeypatch.setattr(data_parallel_profiler, "strategy_devices", lambda strategy: gpus)
+    model = dense_model(keras, strategy4)
+    profiler = kdt.DataParallelProfiler(tmp_path, start_step=2, window=3)
+    with pytest.warns(kdt.MeasurementWarning, match="no GPU planes"):
+        fit(model, [profiler])
+
+    assert iterations(model) == 7
+    window = kdt.Report.load(tmp_path).windows.iloc[0]
+    assert window["status"] == "failed"
+    assert "UnusableTraceError" in window["reason"] and "CUPTI" in window["reason"]
