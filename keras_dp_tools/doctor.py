@@ -30,22 +30,17 @@ from pathlib import Path
 
 # (title, [(name, value), ...]) per section.
 Section = tuple[str, list[tuple[str, str]]]
-_SMI_FIELDS = (
-    "pci.bus_id",
-    "utilization.gpu",
-    "memory.used",
-    "power.draw",
-    "clocks.sm",
-    "temperature.gpu",
-)
-# Our reading field, its unit factor from nvidia-smi's unit (MiB -> GiB for memory).
-_SMI_TO_READING = {
-    "utilization.gpu": ("util_gpu", 1.0),
-    "memory.used": ("mem_used_gb", 1 / 1024),
-    "power.draw": ("power_w", 1.0),
-    "clocks.sm": ("sm_clock_mhz", 1.0),
-    "temperature.gpu": ("temperature_c", 1.0),
+# Our reading field -> (nvidia-smi query field, factor from smi's unit to ours).
+SMI_QUANTITIES = {
+    "util_gpu": ("utilization.gpu", 1.0),
+    "util_memory": ("utilization.memory", 1.0),
+    "mem_used_gb": ("memory.used", 1 / 1024),  # MiB -> GiB
+    "mem_total_gb": ("memory.total", 1 / 1024),
+    "power_w": ("power.draw", 1.0),
+    "sm_clock_mhz": ("clocks.sm", 1.0),
+    "temperature_c": ("temperature.gpu", 1.0),
 }
+_SHOWN = ("util_gpu", "mem_used_gb", "power_w", "sm_clock_mhz", "temperature_c")
 
 
 def _failure(error: BaseException) -> str:
@@ -159,44 +154,64 @@ def _format_reading(reading: dict) -> str:
     return ", ".join(parts)
 
 
+def nvidia_smi_readings() -> dict[str, dict[str, float | None]]:
+    """One ``nvidia-smi`` reading per GPU in our fields and units (``SMI_QUANTITIES``),
+    keyed by ``bus_key`` of its PCI bus id; None where it prints ``[N/A]``.
+
+    Raises:
+        OSError, subprocess.SubprocessError: nvidia-smi is missing or failed.
+    """
+    fields = ["pci.bus_id", *(field for field, _ in SMI_QUANTITIES.values())]
+    output = subprocess.run(
+        ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    readings = {}
+    for line in output.strip().splitlines():
+        bus_id, *values = (value.strip() for value in line.split(","))
+        readings[bus_key(bus_id)] = {
+            name: None if _number(value) is None else _number(value) * factor
+            for (name, (_, factor)), value in zip(SMI_QUANTITIES.items(), values, strict=True)
+        }
+    return readings
+
+
 def nvidia_smi_section(readings: list[dict]) -> Section:
-    """nvidia-smi's numbers for the same GPUs, and how far ours are from them."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
+    """nvidia-smi's numbers for the same GPUs next to NVML's."""
+    if shutil.which("nvidia-smi") is None:
         return ("nvidia-smi", [("status", "not found on PATH")])
-    query = f"--query-gpu={','.join(_SMI_FIELDS)}"
     try:
-        result = subprocess.run(
-            [smi, query, "--format=csv,noheader,nounits"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired) as error:
+        theirs = nvidia_smi_readings()
+    except (OSError, subprocess.SubprocessError) as error:
         return ("nvidia-smi", [("status", f"failed: {_failure(error)}")])
-    if result.returncode != 0:
-        return ("nvidia-smi", [("status", f"exit {result.returncode}: {result.stderr.strip()}")])
-    ours = {_bus_key(r["pci_bus_id"]): r for r in readings if r.get("pci_bus_id")}
+    ours = {bus_key(r["pci_bus_id"]): r for r in readings if r.get("pci_bus_id")}
     rows = []
-    for line in result.stdout.strip().splitlines():
-        values = dict(zip(_SMI_FIELDS, (v.strip() for v in line.split(",")), strict=False))
-        bus_id = values.get("pci.bus_id", "?")
-        reading = ours.get(_bus_key(bus_id), {})
-        cells = []
-        for field, (name, factor) in _SMI_TO_READING.items():
-            smi_value = _number(values.get(field))
-            nvml_value = reading.get(name)
-            smi_text = "n/a" if smi_value is None else f"{smi_value * factor:.1f}"
-            nvml_text = "n/a" if nvml_value is None else f"{nvml_value:.1f}"
-            cells.append(f"{name} smi {smi_text} / nvml {nvml_text}")
-        rows.append((bus_id, "; ".join(cells)))
+    for key, smi in theirs.items():
+        reading = ours.get(key, {})
+        cells = [
+            f"{name} smi {_shown(smi.get(name))} / nvml {_shown(reading.get(name))}"
+            for name in _SHOWN
+        ]
+        rows.append((key, "; ".join(cells)))
     rows.append(("note", "utilization and power move between the two reads: compare roughly"))
     return ("nvidia-smi", rows)
 
 
-def _bus_key(bus_id: str) -> str:
-    # nvidia-smi prints 00000000:1B:00.0, TensorFlow 0000:1b:00.0: compare the tail.
-    return bus_id.lower().split(":", 1)[-1] if bus_id.count(":") == 2 else bus_id.lower()
+def _shown(value) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+def bus_key(bus_id: str) -> str:
+    """A PCI bus id in one spelling: nvidia-smi and NVML print ``00000000:1B:00.0``,
+    TensorFlow ``0000:1b:00.0``."""
+    domain, _, rest = bus_id.strip().lower().partition(":")
+    try:
+        return f"{int(domain, 16):08x}:{rest}"
+    except ValueError:  # not a PCI bus id: compare as given
+        return bus_id.strip().lower()
 
 
 def _number(text):

@@ -68,4 +68,22 @@ def test_device_tracing_is_not_tried_without_a_visible_gpu(tf):
 
 
 def test_smi_and_tensorflow_bus_ids_meet():
-    assert doctor._bus_key("00000000:1B:00.0") == doctor._bus_key("0000:1b:00.0")
+    assert doctor.bus_key("00000000:1B:00.0") == doctor.bus_key("0000:1b:00.0")
+
+
+def test_nvidia_smi_csv_is_read_in_our_units(monkeypatch, tmp_path):
+    """The lines `nvidia-smi --query-gpu=... --format=csv,noheader,nounits` prints:
+    memory in MiB (20480 MiB = 20 GiB), power in W, "[N/A]" where unsupported."""
+    script = tmp_path / "nvidia-smi"
+    script.write_text(
+        "#!/bin/sh\n"
+        "echo '00000000:1B:00.0, 87, 41, 20480, 81559, 312.50, 1980, 63'\n"
+        "echo '00000000:2C:00.0, 0, 0, 512, 81559, [N/A], 345, 30'\n"
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    readings = doctor.nvidia_smi_readings()
+    first = readings[doctor.bus_key("0000:1b:00.0")]
+    assert first["util_gpu"] == 87.0 and first["mem_used_gb"] == 20.0
+    assert first["mem_total_gb"] == 81559 / 1024 and first["power_w"] == 312.5
+    assert readings[doctor.bus_key("00000000:2C:00.0")]["power_w"] is None
