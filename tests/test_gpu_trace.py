@@ -117,6 +117,9 @@ def test_bandwidth_comes_from_allreduce_kernels_only(gpu_trace):
         assert rows[(1, replica)]["algbw_gbps"] == pytest.approx(4.0)
         assert rows[(1, replica)]["busbw_gbps"] == pytest.approx(4.0)
         assert rows[(1, replica)]["bandwidth_note"] is None
+    # The step shows the replicas' (4.0), not 8 MB over the mean transfer including the
+    # P2P copy ((2.0 + 2.5) / 2 ms: 3.6 GB/s).
+    assert breakdown.steps.set_index("step").loc[1, "busbw_gbps"] == pytest.approx(4.0)
 
 
 def test_bandwidth_above_the_link_peak_is_flagged_not_printed(gpu_trace):
