@@ -14,52 +14,28 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-try:
-    from keras_dp_tools.monitor.nvml_reader import NvmlReader, NvmlUnavailable
-except ImportError:  # run from a checkout without installing
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from keras_dp_tools.monitor.nvml_reader import NvmlReader, NvmlUnavailable
+CHECKOUT = Path(__file__).resolve().parent.parent
+if (CHECKOUT / "keras_dp_tools").is_dir():  # run from a checkout: use its own package
+    sys.path.insert(0, str(CHECKOUT))
 
-# Our field -> (nvidia-smi query field, factor from smi's unit to ours, tolerance).
-# Utilization and power are averages over slightly different windows: loose tolerances.
-QUANTITIES = {
-    "util_gpu": ("utilization.gpu", 1.0, 15.0),
-    "util_memory": ("utilization.memory", 1.0, 15.0),
-    "mem_used_gb": ("memory.used", 1 / 1024, 0.25),  # MiB -> GiB
-    "mem_total_gb": ("memory.total", 1 / 1024, 0.01),
-    "power_w": ("power.draw", 1.0, 25.0),
-    "sm_clock_mhz": ("clocks.sm", 1.0, 100.0),
-    "temperature_c": ("temperature.gpu", 1.0, 3.0),
+from keras_dp_tools.doctor import bus_key, nvidia_smi_readings  # noqa: E402
+from keras_dp_tools.monitor.nvml_reader import NvmlReader, NvmlUnavailable  # noqa: E402
+
+# Largest mean difference accepted per quantity (our units). Utilization and power are
+# averages over slightly different windows: loose tolerances.
+TOLERANCES = {
+    "util_gpu": 15.0,
+    "util_memory": 15.0,
+    "mem_used_gb": 0.25,
+    "mem_total_gb": 0.01,
+    "power_w": 25.0,
+    "sm_clock_mhz": 100.0,
+    "temperature_c": 3.0,
 }
-
-
-def smi_reading(bus_ids: list[str]) -> dict[str, dict[str, float]]:
-    """One nvidia-smi reading per GPU, keyed by PCI bus id."""
-    fields = ["pci.bus_id", *(smi for smi, _, _ in QUANTITIES.values())]
-    output = subprocess.run(
-        ["nvidia-smi", f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=30,
-    ).stdout
-    readings = {}
-    for line in output.strip().splitlines():
-        values = [value.strip() for value in line.split(",")]
-        bus_id = values[0].lower()
-        reading = {}
-        for (name, (_, factor, _)), value in zip(QUANTITIES.items(), values[1:], strict=True):
-            try:
-                reading[name] = float(value) * factor
-            except ValueError:  # "[N/A]"
-                reading[name] = None
-        readings[bus_id] = reading
-    return {bus_id: readings.get(bus_id.lower(), {}) for bus_id in bus_ids}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -78,16 +54,16 @@ def main(argv: list[str] | None = None) -> int:
         reader.close()
         print("nvidia-smi is not on PATH: nothing to compare with.", file=sys.stderr)
         return 2
-    bus_ids = [device.pci_bus_id.lower() for device in devices]  # both say 00000000:3B:00.0
+    bus_ids = [bus_key(device.pci_bus_id) for device in devices]
     pairs = {device.gpu: [] for device in devices}
     deadline = time.monotonic() + args.seconds
     count = 0
     try:
         while time.monotonic() < deadline:
             ours = {reading["gpu"]: reading for reading in reader.read()}
-            theirs = smi_reading(bus_ids)
+            theirs = nvidia_smi_readings()
             for device, bus_id in zip(devices, bus_ids, strict=True):
-                pairs[device.gpu].append((ours[device.gpu], theirs[bus_id]))
+                pairs[device.gpu].append((ours[device.gpu], theirs.get(bus_id, {})))
             count += 1
             print(f"\rreading {count} ({args.seconds:.0f} s)", end="", file=sys.stderr, flush=True)
             time.sleep(args.interval)
@@ -99,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     for device in devices:
         print(f"GPU {device.gpu} ({device.name}, {device.pci_bus_id}):")
         print(f"  {'quantity':<14}{'ours':>10}{'nvidia-smi':>12}{'max diff':>10}  ok")
-        for name, (_, _, tolerance) in QUANTITIES.items():
+        for name, tolerance in TOLERANCES.items():
             both = [
                 (ours.get(name), theirs.get(name))
                 for ours, theirs in pairs[device.gpu]

@@ -125,6 +125,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("script_args", nargs="*", help="after --: the script's own arguments")
     sweep.set_defaults(handler=run_sweep_command)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="print what the toolkit sees: devices, NVML, nvidia-smi, CUPTI",
+        description="Check this machine for data-parallel profiling: TensorFlow's devices "
+        "(or that TensorFlow is absent), NVML's version and each GPU's GPM and NVLink "
+        "support, NVML readings next to nvidia-smi's, and whether the profiler records "
+        "GPU activity (CUPTI), by profiling one matmul on the first GPU.",
+    )
+    doctor.add_argument(
+        "--no-profile", action="store_true", help="skip the profiled matmul (CUPTI check)"
+    )
+    doctor.set_defaults(handler=run_doctor_command)
     return parser
 
 
@@ -269,6 +282,12 @@ def _int_or_none(value):
     import pandas as pd
 
     return None if pd.isna(value) else int(value)
+
+
+def run_doctor_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.doctor import run_doctor
+
+    return run_doctor(profile=not args.no_profile)
 
 
 def main(argv: list[str] | None = None) -> int:

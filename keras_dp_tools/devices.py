@@ -40,7 +40,8 @@ def _requested_replicas(replicas: int | None) -> int | None:
 def configure_devices(replicas: int | None = None) -> list[str]:
     """Returns the device names a ``MirroredStrategy`` should use.
 
-    With GPUs: the first ``replicas`` GPUs (all by default). Without: the CPU split
+    With GPUs visible to TensorFlow: the first ``replicas`` GPUs (all by default).
+    Without (none, or hidden with ``tf.config.set_visible_devices([], "GPU")``): the CPU split
     into ``replicas`` logical devices (default 4). ``replicas=None`` reads the
     ``KERAS_DP_REPLICAS`` environment variable first, so a sweep can set it.
 
@@ -64,7 +65,8 @@ def configure_devices(replicas: int | None = None) -> list[str]:
     import tensorflow as tf
 
     replicas = _requested_replicas(replicas)
-    gpus = tf.config.list_physical_devices("GPU")
+    # Visible ones: tf.config.set_visible_devices([], "GPU") means a CPU run.
+    gpus = tf.config.get_visible_devices("GPU")
     if gpus:
         replicas = replicas or len(gpus)
         if replicas > len(gpus):

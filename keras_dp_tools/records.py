@@ -106,11 +106,13 @@ BREAKDOWN_FIELDS: dict[str, pa.DataType] = {  # replica_step and step_breakdown 
     "allreduce_bytes": pa.int64(),
     "algbw_gbps": pa.float64(),
     "busbw_gbps": pa.float64(),
+    "bandwidth_note": pa.string(),  # why the bandwidths are empty, if they are
     "max_sync_wait_ms": pa.float64(),
     "straggler_replica": pa.int64(),
     "xprof_step_ms": pa.float64(),
     "xprof_collectives_ms": pa.float64(),
     "xprof_device_compute_ms": pa.float64(),
+    "xprof_device_to_device_ms": pa.float64(),
 }
 # GpuMonitor (see keras_dp_tools.monitor.nvml_reader for what the readings mean).
 MONITOR_FIELDS: dict[str, pa.DataType] = {

@@ -1,5 +1,11 @@
 """Shared fixtures. TensorFlow is split into 4 logical CPU devices once per process,
-before anything initialises it, so MirroredStrategy runs real all-reduces without a GPU."""
+before anything initialises it, so MirroredStrategy runs real all-reduces without a GPU.
+
+On a machine with GPUs the suite runs the same way: GPUs are hidden from TensorFlow,
+here and in the processes tests start (``CUDA_VISIBLE_DEVICES=""``), because the tests
+compare against the CPU-device layout; GPU code paths are tested through their data
+formats (XPlane traces, NVML structures). ``KERAS_DP_TEST_GPUS=1`` leaves GPUs visible.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +18,9 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+if not os.environ.get("KERAS_DP_TEST_GPUS"):
+    # Before TensorFlow loads CUDA; also inherited by the CLI / demo / sweep subprocesses.
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 REPO = Path(__file__).resolve().parent.parent
 CPU_DEVICES = 4
@@ -23,6 +32,10 @@ def tf():
 
     from keras_dp_tools import configure_devices
 
+    if not os.environ.get("KERAS_DP_TEST_GPUS") and tf.config.list_physical_devices("GPU"):
+        # TensorFlow saw GPUs anyway (imported before this file): hide them, so that
+        # configure_devices splits the CPU and strategy4's /cpu:0..3 exist.
+        tf.config.set_visible_devices([], "GPU")
     configure_devices(CPU_DEVICES)
     tf.config.list_logical_devices()  # initialise now: no test may change the device set
     return tf
@@ -52,6 +65,20 @@ def strategy4(tf):
 @pytest.fixture(scope="session")
 def strategy1(tf):
     return tf.distribute.MirroredStrategy(["/cpu:0"])
+
+
+def nvml_works() -> bool:
+    """Whether NVML starts here (a machine with an NVIDIA driver): tests of the
+    NVML-less path skip there. CUDA_VISIBLE_DEVICES does not hide GPUs from NVML."""
+    from keras_dp_tools.monitor.nvml_reader import NvmlReader, NvmlUnavailable
+
+    reader = NvmlReader(high_rate=False)
+    try:
+        reader.open()
+    except NvmlUnavailable:
+        return False
+    reader.close()
+    return True
 
 
 def free_ports(count: int) -> list[int]:

@@ -210,9 +210,8 @@ def test_device_event_classification():
         return classify_device_event(TraceEvent("/device:GPU:0", "Stream #1", name, 0, 1, stats))
 
     assert device("ncclKernel_AllReduce_RING_LL_Sum_float") is Kind.COLLECTIVE
-    assert device("MemcpyDtoD") is Kind.COPY
+    assert device("MemcpyP2P") is Kind.COPY  # between GPUs; within one: tests/test_gpu_trace.py
     assert device("MemcpyHtoD") is Kind.INPUT
-    assert device("MemcpyDtoH") is Kind.COMPUTE
     assert device("custom", tf_op="x/NcclAllReduce:NcclAllReduce") is Kind.COLLECTIVE
     assert device("sgemm", tf_op="x/MatMul:MatMul") is Kind.COMPUTE
 

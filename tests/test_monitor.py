@@ -24,19 +24,11 @@ from keras_dp_tools.monitor.host_usage import HostCpuMeter
 from keras_dp_tools.monitor.nvml_reader import NvmlReader, NvmlUnavailable, visible_nvml_indices
 from keras_dp_tools.monitor.sampler import THREAD_NAME, Sampler
 
-from .conftest import REPO
+from .conftest import REPO, nvml_works
 
 
 def sampler_threads():
     return [thread for thread in threading.enumerate() if thread.name == THREAD_NAME]
-
-
-def nvml_works() -> bool:
-    try:
-        NvmlReader().open()
-    except NvmlUnavailable:
-        return False
-    return True
 
 
 @pytest.mark.skipif(nvml_works(), reason="this machine has NVML")

@@ -14,7 +14,12 @@ For each marked step and each replica:
 
 ``compute_ms + exposed_allreduce_ms + input_ms + other_ms == step_ms`` exactly.
 ``comm_share`` is exposed transfer time over ``step_ms``, ``wait_share`` exposed wait.
-Bandwidths follow nccl-tests: ``algbw = bytes / transfer``, ``busbw = algbw * 2(n-1)/n``.
+Bandwidths follow nccl-tests: ``algbw = bytes / transfer``, ``busbw = algbw * 2(n-1)/n``,
+from the transfer time of all-reduce collectives only (never from copies); a bus
+bandwidth above the link's physical peak is not shown, and ``bandwidth_note`` says why.
+
+On GPU traces (``gpu_trace``) a step lasts from its marker's start to the end of the
+last device event it launched, so late optimizer kernels count in their own step.
 
 Pure functions over a parsed trace: no TensorFlow session, no training needed.
 """
@@ -24,13 +29,13 @@ from __future__ import annotations
 import os
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pandas as pd
 
-from keras_dp_tools.analysis import intervals
-from keras_dp_tools.analysis.classify import Kind, classify_device_event, classify_host_event
+from keras_dp_tools.analysis import gpu_trace, intervals
+from keras_dp_tools.analysis.classify import Kind, classify_host_event
 from keras_dp_tools.analysis.xspace import (
     StepMarker,
     gpu_planes,
@@ -39,7 +44,6 @@ from keras_dp_tools.analysis.xspace import (
     plane_events,
     step_markers,
 )
-from keras_dp_tools.devices import gpu_ordinal
 
 REPLICA_COLUMNS = [
     "step",
@@ -60,6 +64,7 @@ REPLICA_COLUMNS = [
     "allreduce_bytes",
     "algbw_gbps",
     "busbw_gbps",
+    "bandwidth_note",
 ]
 # Per-replica times the step row averages over replicas.
 _MEAN_COLUMNS = REPLICA_COLUMNS[4:15]
@@ -73,8 +78,14 @@ STEP_COLUMNS = [
     "allreduce_bytes",
     "algbw_gbps",
     "busbw_gbps",
+    "bandwidth_note",
 ]
-XPROF_COLUMNS = ["xprof_step_ms", "xprof_collectives_ms", "xprof_device_compute_ms"]
+XPROF_COLUMNS = [
+    "xprof_step_ms",
+    "xprof_collectives_ms",
+    "xprof_device_compute_ms",
+    "xprof_device_to_device_ms",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,6 +95,9 @@ class _Span:
     start_ps: int
     end_ps: int
     peer_key: object = None  # collectives with one key are the same operation on peers
+    # GPU: (step, marker start) of the marker that launched it; None: by time.
+    launched_in: tuple[int, int] | None = None
+    collective: str | None = None  # NCCL's operation (all_reduce, all_gather, ...)
 
 
 @dataclass
@@ -114,19 +128,12 @@ def _cpu_spans(space) -> list[_Span]:
     return spans
 
 
-def _gpu_spans(space, gpus: dict[int, object], ordinals: Sequence[int]) -> list[_Span]:
-    spans = []
-    for replica, ordinal in enumerate(ordinals):
-        plane = gpus.get(ordinal)
-        if plane is None:
-            continue
-        # CUPTI activity lives on "Stream #..." lines; other lines are derived views.
-        streams = {line.display_name or line.name for line in plane.lines}
-        streams = {name for name in streams if name.startswith("Stream")} or streams
-        for event in plane_events(plane):
-            if event.line in streams:
-                kind = classify_device_event(event)
-                spans.append(_Span(kind, replica, event.start_ps, event.end_ps))
+def _gpu_spans(space, ordinals: Sequence[int], host_events, markers) -> list[_Span]:
+    launches = gpu_trace.launch_markers(host_events, markers)
+    spans = [
+        _Span(s.kind, s.replica, s.start_ps, s.end_ps, None, s.launched_in, s.collective)
+        for s in gpu_trace.device_spans(space, ordinals, launches)
+    ]
     for plane in host_planes(space):  # input waits happen on the host
         for event in plane_events(plane):
             classified = classify_host_event(event)
@@ -168,15 +175,54 @@ def _bandwidths(allreduce_bytes, transfer_ms, replica_count):
     return algbw, algbw * 2 * (replica_count - 1) / replica_count
 
 
-def _replica_rows(
-    marker: StepMarker, spans: list[_Span], replica_ids, devices, total_bytes, group_size
-):
-    start, end = marker.start_ps, marker.end_ps
-    inside = [
-        _Span(s.kind, s.replica, max(s.start_ps, start), min(s.end_ps, end), s.peer_key)
+def _checked_bandwidths(allreduce_bytes, transfer_ms, replica_count, peak_gbps, missing):
+    """(algbw, busbw, note): None values with a note saying why when not shown."""
+    algbw, busbw = _bandwidths(allreduce_bytes, transfer_ms, replica_count)
+    too_fast = gpu_trace.check_bandwidth(busbw, peak_gbps)
+    if too_fast:
+        return None, None, too_fast
+    return algbw, busbw, missing if busbw is None else None
+
+
+def _step_spans(marker: StepMarker, spans: list[_Span]) -> tuple[list[_Span], int]:
+    """The spans of a step, clipped to it, and the step's end. A device event launched
+    inside the marker belongs to it whenever it ran; the step then lasts until its last
+    launched event ends. Events without that link count by time within the marker."""
+    start, key = marker.start_ps, (marker.step, marker.start_ps)
+    launched = [s for s in spans if s.launched_in == key]
+    end = max([marker.end_ps, *(s.end_ps for s in launched)])
+    by_time = [
+        s
         for s in spans
-        if s.start_ps < end and s.end_ps > start
+        if s.launched_in is None and s.start_ps < marker.end_ps and s.end_ps > start
     ]
+    clip_ends = [(s, end) for s in launched] + [(s, marker.end_ps) for s in by_time]
+    inside = [
+        _Span(
+            s.kind,
+            s.replica,
+            max(s.start_ps, start),
+            min(s.end_ps, stop),
+            s.peer_key,
+            s.launched_in,
+            s.collective,
+        )
+        for s, stop in clip_ends
+    ]
+    return inside, end
+
+
+def _replica_rows(
+    marker: StepMarker,
+    spans: list[_Span],
+    replica_ids,
+    devices,
+    total_bytes,
+    group_size,
+    peak_gbps=None,
+):
+    start = marker.start_ps
+    inside, end = _step_spans(marker, spans)
     waits = _sync_waits([s for s in inside if s.kind is Kind.COLLECTIVE])
     step_ps = end - start
     rows = []
@@ -215,13 +261,36 @@ def _replica_rows(
         }
         row["comm_share"] = row["exposed_transfer_ms"] / row["step_ms"] if step_ps else None
         row["wait_share"] = row["exposed_sync_wait_ms"] / row["step_ms"] if step_ps else None
-        replica_bytes = total_bytes if row["allreduce_ms"] > 0 else None
+        # Bytes are the gradients' all-reduce: only all-reduce collectives carry them.
+        reducing = intervals.merge(
+            (s.start_ps, s.end_ps)
+            for s in inside
+            if s.kind is Kind.COLLECTIVE
+            and s.collective in (None, "all_reduce")
+            and (s.replica == replica or s.replica is None)
+        )
+        reduce_ps = intervals.length(reducing) - intervals.overlap_length(reducing, wait)
+        replica_bytes = total_bytes if reduce_ps > 0 else None
         row["allreduce_bytes"] = replica_bytes
-        row["algbw_gbps"], row["busbw_gbps"] = _bandwidths(
-            replica_bytes, row["transfer_ms"], group_size
+        row["algbw_gbps"], row["busbw_gbps"], row["bandwidth_note"] = _checked_bandwidths(
+            replica_bytes,
+            reduce_ps * to_ms,
+            group_size,
+            peak_gbps,
+            _missing_bandwidth(total_bytes, group_size, reduce_ps),
         )
         rows.append(row)
     return rows
+
+
+def _missing_bandwidth(total_bytes, group_size, reduce_ps) -> str | None:
+    if group_size <= 1:
+        return "one replica: nothing to all-reduce"
+    if not total_bytes:
+        return "all-reduce bytes unknown (pass allreduce_bytes)"
+    if reduce_ps <= 0:
+        return "no all-reduce collective ran in this step"
+    return None
 
 
 def _step_rows(replica_frame: pd.DataFrame, replica_count: int) -> pd.DataFrame:
@@ -238,12 +307,11 @@ def _step_rows(replica_frame: pd.DataFrame, replica_count: int) -> pd.DataFrame:
         steps["max_sync_wait_ms"] > 0
     )
     steps["allreduce_bytes"] = grouped["allreduce_bytes"].max()
-    bandwidths = [
-        _bandwidths(nbytes, transfer, replica_count)
-        for nbytes, transfer in zip(steps["allreduce_bytes"], steps["transfer_ms"], strict=True)
-    ]
-    steps["algbw_gbps"] = [algbw for algbw, _ in bandwidths]
-    steps["busbw_gbps"] = [busbw for _, busbw in bandwidths]
+    # Each replica's bandwidth comes from its own all-reduce kernels and was checked
+    # against the link's peak: the step shows their mean, or why there is none.
+    steps["algbw_gbps"] = grouped["algbw_gbps"].mean()
+    steps["busbw_gbps"] = grouped["busbw_gbps"].mean()
+    steps["bandwidth_note"] = grouped["bandwidth_note"].first().where(steps["busbw_gbps"].isna())
     steps["straggler_replica"] = steps["straggler_replica"].astype("Int64")
     return steps.reset_index()[STEP_COLUMNS]
 
@@ -255,6 +323,7 @@ def analyze_xspace(
     replicas: int | None = None,
     devices: Sequence[str] | None = None,
     group_size: int | None = None,
+    link_peak_gbps: float | None = None,
 ) -> Breakdown:
     """Breaks every marked step of a parsed XSpace down per replica.
 
@@ -271,17 +340,25 @@ def analyze_xspace(
             for the bus bandwidth; by default ``replicas``. Under a multi-worker
             strategy the peers in other processes are not in this trace, so the sync
             wait only covers this worker's replicas.
+        link_peak_gbps: the interconnect's peak bandwidth per GPU and direction
+            (``gpu_trace.LINK_PEAK_GBPS`` lists common ones); a bus bandwidth above it
+            is not shown. GPU traces default to the fastest NVLink.
 
     Returns:
         A ``Breakdown``; empty frames if the trace has no step markers.
+
+    Raises:
+        gpu_trace.UnusableTraceError: the replicas run on GPUs but a replica's GPU has
+            no device events in the trace (the message says why).
     """
     host_events = [event for plane in host_planes(space) for event in plane_events(plane)]
     markers = step_markers(host_events)
-    gpus = gpu_planes(space)
-    if gpus:
-        ordinals = _device_ordinals(devices) or list(gpus)
-        spans = _gpu_spans(space, gpus, ordinals)
+    # The strategy's devices choose the path; a CPU strategy ignores GPU planes.
+    ordinals = gpu_trace.choose_gpu_planes(space, devices)
+    if ordinals is not None:
+        spans = _gpu_spans(space, ordinals, host_events, markers)
         seen = len(ordinals)
+        link_peak_gbps = link_peak_gbps or gpu_trace.DEFAULT_GPU_PEAK_GBPS
     else:
         spans = _cpu_spans(space)
         seen = _cpu_replica_count(spans)
@@ -293,10 +370,11 @@ def analyze_xspace(
         row
         for marker in markers
         for row in _replica_rows(
-            marker, spans, range(replica_count), devices, total_bytes, group_size
+            marker, spans, range(replica_count), devices, total_bytes, group_size, link_peak_gbps
         )
     ]
     replica_frame = pd.DataFrame(rows, columns=REPLICA_COLUMNS)
+    replica_frame = replica_frame.astype({"algbw_gbps": float, "busbw_gbps": float})
     return Breakdown(replica_frame, _step_rows(replica_frame, group_size))
 
 
@@ -313,13 +391,7 @@ def _cpu_replica_count(spans: list[_Span]) -> int:
 def _wrap_replica(span: _Span, replica_count: int) -> _Span:
     if span.replica is None or span.replica < replica_count:
         return span
-    return _Span(span.kind, span.replica % replica_count, span.start_ps, span.end_ps, span.peer_key)
-
-
-def _device_ordinals(devices: Sequence[str] | None) -> list[int]:
-    """GPU ordinals of the replicas' devices; empty unless every one is a GPU."""
-    ordinals = [gpu_ordinal(device) for device in devices or ()]
-    return [] if None in ordinals else ordinals
+    return replace(span, replica=span.replica % replica_count)
 
 
 def analyze_trace(
@@ -329,6 +401,7 @@ def analyze_trace(
     replicas: int | None = None,
     devices: Sequence[str] | None = None,
     group_size: int | None = None,
+    link_peak_gbps: float | None = None,
     xprof: bool | None = None,
 ) -> Breakdown:
     """``analyze_xspace`` on one ``.xplane.pb`` file.
@@ -346,6 +419,7 @@ def analyze_trace(
         replicas=replicas,
         devices=devices,
         group_size=group_size,
+        link_peak_gbps=link_peak_gbps,
     )
     breakdown.source = str(path)
     if xprof is None:
@@ -361,7 +435,8 @@ def analyze_trace(
 def _align_steps(xprof_steps: pd.DataFrame, steps: pd.Series) -> pd.DataFrame:
     """XProf names device steps by its own step groups (0, 1, ...) rather than the
     markers' ``step_num``; both list the steps in time order, so pair them by position
-    when the numbers do not match but the counts do."""
-    if set(xprof_steps["step"]) & set(steps) or len(xprof_steps) != len(steps):
+    when the numbers differ but the counts match (on GPU, XProf's 0, 1 would otherwise
+    meet our steps 1, 2 one off)."""
+    if set(xprof_steps["step"]) == set(steps) or len(xprof_steps) != len(steps):
         return xprof_steps
     return xprof_steps.assign(step=steps.sort_values().to_numpy())

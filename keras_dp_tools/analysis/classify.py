@@ -11,8 +11,11 @@ Two trace shapes are understood:
   and ``<name>_k`` for replica k. Indices past the replica count wrap around (a second
   gradient pack continues the numbering).
 * **GPUs**: one ``/device:GPU:<n>`` plane per device; kernels on its ``Stream`` lines
-  belong to that device. NCCL kernels (``nccl*``) are collectives, peer copies are
-  communication, host-to-device copies are input.
+  belong to that device (``gpu_trace`` reads them). NCCL kernels (``nccl`` anywhere in
+  the name) are collectives, copies between GPUs (``MemcpyP2P``) are communication,
+  host-to-device copies are input, and copies within one GPU or to the host
+  (``MemcpyD2D``, ``MemcpyD2H``) are their own kind, as in XProf: neither compute nor
+  communication.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ class Kind(str, Enum):
     COLLECTIVE = "collective"  # all peers must arrive: its time splits into wait + transfer
     COPY = "copy"  # copy-based reduction traffic: all transfer
     INPUT = "input"
+    MEMCPY = "memcpy"  # a copy within one GPU or to the host: counted in other_ms
 
 
 COLLECTIVE_OP_TYPES = frozenset(
@@ -68,8 +72,10 @@ _COPY_SUFFIX = re.compile(r"_(\d+)$")
 # Consumer side of tf.data: the step blocks while these run. (Producer threads prefetch
 # in the background and are not counted.)
 _INPUT_EVENT = re.compile(r"^(?:\w+GetNext\w*Op::DoCompute|GetNextFromShard(?P<shard>\d+))$")
-_PEER_COPY = re.compile(r"^memcpy\s*(?:p2p|dtod|d2d)", re.IGNORECASE)
+# CUPTI's copy names (MemcpyP2P, MemcpyD2D, ...); older tools spell them PtoP, DtoD.
+_PEER_COPY = re.compile(r"^memcpy\s*(?:p2p|ptop)", re.IGNORECASE)
 _HOST_TO_DEVICE = re.compile(r"^memcpy\s*(?:htod|h2d)", re.IGNORECASE)
+_LOCAL_COPY = re.compile(r"^memcpy\s*(?:dtod|d2d|dtoh|d2h|other)", re.IGNORECASE)
 
 
 def op_kind(op_type: str) -> Kind:
@@ -110,12 +116,14 @@ def classify_host_event(event: TraceEvent) -> tuple[Kind, int | None] | None:
 def classify_device_event(event: TraceEvent) -> Kind:
     """The kind of a kernel or copy on a GPU plane."""
     name = event.name
-    if name.lower().startswith("nccl"):
+    if "nccl" in name.lower():  # demangled names can start with "void "
         return Kind.COLLECTIVE
     if _PEER_COPY.match(name):
         return Kind.COPY
     if _HOST_TO_DEVICE.match(name):
         return Kind.INPUT
+    if _LOCAL_COPY.match(name):
+        return Kind.MEMCPY
     tf_op = event.stats.get("tf_op")
     if isinstance(tf_op, str) and ":" in tf_op:
         kind = op_kind(tf_op.rsplit(":", 1)[1])

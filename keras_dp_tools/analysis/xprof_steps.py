@@ -19,6 +19,8 @@ _COLUMNS = {
     "stepTimeMs": "xprof_step_ms",
     "deviceCollectivesTimeMs": "xprof_collectives_ms",
     "deviceComputeTimeMs": "xprof_device_compute_ms",
+    # XProf 2.24 files CUPTI's "MemcpyD2D" under compute: it knows only "MemcpyDToD".
+    "deviceToDeviceTimeMs": "xprof_device_to_device_ms",
 }
 
 
@@ -26,8 +28,8 @@ def xprof_step_table(path: str | os.PathLike) -> pd.DataFrame:
     """XProf's ``input_pipeline_analyzer`` step table for one trace.
 
     Returns one row per step XProf detected, with ``step`` (the marker's ``step_num``)
-    and ``xprof_step_ms``, ``xprof_collectives_ms``, ``xprof_device_compute_ms``; empty
-    if XProf found no steps.
+    and ``xprof_step_ms``, ``xprof_collectives_ms``, ``xprof_device_compute_ms``,
+    ``xprof_device_to_device_ms``; empty if XProf found no steps.
     """
     from xprof.convert import raw_to_tool_data
 

@@ -1,0 +1,144 @@
+"""GPU traces as TensorFlow's profiler saves them, for tests (no GPU needed).
+
+The schema follows XLA's CUPTI collector (``xla/backends/profiler/gpu/cupti_collector.cc``)
+after TensorFlow's post-processing (``MergeHostPlanes``):
+
+* ``/device:GPU:<n>`` per CUDA ordinal; CUPTI activity on lines whose id is the stream
+  id and whose name is ``Stream #<id>(<event types>)``, e.g. ``Stream #13(Compute,MemcpyD2D)``;
+* kernels named by their demangled symbol; copies ``MemcpyH2D``/``MemcpyD2H``/
+  ``MemcpyD2D``/``MemcpyP2P``; stats ``correlation_id`` (uint), ``context_id``
+  (``"$$<id>"`` string), ``kernel_details`` / ``memcpy_details`` / ``tf_op`` (refs to
+  stat metadata named by the value);
+* the launching driver call (``cuLaunchKernel``, ``cuMemcpyHtoDAsync_v2``, ...) with the
+  same ``correlation_id`` and a ``device_id``, merged onto ``/host:CPU`` on the calling
+  thread's line;
+* a ``Task Environment`` plane, and derived lines (``XLA Ops``) on device planes.
+"""
+
+from __future__ import annotations
+
+from tests.xplane_builder import SpaceBuilder
+
+KERNEL_DETAILS = "regs:64 static_shared:0 dynamic_shared:0 grid:80,1,1 block:256,1,1 occ_pct:100"
+LAUNCH_LINE = "python"  # the thread that holds the step marker launches the step's work
+XLA_OPS_LINE_ID = 0xDEADBEEF + 5  # tsl's kThreadIdHloOp: derived lines are >= 0xdeadbeef
+
+
+def _stat(builder, event, name: str, value, kind: str) -> None:
+    stat = event.stats.add(metadata_id=builder._stat_id(name))
+    if kind == "ref":
+        stat.ref_value = builder._stat_id(value)
+    elif kind == "uint":
+        stat.uint64_value = value
+    else:
+        stat.str_value = value
+
+
+def _last_event(builder, line_name: str):
+    line = next(line for line in builder.plane.lines if line.name == line_name)
+    return line, line.events[-1]
+
+
+class GpuTrace:
+    """``GpuTrace().step(...)``, ``.kernel(...)``, ``.copy(...)``; ``.space`` is the
+    XSpace proto, ``.write(dir)`` saves it where the profiler would."""
+
+    def __init__(self):
+        self.builder = SpaceBuilder()
+        self.builder.plane("Task Environment")
+        self._streams: dict[tuple[int, int], set[str]] = {}
+
+    @property
+    def space(self):
+        """The XSpace, each line's events in time order (outer before inner), as the
+        profiler sorts them; XProf's grouping nests events by that order."""
+        for plane in self.builder.space.planes:
+            for line in plane.lines:
+                events = sorted(line.events, key=lambda e: (e.offset_ps, -e.duration_ps))
+                copies = [type(event)() for event in events]
+                for copy, event in zip(copies, events, strict=True):
+                    copy.CopyFrom(event)
+                del line.events[:]
+                line.events.extend(copies)
+        return self.builder.space
+
+    def step(self, step: int, start_ms: float, end_ms: float):
+        self.builder.step(step, start_ms, end_ms)
+        return self
+
+    def host_op(self, line: str, name: str, start_ms: float, end_ms: float):
+        self.builder.host().event(line, name, start_ms, end_ms)
+        return self
+
+    def _device_event(
+        self, gpu, stream, name, start_ms, end_ms, event_type, correlation_id, launched_at, api
+    ):
+        plane = self.builder.gpu(gpu)
+        types = self._streams.setdefault((gpu, stream), set())
+        types.add(event_type)
+        line_name = f"Stream #{stream}"
+        existing = [line for line in plane.plane.lines if line.id == stream]
+        if existing:
+            line_name = existing[0].name
+        plane.event(line_name, name, start_ms, end_ms)
+        line, event = _last_event(plane, line_name)
+        line.id = stream
+        line.name = f"Stream #{stream}({','.join(sorted(types))})"
+        plane._lines[line.name] = line
+        if correlation_id is not None:
+            _stat(plane, event, "correlation_id", correlation_id, "uint")
+        _stat(plane, event, "context_id", "$$1", "str")
+        if event_type == "Compute":
+            _stat(plane, event, "kernel_details", KERNEL_DETAILS, "ref")
+        else:
+            size = 4 << 20
+            details = f"kind_src:device kind_dst:device size:{size} dest:{gpu} async:1"
+            _stat(plane, event, "memcpy_details", details, "ref")
+        if launched_at is not None:
+            host = self.builder.host()
+            host.event(LAUNCH_LINE, api, launched_at, launched_at + 0.005)
+            _, launch = _last_event(host, LAUNCH_LINE)
+            _stat(host, launch, "correlation_id", correlation_id, "uint")
+            _stat(host, launch, "device_id", gpu, "uint")
+        return self
+
+    def kernel(self, gpu, stream, name, start_ms, end_ms, correlation_id=None, launched_at=None):
+        """A kernel on ``Stream #stream`` of GPU ``gpu``; with ``launched_at``, its
+        ``cuLaunchKernel`` on the host at that time (same ``correlation_id``)."""
+        return self._device_event(
+            gpu,
+            stream,
+            name,
+            start_ms,
+            end_ms,
+            "Compute",
+            correlation_id,
+            launched_at,
+            "cuLaunchKernel",
+        )
+
+    def copy(self, gpu, stream, kind, start_ms, end_ms, correlation_id=None, launched_at=None):
+        """A ``Memcpy<kind>`` (``H2D``, ``D2H``, ``D2D``, ``P2P``) as CUPTI names it."""
+        name = f"Memcpy{kind}"
+        return self._device_event(
+            gpu,
+            stream,
+            name,
+            start_ms,
+            end_ms,
+            name,
+            correlation_id,
+            launched_at,
+            "cuMemcpyAsync",
+        )
+
+    def derived_line(self, gpu, name, start_ms, end_ms):
+        """An event on a derived view (``XLA Ops``), which is not CUPTI activity."""
+        plane = self.builder.gpu(gpu)
+        plane.event("XLA Ops", name, start_ms, end_ms)
+        _last_event(plane, "XLA Ops")[0].id = XLA_OPS_LINE_ID
+        return self
+
+    def write(self, directory):
+        self.space  # noqa: B018 (sorts the lines)
+        return self.builder.write(directory)

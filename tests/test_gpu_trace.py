@@ -1,0 +1,283 @@
+"""The GPU path on traces with the schema and names XLA's CUPTI collector writes
+(tests/gpu_traces.py), expected numbers computed by hand in the docstrings."""
+
+import pytest
+
+from keras_dp_tools.analysis import analyze_trace, analyze_xspace
+from keras_dp_tools.analysis.classify import Kind, classify_device_event
+from keras_dp_tools.analysis.gpu_trace import (
+    LINK_PEAK_GBPS,
+    UnusableTraceError,
+    nccl_collective,
+)
+from keras_dp_tools.analysis.xspace import TraceEvent
+
+ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+GEMM = "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(Params)"
+ADAM = "void tensorflow::functor::ApplyAdamKernel<float>(int, float*, float*, float*)"
+COMPUTE, SECOND_COMPUTE, INPUT, NCCL, PEER = 13, 15, 14, 20, 21
+GRADIENT_BYTES = 8_000_000
+
+
+@pytest.fixture(scope="module")
+def gpu_trace(tf):  # the proto classes ship with TensorFlow
+    from tests.gpu_traces import GpuTrace
+
+    return GpuTrace
+
+
+def two_gpu_run(GpuTrace):
+    """Two steps on two GPUs; markers 0-10 and 10-20 ms.
+
+    Step 1, GPU 0: H2D input 0.0-0.4; gemm 1-5; D2D copy 5.0-5.5 (same stream);
+    all-reduce 5.5-9.0, waiting for GPU 1 until 7.0; Adam kernel 9-11, after the marker.
+    Step 1, GPU 1: gemm 1-6.5 and 2-3 on a second stream; idle 6.5-7.0; all-reduce 7-9;
+    P2P copy 9.0-9.5; Adam 9.5-10.5, after the marker.
+    Step 2: GPU 0 gemm 11-15, all-reduce 15-17, Adam 17-18, and a kernel with no
+    launch link at 19.0-19.5; GPU 1 gemm 10.5-14, all-reduce 15-17, Adam 17-18.
+    Outside the steps: a kernel launched at 25 that runs 25-26.
+    """
+    trace = GpuTrace().step(1, 0.0, 10.0).step(2, 10.0, 20.0)
+    trace.copy(0, INPUT, "H2D", 0.0, 0.4, 100, launched_at=0.05)
+    trace.kernel(0, COMPUTE, GEMM, 1.0, 5.0, 101, launched_at=0.2)
+    trace.copy(0, COMPUTE, "D2D", 5.0, 5.5, 102, launched_at=0.3)
+    trace.kernel(0, NCCL, ALLREDUCE, 5.5, 9.0, 103, launched_at=0.4)
+    trace.kernel(0, COMPUTE, ADAM, 9.0, 11.0, 104, launched_at=0.5)
+    trace.kernel(1, COMPUTE, GEMM, 1.0, 6.5, 201, launched_at=0.25)
+    trace.kernel(1, SECOND_COMPUTE, "void relu_kernel<float>(float*)", 2.0, 3.0, 205, 0.35)
+    trace.kernel(1, NCCL, ALLREDUCE, 7.0, 9.0, 203, launched_at=0.45)
+    trace.copy(1, PEER, "P2P", 9.0, 9.5, 206, launched_at=0.5)
+    trace.kernel(1, COMPUTE, ADAM, 9.5, 10.5, 204, launched_at=0.55)
+    trace.kernel(0, COMPUTE, GEMM, 11.0, 15.0, 111, launched_at=10.2)
+    trace.kernel(0, NCCL, ALLREDUCE, 15.0, 17.0, 113, launched_at=10.3)
+    trace.kernel(0, COMPUTE, ADAM, 17.0, 18.0, 114, launched_at=10.4)
+    trace.kernel(0, COMPUTE, "void unlinked_kernel(float*)", 19.0, 19.5)
+    trace.kernel(1, COMPUTE, GEMM, 10.5, 14.0, 211, launched_at=10.2)
+    trace.kernel(1, NCCL, ALLREDUCE, 15.0, 17.0, 213, launched_at=10.3)
+    trace.kernel(1, COMPUTE, ADAM, 17.0, 18.0, 214, launched_at=10.4)
+    trace.kernel(0, COMPUTE, GEMM, 25.0, 26.0, 120, launched_at=25.0)
+    trace.derived_line(0, "fusion.1", 0.0, 20.0)  # a view of the kernels, not activity
+    return trace
+
+
+def rows_by(frame):
+    return {(row["step"], row["replica"]): row for row in frame.to_dict("records")}
+
+
+def test_late_kernels_count_in_their_launching_step_and_d2d_is_not_communication(gpu_trace):
+    """Step 1 lasts until its last launched kernel ends: 0-11 ms.
+
+    GPU 0: compute [1,5]+[9,11] = 6.0; all-reduce [5.5,9] = 3.5, wait [5.5,7] = 1.5,
+    transfer 2.0, none hidden by compute; busy [1,5]+[5.5,11] = 9.5; input [0,0.4] = 0.4;
+    other 11 - 9.5 - 0.4 = 1.1 (the D2D copy and the idle 0.4-1.0).
+    GPU 1: compute [1,6.5]+[9.5,10.5] = 6.5 (the second stream's [2,3] overlaps);
+    communication NCCL [7,9] + P2P [9,9.5] = 2.5, no wait (arrived last); busy
+    [1,6.5]+[7,10.5] = 9.0; other 2.0.
+    Step 2 (10-20): GPU 0 compute [11,15]+[17,18]+[19,19.5] (unlinked, by time) = 5.5;
+    GPU 1 [10.5,14]+[17,18] = 4.5 (step 1's Adam 9.5-10.5 is not in it); both
+    all-reduce [15,17] = 2.0 with no wait.
+    """
+    breakdown = analyze_xspace(gpu_trace_space(gpu_trace), devices=["/gpu:0", "/gpu:1"])
+    rows = rows_by(breakdown.replicas)
+    assert sorted(rows) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    expected = {
+        (1, 0): dict(step_ms=11.0, compute_ms=6.0, allreduce_ms=3.5, sync_wait_ms=1.5),
+        (1, 1): dict(step_ms=11.0, compute_ms=6.5, allreduce_ms=2.5, sync_wait_ms=0.0),
+        (2, 0): dict(step_ms=10.0, compute_ms=5.5, allreduce_ms=2.0, sync_wait_ms=0.0),
+        (2, 1): dict(step_ms=10.0, compute_ms=4.5, allreduce_ms=2.0, sync_wait_ms=0.0),
+    }
+    for key, values in expected.items():
+        for column, value in values.items():
+            assert rows[key][column] == pytest.approx(value), (key, column)
+    gpu0 = rows[(1, 0)]
+    assert gpu0["transfer_ms"] == pytest.approx(2.0)
+    assert gpu0["exposed_allreduce_ms"] == pytest.approx(3.5)
+    assert gpu0["input_ms"] == pytest.approx(0.4)
+    assert gpu0["other_ms"] == pytest.approx(1.1)
+    assert rows[(1, 1)]["transfer_ms"] == pytest.approx(2.5)
+    assert rows[(1, 1)]["other_ms"] == pytest.approx(2.0)
+    for row in rows.values():  # the four exclusive parts still fill the step
+        parts = row["compute_ms"] + row["exposed_allreduce_ms"] + row["input_ms"]
+        assert parts + row["other_ms"] == pytest.approx(row["step_ms"])
+
+
+def gpu_trace_space(GpuTrace):
+    return two_gpu_run(GpuTrace).space
+
+
+def test_bandwidth_comes_from_allreduce_kernels_only(gpu_trace):
+    """8 MB over the all-reduce kernels' transfer: GPU 0 step 1, 3.5 - 1.5 wait = 2 ms:
+    algbw 4 GB/s, busbw 4 * 2(2-1)/2 = 4 GB/s. GPU 1: NCCL 2 ms (the P2P copy's 0.5 ms
+    does not count) gives 4 GB/s too."""
+    breakdown = analyze_xspace(
+        gpu_trace_space(gpu_trace), devices=["/gpu:0", "/gpu:1"], allreduce_bytes=GRADIENT_BYTES
+    )
+    rows = rows_by(breakdown.replicas)
+    for replica in (0, 1):
+        assert rows[(1, replica)]["algbw_gbps"] == pytest.approx(4.0)
+        assert rows[(1, replica)]["busbw_gbps"] == pytest.approx(4.0)
+        assert rows[(1, replica)]["bandwidth_note"] is None
+    # The step shows the replicas' (4.0), not 8 MB over the mean transfer including the
+    # P2P copy ((2.0 + 2.5) / 2 ms: 3.6 GB/s).
+    assert breakdown.steps.set_index("step").loc[1, "busbw_gbps"] == pytest.approx(4.0)
+
+
+def test_bandwidth_above_the_link_peak_is_flagged_not_printed(gpu_trace):
+    """On PCIe 3 (16 GB/s), 80 MB in 2 ms (busbw 40 GB/s) is impossible."""
+    breakdown = analyze_xspace(
+        gpu_trace_space(gpu_trace),
+        devices=["/gpu:0", "/gpu:1"],
+        allreduce_bytes=10 * GRADIENT_BYTES,
+        link_peak_gbps=LINK_PEAK_GBPS["pcie3"],
+    )
+    row = rows_by(breakdown.replicas)[(1, 0)]
+    assert row["busbw_gbps"] != row["busbw_gbps"]  # NaN: not shown
+    assert "exceeds the link peak 16 GB/s" in row["bandwidth_note"]
+    step = breakdown.steps.set_index("step").loc[1]
+    assert step["busbw_gbps"] != step["busbw_gbps"]
+    assert "exceeds the link peak" in step["bandwidth_note"]
+
+
+def test_copies_alone_give_no_bandwidth(gpu_trace):
+    """A 20 us peer copy is communication, but not a collective with known bytes."""
+    trace = gpu_trace().step(1, 0.0, 1.0)
+    for gpu in (0, 1):
+        trace.kernel(gpu, COMPUTE, GEMM, 0.1, 0.5, 10 + gpu, launched_at=0.01)
+        trace.copy(gpu, PEER, "P2P", 0.5, 0.52, 20 + gpu, launched_at=0.02)
+    breakdown = analyze_xspace(trace.space, allreduce_bytes=GRADIENT_BYTES)
+    row = breakdown.replicas.iloc[0]
+    assert row["allreduce_ms"] == pytest.approx(0.02)
+    assert row["busbw_gbps"] != row["busbw_gbps"]
+    assert row["bandwidth_note"] == "no all-reduce collective ran in this step"
+
+
+def test_one_gpu_has_no_allreduce_and_no_bandwidth(gpu_trace):
+    """One GPU: gemm 1-4, a D2D copy 4-5 and a D2H copy 5-5.5 are no communication."""
+    trace = gpu_trace().step(3, 0.0, 6.0)
+    trace.kernel(0, COMPUTE, GEMM, 1.0, 4.0, 1, launched_at=0.1)
+    trace.copy(0, COMPUTE, "D2D", 4.0, 5.0, 2, launched_at=0.2)
+    trace.copy(0, COMPUTE, "D2H", 5.0, 5.5, 3, launched_at=0.3)
+    breakdown = analyze_xspace(trace.space, devices=["/gpu:0"], allreduce_bytes=GRADIENT_BYTES)
+    row = breakdown.replicas.iloc[0]
+    assert row["compute_ms"] == pytest.approx(3.0)
+    assert row["allreduce_ms"] == 0 and row["sync_wait_ms"] == 0
+    assert row["other_ms"] == pytest.approx(3.0)
+    assert row["busbw_gbps"] != row["busbw_gbps"]
+    assert row["bandwidth_note"] == "one replica: nothing to all-reduce"
+
+
+def test_missing_device_events_fail_with_the_reason(gpu_trace):
+    no_planes = gpu_trace().step(1, 0.0, 1.0)
+    with pytest.raises(UnusableTraceError, match=r"no GPU planes.*CUPTI"):
+        analyze_xspace(no_planes.space, devices=["/gpu:0", "/gpu:1"])
+
+    empty = gpu_trace().step(1, 0.0, 1.0)
+    empty.builder.gpu(0), empty.builder.gpu(1)  # planes without activity
+    empty.derived_line(0, "fusion", 0.0, 1.0)
+    with pytest.raises(UnusableTraceError, match="hold no device events"):
+        analyze_xspace(empty.space, devices=["/gpu:0", "/gpu:1"])
+
+
+def test_tf_ids_that_differ_from_cuda_ordinals_are_named(gpu_trace):
+    """set_visible_devices([gpus[1]]) makes TF's /gpu:0 CUDA device 1: the trace's
+    events are on /device:GPU:1 while the strategy says /gpu:0."""
+    trace = gpu_trace().step(1, 0.0, 1.0)
+    trace.builder.gpu(0)
+    trace.kernel(1, COMPUTE, GEMM, 0.1, 0.5, 1, launched_at=0.01)
+    with pytest.raises(UnusableTraceError, match="set_visible_devices"):
+        analyze_xspace(trace.space, devices=["/job:localhost/replica:0/task:0/device:GPU:0"])
+
+
+def test_cpu_strategy_on_a_gpu_machine_reads_the_host_ops(gpu_trace):
+    """GPU planes with activity (TF's own kernels) do not turn a CPU strategy's trace
+    into a GPU one: the CPU ops are the replicas' work (compute 1-3 and 2-5)."""
+    trace = gpu_trace().step(1, 0.0, 6.0)
+    trace.kernel(0, COMPUTE, GEMM, 0.1, 5.9, 1, launched_at=0.01)
+    trace.host_op("tf_Compute/1", "sequential/dense/MatMul:_MklNativeFusedMatMul", 1.0, 3.0)
+    trace.host_op("tf_Compute/2", "replica_1/sequential/dense/MatMul:MatMul", 2.0, 5.0)
+    rows = analyze_xspace(trace.space, devices=["/cpu:0", "/cpu:1"]).replicas
+    assert rows["compute_ms"].tolist() == pytest.approx([2.0, 3.0])
+
+
+def test_device_event_kinds_follow_cupti_names():
+    def kind(name, **stats):
+        return classify_device_event(TraceEvent("/device:GPU:0", "Stream #7", name, 0, 1, stats))
+
+    assert kind("MemcpyD2D") is Kind.MEMCPY  # within one GPU: XProf's device-to-device
+    assert kind("MemcpyD2H") is Kind.MEMCPY
+    assert kind("MemcpyP2P") is Kind.COPY  # between GPUs: communication
+    assert kind("MemcpyH2D") is Kind.INPUT
+    assert kind("void ncclDevKernel_AllGather_RING_LL(ncclDevComm*, unsigned long)") is (
+        Kind.COLLECTIVE
+    )
+    assert kind(GEMM) is Kind.COMPUTE
+
+
+@pytest.mark.parametrize(
+    ("name", "collective"),
+    [
+        ("ncclDevKernel_AllReduce_Sum_f32_RING_LL", "all_reduce"),
+        ("ncclKernel_AllReduce_RING_LL_Sum_float", "all_reduce"),
+        ("void ncclDevKernel_ReduceScatter_Sum_bf16_RING_LL(ncclDevComm*)", "reduce_scatter"),
+        ("ncclDevKernel_AllGather_RING_LL", "all_gather"),
+        ("ncclDevKernel_Broadcast_RING_LL", "broadcast"),
+        ("ncclDevKernel_SendRecv", "send_recv"),
+        ("ncclDevKernel_Reduce_Sum_f32_RING_LL", "reduce"),
+        ("void cutlass::Kernel<gemm>(Params)", None),
+    ],
+)
+def test_nccl_kernel_names_say_the_collective(name, collective):
+    assert nccl_collective(name) == collective
+
+
+def test_gathers_are_not_counted_as_allreduce_bandwidth(gpu_trace):
+    """All-gather kernels (2 ms) are communication but carry no all-reduce bytes."""
+    trace = gpu_trace().step(1, 0.0, 3.0)
+    for gpu in (0, 1):
+        trace.kernel(gpu, NCCL, "ncclDevKernel_AllGather_RING_LL", 0.5, 2.5, 10 + gpu, 0.1)
+    row = analyze_xspace(trace.space, allreduce_bytes=GRADIENT_BYTES).replicas.iloc[0]
+    assert row["allreduce_ms"] == pytest.approx(2.0)
+    assert row["bandwidth_note"] == "no all-reduce collective ran in this step"
+
+
+def test_xprof_beside_ours_on_the_same_trace(gpu_trace, tmp_path):
+    """XProf groups device events into steps by the same launch links, and merges both
+    GPUs into one timeline where compute outranks collectives.
+
+    Step 1: XProf's step also ends with the late Adam kernel at 11 ms: 11.0 ms like
+    ours. Its collective time is where an NCCL kernel runs and no GPU computes: NCCL on
+    [5.5,9], compute on [1,6.5] and [9,11], so [6.5,9] = 2.5 ms, against our per-GPU
+    exposed all-reduce of 3.5 and 2.5 (mean 3.0). XProf 2.24 reads CUPTI's copy names
+    (MemcpyD2D, MemcpyP2P, MemcpyH2D) as compute: its device-to-device time stays 0.
+    Step 2: NCCL [15,17] with no compute anywhere: 2.0 ms for both tools.
+    """
+    path = two_gpu_run(gpu_trace).write(tmp_path)
+    steps = analyze_trace(path, devices=["/gpu:0", "/gpu:1"]).steps.set_index("step")
+    assert steps.loc[1, "step_ms"] == pytest.approx(11.0)
+    assert steps.loc[1, "xprof_step_ms"] == pytest.approx(11.0)
+    assert steps.loc[1, "exposed_allreduce_ms"] == pytest.approx(3.0)
+    assert steps.loc[1, "xprof_collectives_ms"] == pytest.approx(2.5)
+    assert steps.loc[1, "xprof_device_to_device_ms"] == 0
+    assert steps.loc[2, "exposed_allreduce_ms"] == pytest.approx(2.0)
+    assert steps.loc[2, "xprof_collectives_ms"] == pytest.approx(2.0)
+
+
+def test_window_without_device_events_is_marked_failed(tmp_path, keras, strategy4, monkeypatch):
+    """A real capture with no device events (this machine has no GPU, as a run without
+    CUPTI would record), from a strategy whose devices are GPUs: the window fails with
+    the reason, and training goes on."""
+    import keras_dp_tools as kdt
+    from keras_dp_tools.callbacks import data_parallel_profiler
+    from tests.training import dense_model, fit, iterations
+
+    gpus = ["/job:localhost/replica:0/task:0/device:GPU:0", "/gpu:1"]
+    monkeypatch.setattr(data_parallel_profiler, "strategy_devices", lambda strategy: gpus)
+    model = dense_model(keras, strategy4)
+    profiler = kdt.DataParallelProfiler(tmp_path, start_step=2, window=3)
+    with pytest.warns(kdt.MeasurementWarning, match="no GPU planes"):
+        fit(model, [profiler])
+
+    assert iterations(model) == 7
+    window = kdt.Report.load(tmp_path).windows.iloc[0]
+    assert window["status"] == "failed"
+    assert "UnusableTraceError" in window["reason"] and "CUPTI" in window["reason"]
