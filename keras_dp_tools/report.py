@@ -57,7 +57,9 @@ STEP_COLUMNS = [
 # step as the trace marks it; "step_ms" stays the host wall time of StepTimer).
 BREAKDOWN_COLUMNS = [
     "trace_step_ms",
-    *breakdown.STEP_COLUMNS[3:],  # compute_ms ... busbw_gbps, averaged over replicas
+    # compute_ms ... gather_busbw_gbps, per step, averaged over replicas ("steps" and
+    # "step_ms" are the step record's own).
+    *breakdown.STEP_COLUMNS[4:],
     "xprof_step_ms",
     "xprof_collectives_ms",
 ]
@@ -79,6 +81,8 @@ WINDOW_COLUMNS = [
     "stop_ms",
     "analysis_end",
     "allreduce_bytes",
+    "gather_bytes",
+    "attribution",
     "profile_run",
     "trace",
     "time",
@@ -342,6 +346,7 @@ class Report:
 _SUMMARY_BREAKDOWN = (
     "compute_ms",
     "allreduce_ms",
+    "gather_ms",
     "exposed_allreduce_ms",
     "sync_wait_ms",
     "input_ms",
