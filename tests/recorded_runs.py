@@ -72,21 +72,11 @@ def write_run(
         )
         for position, index in enumerate(profiled):
             straggler = None if stragglers is None else stragglers[position]
-            writer.write(
-                {
-                    "type": "step_breakdown",
-                    **common,
-                    "time": start,
-                    "window": 0,
-                    "step": index,
-                    "step_ms": step_ms,
-                    "replicas": replicas,
-                    "straggler_replica": straggler,
-                    **breakdown,
-                }
-            )
-            for replica in range(replicas):
-                wait = 0.0 if replica == straggler else breakdown.get("sync_wait_ms", 0.0)
+            rows = [
+                replica_row(breakdown, step_ms, replicas, waits=replica != straggler)
+                for replica in range(replicas)
+            ]
+            for replica, row in enumerate(rows):
                 writer.write(
                     {
                         "type": "replica_step",
@@ -95,10 +85,21 @@ def write_run(
                         "window": 0,
                         "step": index,
                         "replica": replica,
-                        "step_ms": step_ms,
-                        **{**breakdown, "sync_wait_ms": wait},
+                        **row,
                     }
                 )
+            writer.write(
+                {
+                    "type": "step_breakdown",
+                    **common,
+                    "time": start,
+                    "window": 0,
+                    "step": index,
+                    "replicas": replicas,
+                    "straggler_replica": straggler,
+                    **step_row(rows, replicas),
+                }
+            )
     if gpu_util is not None:
         for index in range(steps + 1):
             for gpu in (0, 1):
@@ -143,45 +144,91 @@ def write_scaling_runs(log_dir):
     )
 
 
-# Breakdowns (ms per 10 ms step) that add up to the step.
+def replica_row(base: dict, step_ms: float, ranks: int, waits: bool = True) -> dict:
+    """A replica's breakdown for a step of ``step_ms`` from ``base`` (ms per 10 ms step:
+    compute, all-reduce and its exposed part, sync wait and its exposed part, input,
+    bytes), scaled to the step, with every derived column following the analyzer's
+    rules (docs/breakdown.md): transfer = all-reduce - wait, other = the rest of the
+    step, split half dispatch, 30% idle, 20% scheduling; shares over the step;
+    bandwidths from bytes over transfer time. ``waits=False``: the replica that
+    arrived last, which waited for nobody."""
+    scale = step_ms / 10.0
+    ms = {name: value * scale for name, value in base.items() if name.endswith("_ms")}
+    wait = ms["sync_wait_ms"] if waits else 0.0
+    exposed_wait = ms["exposed_sync_wait_ms"] if waits else 0.0
+    other = step_ms - ms["compute_ms"] - ms["exposed_allreduce_ms"] - ms["input_ms"]
+    row = {
+        "steps": 1,
+        "step_ms": step_ms,
+        "compute_ms": ms["compute_ms"],
+        "allreduce_ms": ms["allreduce_ms"],
+        "sync_wait_ms": wait,
+        "transfer_ms": ms["allreduce_ms"] - wait,
+        "gather_ms": 0.0,
+        "gather_transfer_ms": 0.0,
+        "exposed_allreduce_ms": ms["exposed_allreduce_ms"],
+        "exposed_sync_wait_ms": exposed_wait,
+        "exposed_transfer_ms": ms["exposed_allreduce_ms"] - exposed_wait,
+        "input_ms": ms["input_ms"],
+        "other_ms": other,
+        "dispatch_ms": 0.5 * other,
+        "idle_ms": 0.3 * other,
+        "scheduling_ms": other - 0.5 * other - 0.3 * other,
+    }
+    row["comm_share"] = row["exposed_transfer_ms"] / step_ms
+    row["wait_share"] = row["exposed_sync_wait_ms"] / step_ms
+    return {**row, **_bytes(row, base.get("allreduce_bytes"), ranks)}
+
+
+def step_row(rows: list[dict], ranks: int) -> dict:
+    """The step's row as the analyzer makes it: times averaged over replicas, the
+    longest wait, bandwidth from the bytes and the mean transfer time."""
+    means = {
+        name: sum(row[name] for row in rows) / len(rows)
+        for name in rows[0]
+        if name.endswith(("_ms", "_share"))
+    }
+    step = {**means, "steps": 1, "max_sync_wait_ms": max(row["sync_wait_ms"] for row in rows)}
+    return {**step, **_bytes(step, rows[0]["allreduce_bytes"], ranks)}
+
+
+def _bytes(row: dict, allreduce_bytes, ranks: int) -> dict:
+    if not allreduce_bytes:
+        return {"allreduce_bytes": None, "row_bytes": None, "busbw_gbps": None}
+    algbw = allreduce_bytes / (row["transfer_ms"] / 1e3) / 1e9
+    return {
+        "allreduce_bytes": allreduce_bytes,
+        "row_bytes": allreduce_bytes * row["steps"],
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * 2 * (ranks - 1) / ranks,
+    }
+
+
+# Breakdowns (ms per 10 ms step; replica_row derives the rest).
 COMM_HEAVY = {
     "compute_ms": 4.0,
     "allreduce_ms": 5.0,
     "sync_wait_ms": 0.5,
-    "transfer_ms": 4.5,
     "exposed_allreduce_ms": 4.0,
     "exposed_sync_wait_ms": 0.5,
-    "exposed_transfer_ms": 3.5,
     "input_ms": 0.5,
-    "other_ms": 1.5,
-    "comm_share": 0.35,
-    "wait_share": 0.05,
-    "max_sync_wait_ms": 0.5,
     "allreduce_bytes": 40_000_000,
-    "busbw_gbps": 12.0,
 }
 BALANCED = {
     "compute_ms": 8.0,
     "allreduce_ms": 1.0,
     "sync_wait_ms": 0.2,
-    "transfer_ms": 0.8,
     "exposed_allreduce_ms": 0.5,
     "exposed_sync_wait_ms": 0.1,
-    "exposed_transfer_ms": 0.4,
     "input_ms": 0.2,
-    "other_ms": 1.3,
-    "comm_share": 0.04,
-    "wait_share": 0.01,
-    "max_sync_wait_ms": 0.2,
     "allreduce_bytes": 4_000_000,
-    "busbw_gbps": 20.0,
 }
 WAITING = {
     **BALANCED,
-    "sync_wait_ms": 3.0,
-    "exposed_sync_wait_ms": 2.5,
-    "wait_share": 0.25,
-    "max_sync_wait_ms": 3.5,
     "compute_ms": 5.6,
+    "allreduce_ms": 3.5,
+    "sync_wait_ms": 3.0,
+    "exposed_allreduce_ms": 3.0,
+    "exposed_sync_wait_ms": 2.5,
 }
-INPUT_BOUND = {**BALANCED, "compute_ms": 6.0, "input_ms": 2.5, "other_ms": 1.0}
+INPUT_BOUND = {**BALANCED, "compute_ms": 6.0, "input_ms": 2.5}
