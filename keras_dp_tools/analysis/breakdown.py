@@ -38,6 +38,7 @@ from keras_dp_tools.analysis.classify import (
     classify_host_event,
     copy_number,
     scoped_replica,
+    sending_device,
 )
 from keras_dp_tools.analysis.replicas import packed_replica, peer_replicas
 from keras_dp_tools.analysis.xspace import (
@@ -169,13 +170,15 @@ def _peer_key(stats) -> tuple | None:
     )
 
 
-def _cpu_spans(space) -> list[_Span]:
+def _cpu_spans(space, devices: Sequence[str] | None = None) -> list[_Span]:
     spans = []
     for plane in host_planes(space):
         for event in plane_events(plane):
             classified = classify_host_event(event)
             if classified is not None:
                 kind, replica = classified
+                if kind is Kind.COPY and replica is not None:
+                    replica = _device_replica(sending_device(event), devices, replica)
                 key = _peer_key(event.stats) if kind in PEER_KINDS else None
                 copied = kind in PEER_KINDS or _op_type(event.name) in PER_REPLICA_COPY_TYPES
                 name = event.name if copied else ""
@@ -229,6 +232,19 @@ def _attribute_cpu_replicas(
         resolved.append(span if replica is None else replace(span, replica=replica))
     reason = "; ".join(sorted(set(reasons))) or None
     return resolved, reason
+
+
+def _device_replica(device: str | None, devices: Sequence[str] | None, default: int) -> int:
+    """The replica whose device a transfer leaves from (``/job:../device:CPU:3``):
+    its position among ``devices``, else the device's ordinal."""
+    if device is None:
+        return default
+    short = device.rsplit("device:", 1)[-1].lower()  # "cpu:3"
+    for replica, name in enumerate(devices or ()):
+        if name.lower().endswith(short) and (name == device or "/job:" not in name):
+            return replica
+    ordinal = short.rsplit(":", 1)[-1]
+    return int(ordinal) if ordinal.isdigit() else default
 
 
 def _op_type(name: str) -> str:
@@ -466,7 +482,7 @@ def analyze_xspace(
         spans = _gpu_spans(space, gpus, ordinals)
         replica_count = replicas or len(ordinals)
     else:
-        spans = _cpu_spans(space)
+        spans = _cpu_spans(space, devices)
         replica_count = replicas or _cpu_replica_count(spans)
         spans, attribution = _attribute_cpu_replicas(spans, replica_count)
     facts = RunFacts(

@@ -128,6 +128,15 @@ def classify_host_event(event: TraceEvent) -> tuple[Kind, int | None] | None:
     return kind, 0
 
 
+def sending_device(event: TraceEvent) -> str | None:
+    """The device a ``_Send`` / ``_Recv`` event's tensor leaves from: its ``key`` stat
+    is the rendezvous key ``<src device>;<incarnation>;<dst device>;<edge>;<frame>``."""
+    key = event.stats.get("key")
+    if not isinstance(key, str) or ";" not in key:
+        return None
+    return key.split(";", 1)[0]
+
+
 def scoped_replica(name: str) -> int | None:
     """The replica a ``replica_k/`` or ``update_k/`` scope in an op name names."""
     scope = _REPLICA_SCOPE.search(name)
