@@ -36,6 +36,7 @@ RUN_COLUMNS = [
     "python_version",
     "keras_dp_tools_version",
     "embedding_layers",
+    "embedding_names",
     *GPU_STATUS_COLUMNS,
     "source",
 ]
@@ -421,14 +422,15 @@ def _steps(records: dict) -> pd.DataFrame:
     breakdown = _of_type(
         records,
         "step_breakdown",
-        ["run", "worker", "step", "time", "step_ms", *BREAKDOWN_COLUMNS[1:]],
-    ).rename(columns={"step_ms": "trace_step_ms", "time": "breakdown_time"})
+        ["run", "worker", "step", "time", "steps", "step_ms", *BREAKDOWN_COLUMNS[1:]],
+    ).rename(columns={"step_ms": "trace_step_ms", "time": "breakdown_time", "steps": "trace_steps"})
     if breakdown.empty:  # the merge costs a second per 10M steps: skip it when idle
         steps = steps.reindex(columns=[*steps.columns, *BREAKDOWN_COLUMNS[1:]])
         steps["trace_step_ms"] = float("nan")
     else:  # outer: a run profiled without StepTimer still lists its profiled steps
         steps = steps.merge(breakdown, on=["run", "worker", "step"], how="outer")
         steps["time"] = steps["time"].fillna(steps.pop("breakdown_time"))
+        steps["steps"] = steps["steps"].fillna(steps.pop("trace_steps"))
     headers = _runs(records)[["run", "worker", "replicas", "global_batch"]]
     steps = steps.merge(headers, on=["run", "worker"], how="left")
     for column in _STEP_INTEGERS:

@@ -20,6 +20,7 @@ def write_run(
     batching=(),
     start=1000.0,
     embedding_layers=0,
+    embedding_names=None,
 ):
     """One single-worker run: a header, ``steps`` step records of ``step_ms`` (the first
     a warm-up), a profiler window over ``profiled`` with the ``breakdown`` fields on
@@ -38,6 +39,7 @@ def write_run(
             "workers": 1,
             "global_batch": global_batch,
             "embedding_layers": embedding_layers,
+            "embedding_names": embedding_names,
         }
     )
     for index in range(steps):
@@ -164,8 +166,8 @@ def replica_row(base: dict, step_ms: float, ranks: int, waits: bool = True) -> d
         "allreduce_ms": ms["allreduce_ms"],
         "sync_wait_ms": wait,
         "transfer_ms": ms["allreduce_ms"] - wait,
-        "gather_ms": 0.0,
-        "gather_transfer_ms": 0.0,
+        "gather_ms": ms.get("gather_ms", 0.0),
+        "gather_transfer_ms": ms.get("gather_ms", 0.0),
         "exposed_allreduce_ms": ms["exposed_allreduce_ms"],
         "exposed_sync_wait_ms": exposed_wait,
         "exposed_transfer_ms": ms["exposed_allreduce_ms"] - exposed_wait,
@@ -177,7 +179,7 @@ def replica_row(base: dict, step_ms: float, ranks: int, waits: bool = True) -> d
     }
     row["comm_share"] = row["exposed_transfer_ms"] / step_ms
     row["wait_share"] = row["exposed_sync_wait_ms"] / step_ms
-    return {**row, **_bytes(row, base.get("allreduce_bytes"), ranks)}
+    return {**row, **_bytes(row, base.get("allreduce_bytes"), ranks, base.get("gather_bytes"))}
 
 
 def step_row(rows: list[dict], ranks: int) -> dict:
@@ -189,19 +191,22 @@ def step_row(rows: list[dict], ranks: int) -> dict:
         if name.endswith(("_ms", "_share"))
     }
     step = {**means, "steps": 1, "max_sync_wait_ms": max(row["sync_wait_ms"] for row in rows)}
-    return {**step, **_bytes(step, rows[0]["allreduce_bytes"], ranks)}
+    return {**step, **_bytes(step, rows[0]["allreduce_bytes"], ranks, rows[0]["gather_bytes"])}
 
 
-def _bytes(row: dict, allreduce_bytes, ranks: int) -> dict:
-    if not allreduce_bytes:
-        return {"allreduce_bytes": None, "row_bytes": None, "busbw_gbps": None}
-    algbw = allreduce_bytes / (row["transfer_ms"] / 1e3) / 1e9
-    return {
-        "allreduce_bytes": allreduce_bytes,
-        "row_bytes": allreduce_bytes * row["steps"],
-        "algbw_gbps": algbw,
-        "busbw_gbps": algbw * 2 * (ranks - 1) / ranks,
-    }
+def _bytes(row: dict, allreduce_bytes, ranks: int, gather_bytes=None) -> dict:
+    """nccl-tests' bandwidths: all-reduce busbw = bytes / transfer * 2(n-1)/n, all-gather
+    busbw = bytes / transfer * (n-1)/n, each over its own transfer time."""
+    result = {"allreduce_bytes": allreduce_bytes, "gather_bytes": gather_bytes}
+    result["row_bytes"] = ((allreduce_bytes or 0) + (gather_bytes or 0)) * row["steps"] or None
+    if allreduce_bytes:
+        algbw = allreduce_bytes / ((row["transfer_ms"] - row["gather_transfer_ms"]) / 1e3) / 1e9
+        result["algbw_gbps"] = algbw
+        result["busbw_gbps"] = algbw * 2 * (ranks - 1) / ranks
+    if gather_bytes:
+        algbw = gather_bytes / (row["gather_transfer_ms"] / 1e3) / 1e9
+        result["gather_busbw_gbps"] = algbw * (ranks - 1) / ranks
+    return result
 
 
 # Breakdowns (ms per 10 ms step; replica_row derives the rest).
@@ -232,3 +237,15 @@ WAITING = {
     "exposed_sync_wait_ms": 2.5,
 }
 INPUT_BOUND = {**BALANCED, "compute_ms": 6.0, "input_ms": 2.5}
+# An Embedding's gradients all-gathered: 1.5 of the 2.5 ms of communication per 10 ms.
+SPARSE = {
+    **BALANCED,
+    "compute_ms": 6.0,
+    "allreduce_ms": 2.5,
+    "exposed_allreduce_ms": 2.0,
+    "gather_ms": 1.5,
+    "allreduce_bytes": 260,
+    "gather_bytes": 83_200,
+}
+# Little compute or communication: most of the step is host time.
+HOST_BOUND = {**BALANCED, "compute_ms": 3.0}

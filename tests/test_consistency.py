@@ -16,7 +16,9 @@ def report_problems(report) -> list[str]:
     )
 
 
-@pytest.mark.parametrize("name", ["COMM_HEAVY", "BALANCED", "WAITING", "INPUT_BOUND"])
+@pytest.mark.parametrize(
+    "name", ["COMM_HEAVY", "BALANCED", "WAITING", "INPUT_BOUND", "SPARSE", "HOST_BOUND"]
+)
 def test_recorded_run_fixtures_obey_the_rules(tmp_path, name):
     breakdown = getattr(recorded_runs, name)
     recorded_runs.write_run(tmp_path, breakdown=breakdown, stragglers=[2, 2, 2, 1, 2])

@@ -37,8 +37,8 @@ from keras_dp_tools.analysis.classify import (
     classify_device_event,
     classify_host_event,
     copy_number,
+    receiving_device,
     scoped_replica,
-    sending_device,
 )
 from keras_dp_tools.analysis.replicas import packed_replica, peer_replicas
 from keras_dp_tools.analysis.xspace import (
@@ -177,8 +177,10 @@ def _cpu_spans(space, devices: Sequence[str] | None = None) -> list[_Span]:
             classified = classify_host_event(event)
             if classified is not None:
                 kind, replica = classified
-                if kind is Kind.COPY and replica is not None:
-                    replica = _device_replica(sending_device(event), devices, replica)
+                if kind is Kind.COPY and replica is not None and scoped_replica(event.name) is None:
+                    # An unscoped transfer (e.g. feeding replica 3's collective from
+                    # /cpu:0) serves the replica that receives it.
+                    replica = _device_replica(receiving_device(event), devices, replica)
                 key = _peer_key(event.stats) if kind in PEER_KINDS else None
                 copied = kind in PEER_KINDS or _op_type(event.name) in PER_REPLICA_COPY_TYPES
                 name = event.name if copied else ""
@@ -235,8 +237,8 @@ def _attribute_cpu_replicas(
 
 
 def _device_replica(device: str | None, devices: Sequence[str] | None, default: int) -> int:
-    """The replica whose device a transfer leaves from (``/job:../device:CPU:3``):
-    its position among ``devices``, else the device's ordinal."""
+    """The replica of a device (``/job:../device:CPU:3``): its position among
+    ``devices``, else the device's ordinal."""
     if device is None:
         return default
     short = device.rsplit("device:", 1)[-1].lower()  # "cpu:3"

@@ -128,13 +128,13 @@ def classify_host_event(event: TraceEvent) -> tuple[Kind, int | None] | None:
     return kind, 0
 
 
-def sending_device(event: TraceEvent) -> str | None:
-    """The device a ``_Send`` / ``_Recv`` event's tensor leaves from: its ``key`` stat
-    is the rendezvous key ``<src device>;<incarnation>;<dst device>;<edge>;<frame>``."""
+def receiving_device(event: TraceEvent) -> str | None:
+    """The device a ``_Send`` / ``_Recv`` event's tensor goes to (the side that waits
+    for it): its ``key`` stat is the rendezvous key
+    ``<src device>;<incarnation>;<dst device>;<edge>;<frame>``."""
     key = event.stats.get("key")
-    if not isinstance(key, str) or ";" not in key:
-        return None
-    return key.split(";", 1)[0]
+    parts = key.split(";") if isinstance(key, str) else []
+    return parts[2] if len(parts) > 2 else None
 
 
 def scoped_replica(name: str) -> int | None:
