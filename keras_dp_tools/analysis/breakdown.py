@@ -83,6 +83,8 @@ REPLICA_COLUMNS = [
 # Per-replica times (per step) the step row averages over replicas.
 _MEAN_COLUMNS = REPLICA_COLUMNS[5:21]
 _BYTES_COLUMNS = ["allreduce_bytes", "gather_bytes", "row_bytes"]
+# All-reduce time alone and its transfer part: what the all-reduce bandwidth divides by.
+_BANDWIDTH_TIMES = ["reduce_ms", "reduce_transfer_ms"]
 STEP_COLUMNS = [
     "step",
     "replicas",
@@ -348,7 +350,8 @@ def _replica_rows(marker: StepMarker, spans: list[_Span], replica_ids, devices, 
 
         compute = union(Kind.COMPUTE)
         reduce = union(Kind.COLLECTIVE, Kind.COPY)
-        comm = intervals.merge(reduce + union(Kind.GATHER))
+        gather = union(Kind.GATHER)
+        comm = intervals.merge(reduce + gather)
         wait = intervals.merge(waits.get(replica, []))  # inside comm
         busy = intervals.merge(compute + comm)
         input_exposed = intervals.subtract(union(Kind.INPUT), busy)
@@ -356,7 +359,8 @@ def _replica_rows(marker: StepMarker, spans: list[_Span], replica_ids, devices, 
         exposed_comm = intervals.length(comm) - intervals.overlap_length(comm, compute)
         exposed_wait = intervals.length(wait) - intervals.overlap_length(wait, compute)
         transfer = intervals.length(comm) - intervals.length(wait)
-        # Time in both kinds counts as all-reduce: the parts add up exactly.
+        # Each collective's bandwidth uses its own time: all-reduces and all-gathers
+        # can run at once, and then both moved their bytes in that time.
         reduce_transfer = intervals.length(intervals.subtract(reduce, wait))
         dispatch = intervals.overlap_length(other, around_function)
         idle_here = intervals.overlap_length(other, idle)
@@ -370,8 +374,8 @@ def _replica_rows(marker: StepMarker, spans: list[_Span], replica_ids, devices, 
             "allreduce_ms": intervals.length(comm) * to_ms,
             "sync_wait_ms": intervals.length(wait) * to_ms,
             "transfer_ms": transfer * to_ms,
-            "gather_ms": (intervals.length(comm) - intervals.length(reduce)) * to_ms,
-            "gather_transfer_ms": (transfer - reduce_transfer) * to_ms,
+            "gather_ms": intervals.length(gather) * to_ms,
+            "gather_transfer_ms": intervals.length(intervals.subtract(gather, wait)) * to_ms,
             "exposed_allreduce_ms": exposed_comm * to_ms,
             "exposed_sync_wait_ms": exposed_wait * to_ms,
             "exposed_transfer_ms": (exposed_comm - exposed_wait) * to_ms,
@@ -384,6 +388,8 @@ def _replica_rows(marker: StepMarker, spans: list[_Span], replica_ids, devices, 
         step_ms = row["step_ms"]
         row["comm_share"] = row["exposed_transfer_ms"] / step_ms if step_ms else None
         row["wait_share"] = row["exposed_sync_wait_ms"] / step_ms if step_ms else None
+        row["reduce_transfer_ms"] = reduce_transfer * to_ms  # not a column: for bandwidth
+        row["reduce_ms"] = intervals.length(reduce) * to_ms
         row.update(_bytes_and_bandwidths(row, reduce_bytes, facts.gather_bytes, ranks))
         rows.append(row)
     return rows
@@ -394,11 +400,10 @@ def _bytes_and_bandwidths(row, reduce_bytes, gather_bytes, ranks) -> dict:
     with one rank), the row's total, and each one's bandwidth from its own bytes and
     transfer time."""
     multi = ranks and ranks > 1
-    reduce_bytes = reduce_bytes if multi and row["allreduce_ms"] > row["gather_ms"] else None
+    reduce_bytes = reduce_bytes if multi and row["reduce_ms"] > 0 else None
     gather_bytes = gather_bytes if multi and row["gather_ms"] > 0 else None
     total = (reduce_bytes or 0) + (gather_bytes or 0)
-    reduce_transfer = row["transfer_ms"] - row["gather_transfer_ms"]
-    algbw, busbw = _bandwidths(reduce_bytes, reduce_transfer, ranks)
+    algbw, busbw = _bandwidths(reduce_bytes, row["reduce_transfer_ms"], ranks)
     return {
         "allreduce_bytes": reduce_bytes,
         "gather_bytes": gather_bytes,
@@ -415,7 +420,7 @@ def _step_rows(replica_frame: pd.DataFrame, replica_count: int) -> pd.DataFrame:
     if replica_frame.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
     grouped = replica_frame.groupby("step", sort=True)
-    steps = grouped[_MEAN_COLUMNS].mean()
+    steps = grouped[[*_MEAN_COLUMNS, *_BANDWIDTH_TIMES]].mean()
     steps.insert(0, "step_ms", grouped["step_ms"].first())
     steps.insert(0, "steps", grouped["steps"].first())
     steps.insert(0, "replicas", grouped["replica"].nunique())
@@ -499,9 +504,9 @@ def analyze_xspace(
         for marker in markers
         for row in _replica_rows(marker, spans, range(replica_count), devices, facts)
     ]
-    replica_frame = pd.DataFrame(rows, columns=REPLICA_COLUMNS)
+    replica_frame = pd.DataFrame(rows, columns=[*REPLICA_COLUMNS, *_BANDWIDTH_TIMES])
     steps = _step_rows(replica_frame, facts.group_size)
-    return Breakdown(replica_frame, steps, attribution=attribution)
+    return Breakdown(replica_frame[REPLICA_COLUMNS], steps, attribution=attribution)
 
 
 def _cpu_replica_count(spans: list[_Span]) -> int:

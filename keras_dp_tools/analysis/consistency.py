@@ -125,14 +125,15 @@ def _byte_problems(values, ranks, where, tolerance) -> list[str]:
             problems.append(f"{where}: row_bytes = {values['row_bytes']:g}, not steps x bytes")
     if not ranks:
         return problems
-    transfer = values.get("transfer_ms")
-    gather_transfer = values.get("gather_transfer_ms") or 0.0
+    # With all-gathers, the all-reduce's own transfer time is not a column: check its
+    # bandwidth only where the row has none.
+    reduce_transfer = values.get("transfer_ms") if not values.get("gather_ms") else None
     checks = [
-        ("busbw_gbps", parts[0], None if transfer is None else transfer - gather_transfer),
+        ("busbw_gbps", parts[0], reduce_transfer),
         ("gather_busbw_gbps", parts[1], values.get("gather_transfer_ms")),
     ]
     for column, nbytes, seconds in checks:
-        if values.get(column) is None:
+        if values.get(column) is None or seconds is None:
             continue
         collective = "allreduce" if column == "busbw_gbps" else "allgather"
         expected = _bandwidths(nbytes, seconds, int(ranks), collective)[1]
