@@ -89,6 +89,7 @@ WINDOW_FIELDS: dict[str, pa.DataType] = {
     "trace": pa.string(),  # the .xplane.pb, relative to the log dir
     "profile_run": pa.string(),  # the capture's name in TensorBoard's Profile tab
     "attribution": pa.string(),  # null: replicas read off the trace; else why not
+    "sparse_bytes": pa.int64(),  # embedding tables: all-gathered, not all-reduced
 }
 BREAKDOWN_FIELDS: dict[str, pa.DataType] = {  # replica_step and step_breakdown records
     "replica": pa.int64(),

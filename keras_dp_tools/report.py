@@ -82,6 +82,7 @@ WINDOW_COLUMNS = [
     "stop_ms",
     "analysis_end",
     "allreduce_bytes",
+    "sparse_bytes",
     "gather_bytes",
     "attribution",
     "profile_run",

@@ -285,6 +285,7 @@ class DataParallelProfiler(DataParallelCallback):
             "end_step": self._steps.next_step,
             "stop_ms": stop_ms,
             "allreduce_bytes": self._run_facts["allreduce_bytes"],
+            "sparse_bytes": self._run_facts["sparse_bytes"],
             "gather_bytes": self._run_facts["gather_bytes"],
         }
         if not new:
