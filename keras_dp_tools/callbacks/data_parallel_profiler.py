@@ -69,8 +69,11 @@ class DataParallelProfiler(DataParallelCallback):
     After a window, a background thread reads the trace and computes per step and
     replica: ``compute_ms``, ``allreduce_ms`` = ``sync_wait_ms`` (waiting for the slowest
     peer) + ``transfer_ms``, ``exposed_allreduce_ms`` (not hidden behind compute),
-    ``input_ms``, ``other_ms``, ``comm_share``, ``wait_share``, and the all-reduce bus
-    bandwidth. The results go to the records (``replica_step`` and ``step_breakdown``,
+    ``input_ms``, ``other_ms`` (split into ``dispatch_ms``, ``idle_ms``,
+    ``scheduling_ms``), ``comm_share``, ``wait_share``, the all-gathers of sparse
+    gradients (``gather_ms``, ``gather_bytes``), and the bus bandwidths. Every time is
+    per step, also under ``steps_per_execution`` (column ``steps``; see
+    docs/breakdown.md). The results go to the records (``replica_step`` and ``step_breakdown``,
     read by ``kdt.Report``) and to TensorBoard scalars ``dp/compute_ms``,
     ``dp/allreduce_ms``, ``dp/comm_share``, ... The training thread only starts and
     stops the profiler; stopping it writes the trace, which takes a moment once per
