@@ -238,6 +238,8 @@ def run_analyze_command(args: argparse.Namespace) -> int:
             replicas=len(known["devices"]) if known.get("devices") else None,
             devices=known.get("devices"),
             group_size=known.get("replicas"),
+            sparse_bytes=known.get("sparse_bytes"),
+            gather_bytes=known.get("gather_bytes"),
         )
         frame = breakdown.replicas if args.per_replica else breakdown.steps
         frames.append(frame.assign(trace=str(trace)))
@@ -272,6 +274,8 @@ def _recorded_context(source: Path) -> dict[Path, dict]:
         run = runs.loc[(window.run, window.worker)]
         context[(log_dir / window.trace).resolve()] = {
             "allreduce_bytes": _int_or_none(window.allreduce_bytes),
+            "sparse_bytes": _int_or_none(getattr(window, "sparse_bytes", None)),
+            "gather_bytes": _int_or_none(getattr(window, "gather_bytes", None)),
             "replicas": _int_or_none(run["replicas"]),
             "devices": list(run["devices"]) if run["devices"] is not None else None,
         }

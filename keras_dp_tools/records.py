@@ -67,6 +67,7 @@ HEADER_FIELDS: dict[str, pa.DataType] = {
     "python_version": pa.string(),
     "keras_dp_tools_version": pa.string(),
     "embedding_layers": pa.int64(),
+    "embedding_names": pa.list_(pa.string()),  # "<layer> (<vocabulary>x<dim>)"
 }
 STEP_FIELDS: dict[str, pa.DataType] = {  # one record per executed train function call
     "epoch": pa.int64(),
@@ -88,6 +89,8 @@ WINDOW_FIELDS: dict[str, pa.DataType] = {
     "analysis_end": pa.float64(),  # Unix seconds when the background analysis ended
     "trace": pa.string(),  # the .xplane.pb, relative to the log dir
     "profile_run": pa.string(),  # the capture's name in TensorBoard's Profile tab
+    "attribution": pa.string(),  # null: replicas read off the trace; else why not
+    "sparse_bytes": pa.int64(),  # embedding tables: all-gathered, not all-reduced
 }
 BREAKDOWN_FIELDS: dict[str, pa.DataType] = {  # replica_step and step_breakdown records
     "replica": pa.int64(),
@@ -101,6 +104,14 @@ BREAKDOWN_FIELDS: dict[str, pa.DataType] = {  # replica_step and step_breakdown 
     "exposed_transfer_ms": pa.float64(),
     "input_ms": pa.float64(),
     "other_ms": pa.float64(),
+    "dispatch_ms": pa.float64(),
+    "idle_ms": pa.float64(),
+    "scheduling_ms": pa.float64(),
+    "gather_ms": pa.float64(),
+    "gather_transfer_ms": pa.float64(),
+    "gather_bytes": pa.int64(),
+    "row_bytes": pa.int64(),
+    "gather_busbw_gbps": pa.float64(),
     "comm_share": pa.float64(),
     "wait_share": pa.float64(),
     "allreduce_bytes": pa.int64(),

@@ -36,6 +36,7 @@ RUN_COLUMNS = [
     "python_version",
     "keras_dp_tools_version",
     "embedding_layers",
+    "embedding_names",
     *GPU_STATUS_COLUMNS,
     "source",
 ]
@@ -57,7 +58,9 @@ STEP_COLUMNS = [
 # step as the trace marks it; "step_ms" stays the host wall time of StepTimer).
 BREAKDOWN_COLUMNS = [
     "trace_step_ms",
-    *breakdown.STEP_COLUMNS[3:],  # compute_ms ... busbw_gbps, averaged over replicas
+    # compute_ms ... gather_busbw_gbps, per step, averaged over replicas ("steps" and
+    # "step_ms" are the step record's own).
+    *breakdown.STEP_COLUMNS[4:],
     "xprof_step_ms",
     "xprof_collectives_ms",
 ]
@@ -79,6 +82,9 @@ WINDOW_COLUMNS = [
     "stop_ms",
     "analysis_end",
     "allreduce_bytes",
+    "sparse_bytes",
+    "gather_bytes",
+    "attribution",
     "profile_run",
     "trace",
     "time",
@@ -352,6 +358,7 @@ class Report:
 _SUMMARY_BREAKDOWN = (
     "compute_ms",
     "allreduce_ms",
+    "gather_ms",
     "exposed_allreduce_ms",
     "sync_wait_ms",
     "input_ms",
@@ -426,14 +433,15 @@ def _steps(records: dict) -> pd.DataFrame:
     breakdown = _of_type(
         records,
         "step_breakdown",
-        ["run", "worker", "step", "time", "step_ms", *BREAKDOWN_COLUMNS[1:]],
-    ).rename(columns={"step_ms": "trace_step_ms", "time": "breakdown_time"})
+        ["run", "worker", "step", "time", "steps", "step_ms", *BREAKDOWN_COLUMNS[1:]],
+    ).rename(columns={"step_ms": "trace_step_ms", "time": "breakdown_time", "steps": "trace_steps"})
     if breakdown.empty:  # the merge costs a second per 10M steps: skip it when idle
         steps = steps.reindex(columns=[*steps.columns, *BREAKDOWN_COLUMNS[1:]])
         steps["trace_step_ms"] = float("nan")
     else:  # outer: a run profiled without StepTimer still lists its profiled steps
         steps = steps.merge(breakdown, on=["run", "worker", "step"], how="outer")
         steps["time"] = steps["time"].fillna(steps.pop("breakdown_time"))
+        steps["steps"] = steps["steps"].fillna(steps.pop("trace_steps"))
     headers = _runs(records)[["run", "worker", "replicas", "global_batch"]]
     steps = steps.merge(headers, on=["run", "worker"], how="left")
     for column in _STEP_INTEGERS:

@@ -20,6 +20,7 @@ def write_run(
     batching=(),
     start=1000.0,
     embedding_layers=0,
+    embedding_names=None,
 ):
     """One single-worker run: a header, ``steps`` step records of ``step_ms`` (the first
     a warm-up), a profiler window over ``profiled`` with the ``breakdown`` fields on
@@ -38,6 +39,7 @@ def write_run(
             "workers": 1,
             "global_batch": global_batch,
             "embedding_layers": embedding_layers,
+            "embedding_names": embedding_names,
         }
     )
     for index in range(steps):
@@ -72,21 +74,11 @@ def write_run(
         )
         for position, index in enumerate(profiled):
             straggler = None if stragglers is None else stragglers[position]
-            writer.write(
-                {
-                    "type": "step_breakdown",
-                    **common,
-                    "time": start,
-                    "window": 0,
-                    "step": index,
-                    "step_ms": step_ms,
-                    "replicas": replicas,
-                    "straggler_replica": straggler,
-                    **breakdown,
-                }
-            )
-            for replica in range(replicas):
-                wait = 0.0 if replica == straggler else breakdown.get("sync_wait_ms", 0.0)
+            rows = [
+                replica_row(breakdown, step_ms, replicas, waits=replica != straggler)
+                for replica in range(replicas)
+            ]
+            for replica, row in enumerate(rows):
                 writer.write(
                     {
                         "type": "replica_step",
@@ -95,10 +87,21 @@ def write_run(
                         "window": 0,
                         "step": index,
                         "replica": replica,
-                        "step_ms": step_ms,
-                        **{**breakdown, "sync_wait_ms": wait},
+                        **row,
                     }
                 )
+            writer.write(
+                {
+                    "type": "step_breakdown",
+                    **common,
+                    "time": start,
+                    "window": 0,
+                    "step": index,
+                    "replicas": replicas,
+                    "straggler_replica": straggler,
+                    **step_row(rows, replicas),
+                }
+            )
     if gpu_util is not None:
         for index in range(steps + 1):
             for gpu in (0, 1):
@@ -143,48 +146,109 @@ def write_scaling_runs(log_dir):
     )
 
 
-# Breakdowns (ms per 10 ms step) that add up to the step.
+def replica_row(base: dict, step_ms: float, ranks: int, waits: bool = True) -> dict:
+    """A replica's breakdown for a step of ``step_ms`` from ``base`` (ms per 10 ms step:
+    compute, all-reduce and its exposed part, sync wait and its exposed part, input,
+    bytes), scaled to the step, with every derived column following the analyzer's
+    rules (docs/breakdown.md): transfer = all-reduce - wait, other = the rest of the
+    step, split half dispatch, 30% idle, 20% scheduling; shares over the step;
+    bandwidths from bytes over transfer time. ``waits=False``: the replica that
+    arrived last, which waited for nobody."""
+    scale = step_ms / 10.0
+    ms = {name: value * scale for name, value in base.items() if name.endswith("_ms")}
+    wait = ms["sync_wait_ms"] if waits else 0.0
+    exposed_wait = ms["exposed_sync_wait_ms"] if waits else 0.0
+    other = step_ms - ms["compute_ms"] - ms["exposed_allreduce_ms"] - ms["input_ms"]
+    row = {
+        "steps": 1,
+        "step_ms": step_ms,
+        "compute_ms": ms["compute_ms"],
+        "allreduce_ms": ms["allreduce_ms"],
+        "sync_wait_ms": wait,
+        "transfer_ms": ms["allreduce_ms"] - wait,
+        "gather_ms": ms.get("gather_ms", 0.0),
+        "gather_transfer_ms": ms.get("gather_ms", 0.0),
+        "exposed_allreduce_ms": ms["exposed_allreduce_ms"],
+        "exposed_sync_wait_ms": exposed_wait,
+        "exposed_transfer_ms": ms["exposed_allreduce_ms"] - exposed_wait,
+        "input_ms": ms["input_ms"],
+        "other_ms": other,
+        "dispatch_ms": 0.5 * other,
+        "idle_ms": 0.3 * other,
+        "scheduling_ms": other - 0.5 * other - 0.3 * other,
+    }
+    row["comm_share"] = row["exposed_transfer_ms"] / step_ms
+    row["wait_share"] = row["exposed_sync_wait_ms"] / step_ms
+    return {**row, **_bytes(row, base.get("allreduce_bytes"), ranks, base.get("gather_bytes"))}
+
+
+def step_row(rows: list[dict], ranks: int) -> dict:
+    """The step's row as the analyzer makes it: times averaged over replicas, the
+    longest wait, bandwidth from the bytes and the mean transfer time."""
+    means = {
+        name: sum(row[name] for row in rows) / len(rows)
+        for name in rows[0]
+        if name.endswith(("_ms", "_share"))
+    }
+    step = {**means, "steps": 1, "max_sync_wait_ms": max(row["sync_wait_ms"] for row in rows)}
+    return {**step, **_bytes(step, rows[0]["allreduce_bytes"], ranks, rows[0]["gather_bytes"])}
+
+
+def _bytes(row: dict, allreduce_bytes, ranks: int, gather_bytes=None) -> dict:
+    """nccl-tests' bandwidths: all-reduce busbw = bytes / transfer * 2(n-1)/n, all-gather
+    busbw = bytes / transfer * (n-1)/n, each over its own transfer time."""
+    result = {"allreduce_bytes": allreduce_bytes, "gather_bytes": gather_bytes}
+    result["row_bytes"] = ((allreduce_bytes or 0) + (gather_bytes or 0)) * row["steps"] or None
+    if allreduce_bytes:
+        algbw = allreduce_bytes / ((row["transfer_ms"] - row["gather_transfer_ms"]) / 1e3) / 1e9
+        result["algbw_gbps"] = algbw
+        result["busbw_gbps"] = algbw * 2 * (ranks - 1) / ranks
+    if gather_bytes:
+        algbw = gather_bytes / (row["gather_transfer_ms"] / 1e3) / 1e9
+        result["gather_busbw_gbps"] = algbw * (ranks - 1) / ranks
+    return result
+
+
+# Breakdowns (ms per 10 ms step; replica_row derives the rest).
 COMM_HEAVY = {
     "compute_ms": 4.0,
     "allreduce_ms": 5.0,
     "sync_wait_ms": 0.5,
-    "transfer_ms": 4.5,
     "exposed_allreduce_ms": 4.0,
     "exposed_sync_wait_ms": 0.5,
-    "exposed_transfer_ms": 3.5,
     "input_ms": 0.5,
-    "other_ms": 1.5,
-    "comm_share": 0.35,
-    "wait_share": 0.05,
-    "max_sync_wait_ms": 0.5,
     "allreduce_bytes": 40_000_000,
-    "busbw_gbps": 12.0,
 }
 BALANCED = {
     "compute_ms": 8.0,
     "allreduce_ms": 1.0,
     "sync_wait_ms": 0.2,
-    "transfer_ms": 0.8,
     "exposed_allreduce_ms": 0.5,
     "exposed_sync_wait_ms": 0.1,
-    "exposed_transfer_ms": 0.4,
     "input_ms": 0.2,
-    "other_ms": 1.3,
-    "comm_share": 0.04,
-    "wait_share": 0.01,
-    "max_sync_wait_ms": 0.2,
     "allreduce_bytes": 4_000_000,
-    "busbw_gbps": 20.0,
 }
 WAITING = {
     **BALANCED,
-    "sync_wait_ms": 3.0,
-    "exposed_sync_wait_ms": 2.5,
-    "wait_share": 0.25,
-    "max_sync_wait_ms": 3.5,
     "compute_ms": 5.6,
+    "allreduce_ms": 3.5,
+    "sync_wait_ms": 3.0,
+    "exposed_allreduce_ms": 3.0,
+    "exposed_sync_wait_ms": 2.5,
 }
-INPUT_BOUND = {**BALANCED, "compute_ms": 6.0, "input_ms": 2.5, "other_ms": 1.0}
+INPUT_BOUND = {**BALANCED, "compute_ms": 6.0, "input_ms": 2.5}
+# An Embedding's gradients all-gathered: 1.5 of the 2.5 ms of communication per 10 ms.
+SPARSE = {
+    **BALANCED,
+    "compute_ms": 6.0,
+    "allreduce_ms": 2.5,
+    "exposed_allreduce_ms": 2.0,
+    "gather_ms": 1.5,
+    "allreduce_bytes": 260,
+    "gather_bytes": 83_200,
+}
+# Little compute or communication: most of the step is host time.
+HOST_BOUND = {**BALANCED, "compute_ms": 3.0}
 
 
 def write_windowed_multiworker_run(
@@ -209,7 +273,8 @@ def write_windowed_multiworker_run(
     ``profiled_ms``; the others ``step_ms``. Replica r of worker w is the straggler (no
     wait) in every profiled step when r == w % replicas_per_worker. With ``gpu_util``,
     two GPUs per worker read that percent; without, a gpu_status record says why not.
-    Worker w's replicas that wait wait (1 + w) times ``breakdown["sync_wait_ms"]``."""
+    Worker w's replicas that wait wait (1 + w) / 2 times ``breakdown``'s sync wait (and
+    its exposed part); ``replica_row`` derives the other columns."""
     replicas = workers * replicas_per_worker
     global_batch = 16 * replicas
     slow = {
@@ -277,6 +342,14 @@ def write_windowed_multiworker_run(
                     "profile_run": f"w{number}",
                 }
             )
+            waits = {
+                name: breakdown[name] * (1 + worker) / 2
+                for name in ("sync_wait_ms", "exposed_sync_wait_ms")
+            }
+            rows = [
+                replica_row({**breakdown, **waits}, step_ms, replicas, replica != straggler)
+                for replica in range(replicas_per_worker)
+            ]
             for step in range(first, end):
                 writer.write(
                     {
@@ -285,14 +358,12 @@ def write_windowed_multiworker_run(
                         "time": began[end],
                         "window": number,
                         "step": step,
-                        "step_ms": step_ms,
                         "replicas": replicas_per_worker,
                         "straggler_replica": straggler,
-                        **breakdown,
+                        **step_row(rows, replicas),
                     }
                 )
-                for replica in range(replicas_per_worker):
-                    wait = 0.0 if replica == straggler else breakdown["sync_wait_ms"] * (1 + worker)
+                for replica, row in enumerate(rows):
                     writer.write(
                         {
                             "type": "replica_step",
@@ -301,8 +372,7 @@ def write_windowed_multiworker_run(
                             "window": number,
                             "step": step,
                             "replica": replica,
-                            "step_ms": step_ms,
-                            **{**breakdown, "sync_wait_ms": wait},
+                            **row,
                         }
                     )
         if gpu_util is not None:

@@ -8,7 +8,9 @@ import keras_dp_tools as kdt
 from tests.recorded_runs import (
     BALANCED,
     COMM_HEAVY,
+    HOST_BOUND,
     INPUT_BOUND,
+    SPARSE,
     WAITING,
     write_run,
     write_scaling_runs,
@@ -29,7 +31,29 @@ def test_communication_bound_run(tmp_path):
     assert advice[0].severity == "error" and advice[0].title.startswith("Communication-bound")
     assert "35% of the step" in advice[0].evidence and "40.0 MB" in advice[0].evidence
     assert "num_packs" in advice[0].fix and "mixed_float16" in advice[0].fix
-    assert any("IndexedSlices" in item.evidence for item in advice)
+    # An embedding layer without all-gathers in the trace (densified) is not a finding.
+    assert not any("IndexedSlices" in item.evidence for item in advice)
+
+
+def test_embedding_advice_from_the_gathers_in_the_trace(tmp_path):
+    """Gathers take 15% of the step while the comm share is 5%: the finding does not
+    wait for a communication-bound run, and names the layer and what to do."""
+    write_run(tmp_path, breakdown=SPARSE, embedding_layers=1, embedding_names=["words (50000x64)"])
+    (advice,) = kdt.Report.load(tmp_path).advice()
+    assert advice.severity == "warning"
+    assert advice.title == "Embedding gradients are all-gathered (words (50000x64))"
+    assert "CollectiveGatherV2" in advice.evidence and "15% of the step" in advice.evidence
+    assert "0.08 MB gathered per step against 12.8 MB" in advice.evidence
+    assert "tf.convert_to_tensor" in advice.fix and "Efficient allreduce" in advice.fix
+
+
+def test_other_time_dominating_names_its_largest_part(tmp_path):
+    write_run(tmp_path, breakdown=HOST_BOUND)
+    (advice,) = kdt.Report.load(tmp_path).advice()
+    # other = 10 - 3 - 0.5 - 0.2 = 6.3 ms (63%), half of it dispatch.
+    assert advice.title == "Most of the step is outside compute and communication"
+    assert "63% of the step" in advice.evidence and "dispatch 3.15 ms" in advice.evidence
+    assert "steps_per_execution" in advice.fix
 
 
 def test_balanced_run_has_no_findings(tmp_path):

@@ -195,7 +195,11 @@ def test_host_event_classification():
 
     assert host("a/replica_3/dense/BiasAdd:BiasAdd") == (Kind.COMPUTE, 3)
     assert host("a/adam/CollectiveReduceV2_2:CollectiveReduceV2") == (Kind.COLLECTIVE, 2)
-    assert host("a/adam/CollectiveGatherV2:CollectiveGatherV2") == (Kind.COLLECTIVE, 0)
+    assert host("a/adam/CollectiveGatherV2:CollectiveGatherV2") == (Kind.GATHER, 0)
+    # ReductionToOneDevice / CentralStorageStrategy: a top-level AddN serves all replicas.
+    assert host("AddN_3:AddN") == (Kind.COPY, None)
+    assert host("StatefulPartitionedCall/AddN:AddN") == (Kind.COPY, None)
+    assert host("gradient_tape/sequential/dense/AddN:AddN") == (Kind.COMPUTE, 0)
     assert host("a/Add_2/_4:_Recv") == (Kind.COPY, 0)
     assert host("IteratorGetNext_3:IteratorGetNext") == (Kind.INPUT, 3)
     assert host("GetNextFromShard2") == (Kind.INPUT, 2)

@@ -14,3 +14,11 @@ def test_length_intersect_and_overlap():
     assert intervals.intersect(first, second) == [(5, 10), (20, 25), (28, 30)]
     assert intervals.overlap_length(first, second) == 12
     assert intervals.intersect(first, []) == []
+
+
+def test_subtract_leaves_the_uncovered_time():
+    merged = intervals.merge([(0, 10), (20, 30)])
+    removed = intervals.merge([(2, 4), (8, 22), (25, 26), (29, 40)])
+    assert intervals.subtract(merged, removed) == [(0, 2), (4, 8), (22, 25), (26, 29)]
+    assert intervals.subtract(merged, []) == merged
+    assert intervals.subtract([], removed) == []

@@ -6,6 +6,7 @@ finding says which line it crossed.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 import pandas as pd
@@ -20,6 +21,9 @@ GPU_UTIL_LOW = 50.0  # percent
 SCALING_EFFICIENCY_LOW = 0.7
 JITTER_RATIO = 1.5  # p90 over median step time
 CPU_SATURATED = 75.0  # percent of all cores busy
+GATHER_SHARE_HIGH = 0.10  # all-gather of sparse gradients over step time: medium, else info
+OTHER_SHARE_HIGH = 0.40  # time outside compute, communication and input over step time
+_TABLE_SIZE = re.compile(r"\((\d+)x(\d+)\)")
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,6 @@ def _communication(profiled: pd.DataFrame, report) -> list[Advice]:
         return []
     busbw = profiled["busbw_gbps"].median()
     megabytes = profiled["allreduce_bytes"].max() / 1e6
-    embeddings = report.runs.get("embedding_layers", pd.Series(dtype=float)).fillna(0).max()
     evidence = (
         f"exposed all-reduce transfer is {share:.0%} of the step (median of "
         f"{len(profiled)} profiled steps); {megabytes:.1f} MB of gradients per step"
@@ -71,19 +74,93 @@ def _communication(profiled: pd.DataFrame, report) -> list[Advice]:
             "high", "Communication-bound: gradients take a large share of each step", evidence, fix
         )
     ]
-    if embeddings and embeddings > 0:
-        advice.append(
-            Advice(
-                "medium",
-                "Embedding gradients may fall back to a slow reduction",
-                f"the model has {int(embeddings)} embedding layer(s); their gradients are "
-                "IndexedSlices, which TensorFlow reduces to one device ('Efficient allreduce "
-                "is not supported for n IndexedSlices'), so GPUs take turns.",
-                "Densify those gradients in a custom train_step (tf.convert_to_tensor) when "
-                "the tables are small, or keep large tables off the all-reduce.",
-            )
-        )
     return advice
+
+
+def _embedding_names(report) -> list[str]:
+    names = report.runs.get("embedding_names")
+    if names is None:
+        return []
+    found = []
+    for value in names.dropna():
+        found += [name for name in list(value) if name not in found]
+    return found
+
+
+def _embeddings(profiled: pd.DataFrame, report) -> list[Advice]:
+    """Sparse gradients seen in the trace: TF 2.21 all-gathers them (values and
+    indices) rather than all-reducing the table."""
+    if "gather_ms" not in profiled or not (profiled["gather_ms"] > 0).any():
+        return []
+    gathered = profiled[profiled["gather_ms"] > 0]
+    gather_ms = gathered["gather_ms"].median()
+    share = (gathered["gather_ms"] / gathered["trace_step_ms"]).median()
+    names = _embedding_names(report)
+    layers = ", ".join(names) if names else "the model's embedding layer(s)"
+    table_bytes = sum(4 * int(v) * int(d) for n in names for v, d in _TABLE_SIZE.findall(n))
+    evidence = (
+        f"the gradients of {layers} are IndexedSlices, which TensorFlow all-gathers "
+        f"(CollectiveGatherV2 of the looked-up rows and their indices) instead of "
+        f"all-reducing the table: {gather_ms:.2f} ms per step in gathers, {share:.0%} "
+        f"of the step (median of {len(gathered)} profiled steps)"
+    )
+    gather_bytes = gathered["gather_bytes"].median() if "gather_bytes" in gathered else None
+    if pd.notna(gather_bytes):
+        evidence += f"; {gather_bytes / 1e6:.2f} MB gathered per step"
+        if table_bytes:
+            evidence += f" against {table_bytes / 1e6:.1f} MB for the table(s) as dense gradients"
+    busbw = gathered["gather_busbw_gbps"].median() if "gather_busbw_gbps" in gathered else None
+    evidence += f", all-gather bus bandwidth {busbw:.2f} GB/s." if pd.notna(busbw) else "."
+    fix = (
+        "The gather moves every looked-up row (batch x sequence x dim), however small "
+        "the vocabulary. For a small vocabulary, densify the gradient "
+        "(tf.convert_to_tensor on it in a custom train_step) so it joins the packed "
+        "all-reduce: worth it while the table is smaller than the rows gathered per "
+        "step. Otherwise use a smaller vocabulary (hashing, a frequency cut-off) or "
+        "embedding dim, or shard the table (ParameterServerStrategy with sharded "
+        "variables, TPUEmbedding). On GPUs with NCCL, TensorFlow may instead log "
+        "'Efficient allreduce is not supported for n IndexedSlices' and reduce them on "
+        "one device, so the GPUs take turns."
+    )
+    severity = "medium" if share >= GATHER_SHARE_HIGH else "info"
+    return [Advice(severity, f"Embedding gradients are all-gathered ({layers})", evidence, fix)]
+
+
+def _other(profiled: pd.DataFrame) -> list[Advice]:
+    """Time in no named part of the step, split into what can be named."""
+    share = (profiled["other_ms"] / profiled["trace_step_ms"]).median()
+    if not share >= OTHER_SHARE_HIGH:
+        return []
+    parts = {
+        "dispatch_ms": (
+            "host time outside the train function (Python, callbacks, the call's dispatch)",
+            "run several steps per call (compile(steps_per_execution=k)), keep per-batch "
+            "callbacks light, or use larger batches so each call does more work",
+        ),
+        "idle_ms": (
+            "time inside the train function when no replica ran any op (executor "
+            "hand-offs, host threads)",
+            "open the capture in the Profile tab's trace viewer and look at the gaps; "
+            "on CPU devices, tune tf.config.threading.set_inter_op_parallelism_threads",
+        ),
+        "scheduling_ms": (
+            "time a replica ran nothing while others ran (on CPU logical devices the "
+            "replicas compete for the same cores; on GPUs, launch delays)",
+            "on CPU devices give each replica its own cores or fewer replicas; on GPUs "
+            "look for kernel launch gaps on that device in the trace viewer",
+        ),
+    }
+    medians = {name: profiled[name].median() for name in parts if name in profiled}
+    medians = {name: value for name, value in medians.items() if pd.notna(value)}
+    evidence = f"{share:.0%} of the step is in no named part (median of profiled steps)"
+    fix = "See docs/breakdown.md (other_ms) for what it holds."
+    if medians:
+        largest = max(medians, key=medians.get)
+        described, fix = parts[largest]
+        split = ", ".join(f"{name[:-3]} {value:.2f} ms" for name, value in medians.items())
+        evidence += f"; most of it is {described} ({split} per step)"
+    return [Advice("medium", "Most of the step is outside compute and communication",
+                   evidence + ".", fix[0].upper() + fix[1:] + ".")]  # fmt: skip
 
 
 def _waiting(profiled: pd.DataFrame, report) -> list[Advice]:
@@ -288,7 +365,8 @@ def _run_advice(report) -> list[Advice]:
     profiled = _profiled(report)
     advice = []
     if not profiled.empty:
-        advice += _communication(profiled, report) + _waiting(profiled, report) + _input(profiled)
+        advice += _communication(profiled, report) + _embeddings(profiled, report)
+        advice += _waiting(profiled, report) + _input(profiled) + _other(profiled)
     return advice + _gpu(report) + _cpu(report) + _batching(report) + _steps(report)
 
 

@@ -15,8 +15,9 @@ For each marked step and each replica:
 ``compute_ms + exposed_allreduce_ms + input_ms + other_ms == step_ms`` exactly.
 ``comm_share`` is exposed transfer time over ``step_ms``, ``wait_share`` exposed wait.
 Bandwidths follow nccl-tests: ``algbw = bytes / transfer``, ``busbw = algbw * 2(n-1)/n``,
-from the transfer time of all-reduce collectives only (never from copies); a bus
-bandwidth above the link's physical peak is not shown, and ``bandwidth_note`` says why.
+from the transfer time of all-reduce collectives only (never from copies or gathers); a
+bus bandwidth above the link's physical peak is not shown, and ``bandwidth_note`` says
+why a bandwidth is empty.
 
 On GPU traces (``gpu_trace``) a step lasts from its marker's start to the end of the
 last device event it launched, so late optimizer kernels count in their own step.
@@ -28,14 +29,23 @@ from __future__ import annotations
 
 import os
 from collections import defaultdict
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pandas as pd
 
 from keras_dp_tools.analysis import gpu_trace, intervals
-from keras_dp_tools.analysis.classify import Kind, classify_host_event
+from keras_dp_tools.analysis.classify import (
+    PEER_KINDS,
+    PER_REPLICA_COPY_TYPES,
+    Kind,
+    classify_host_event,
+    copy_number,
+    receiving_device,
+    scoped_replica,
+)
+from keras_dp_tools.analysis.replicas import packed_replica, peer_replicas
 from keras_dp_tools.analysis.xspace import (
     StepMarker,
     gpu_planes,
@@ -49,35 +59,50 @@ REPLICA_COLUMNS = [
     "step",
     "replica",
     "device",
+    "steps",
     "step_ms",
     "compute_ms",
     "allreduce_ms",
     "sync_wait_ms",
     "transfer_ms",
+    "gather_ms",
+    "gather_transfer_ms",
     "exposed_allreduce_ms",
     "exposed_sync_wait_ms",
     "exposed_transfer_ms",
     "input_ms",
     "other_ms",
+    "dispatch_ms",
+    "idle_ms",
+    "scheduling_ms",
     "comm_share",
     "wait_share",
     "allreduce_bytes",
+    "gather_bytes",
+    "row_bytes",
     "algbw_gbps",
     "busbw_gbps",
+    "gather_busbw_gbps",
     "bandwidth_note",
 ]
-# Per-replica times the step row averages over replicas.
-_MEAN_COLUMNS = REPLICA_COLUMNS[4:15]
+# Per-replica times (per step) the step row averages over replicas.
+_MEAN_COLUMNS = REPLICA_COLUMNS[5:21]
+_BYTES_COLUMNS = ["allreduce_bytes", "gather_bytes", "row_bytes"]
+_BANDWIDTHS = ["algbw_gbps", "busbw_gbps", "gather_busbw_gbps"]  # NaN where not shown
+# All-reduce time alone and its transfer part: what the all-reduce bandwidth divides by.
+_BANDWIDTH_TIMES = ["reduce_ms", "reduce_transfer_ms"]
 STEP_COLUMNS = [
     "step",
     "replicas",
+    "steps",
     "step_ms",
     *_MEAN_COLUMNS,
     "max_sync_wait_ms",
     "straggler_replica",
-    "allreduce_bytes",
+    *_BYTES_COLUMNS,
     "algbw_gbps",
     "busbw_gbps",
+    "gather_busbw_gbps",
     "bandwidth_note",
 ]
 XPROF_COLUMNS = [
@@ -86,6 +111,11 @@ XPROF_COLUMNS = [
     "xprof_device_compute_ms",
     "xprof_device_to_device_ms",
 ]
+# nccl-tests' bus bandwidth factors: busbw = algbw * factor(ranks).
+_BUS_FACTORS = {
+    "allreduce": lambda ranks: 2 * (ranks - 1) / ranks,
+    "allgather": lambda ranks: (ranks - 1) / ranks,
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +125,35 @@ class _Span:
     start_ps: int
     end_ps: int
     peer_key: object = None  # collectives with one key are the same operation on peers
+    name: str = ""  # the op's name on CPU traces: its copy number tells the replica
     # GPU: (step, marker start) of the marker that launched it; None: by time.
     launched_in: tuple[int, int] | None = None
     collective: str | None = None  # NCCL's operation (all_reduce, all_gather, ...)
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the analysis needs to know about the run beyond the trace.
+
+    Attributes:
+        allreduce_bytes: bytes of all trainable variables: what each replica
+            all-reduces per step when every gradient is dense.
+        sparse_bytes: bytes of the variables whose gradients are sparse (embedding
+            tables). TF 2.21 all-gathers those instead, so in a step with gathers the
+            all-reduce moves ``allreduce_bytes - sparse_bytes``.
+        gather_bytes: bytes one step all-gathers (every replica's rows: values and
+            indices), the size nccl-tests calls S for an all-gather.
+        steps_covered: steps each marked call ran, by its first step (more than one
+            under ``steps_per_execution``); steps not listed count the iterations the
+            trace's collectives carry (``iter_id``), else 1.
+        group_size: ranks taking part in each collective, for the bus bandwidth.
+    """
+
+    allreduce_bytes: int | None = None
+    sparse_bytes: int | None = None
+    gather_bytes: int | None = None
+    steps_covered: Mapping[int, int] = field(default_factory=dict)
+    group_size: int = 1
 
 
 @dataclass
@@ -109,29 +165,122 @@ class Breakdown:
         steps: one row per step, times averaged over replicas (``STEP_COLUMNS``),
             plus XProf's own step numbers (``XPROF_COLUMNS``) where it has device data.
         source: the trace file, if read from one.
+        attribution: None when every event's replica was read off what TF built;
+            otherwise why some were not (their time then follows the op's copy number,
+            which may name the wrong replica).
     """
 
     replicas: pd.DataFrame
     steps: pd.DataFrame
     source: str | None = None
+    attribution: str | None = None
 
 
-def _cpu_spans(space) -> list[_Span]:
+def _peer_key(stats) -> tuple | None:
+    """What identifies one collective across replicas. Seen in TF 2.21 captures: the k
+    all-reduces of a ``steps_per_execution=k`` call share ``instance_key``, ``group_key``,
+    ``step_id`` and ``frame_id`` and differ only in ``iter_id`` (0..k-1)."""
+    if stats.get("instance_key") is None:
+        return None
+    return tuple(
+        stats.get(name) for name in ("group_key", "instance_key", "step_id", "frame_id", "iter_id")
+    )
+
+
+def _cpu_spans(space, devices: Sequence[str] | None = None) -> list[_Span]:
     spans = []
     for plane in host_planes(space):
         for event in plane_events(plane):
             classified = classify_host_event(event)
             if classified is not None:
                 kind, replica = classified
-                key = event.stats.get("instance_key") if kind is Kind.COLLECTIVE else None
-                spans.append(_Span(kind, replica, event.start_ps, event.end_ps, key))
+                if kind is Kind.COPY and replica is not None and scoped_replica(event.name) is None:
+                    # An unscoped transfer (e.g. feeding replica 3's collective from
+                    # /cpu:0) serves the replica that receives it.
+                    replica = _device_replica(receiving_device(event), devices, replica)
+                key = _peer_key(event.stats) if kind in PEER_KINDS else None
+                copied = kind in PEER_KINDS or _op_type(event.name) in PER_REPLICA_COPY_TYPES
+                name = event.name if copied else ""
+                spans.append(_Span(kind, replica, event.start_ps, event.end_ps, key, name))
     return spans
+
+
+def _attribute_cpu_replicas(
+    spans: list[_Span], replica_count: int
+) -> tuple[list[_Span], str | None]:
+    """Gives the per-replica copies of collectives and packing ops their replica (see
+    ``keras_dp_tools.analysis.replicas``); returns the spans and why some could not be
+    attributed (None if all could)."""
+    peers: dict[object, list[int]] = defaultdict(list)
+    for position, span in enumerate(spans):
+        if span.peer_key is not None:
+            peers[span.peer_key].append(position)
+    replica_of: dict[int, int] = {}
+    reasons = []
+    for positions in peers.values():
+        names = [spans[p].name.rsplit(":", 1)[0] for p in positions]
+        if all(scoped_replica(name) is not None for name in names):
+            continue  # replica scopes say it
+        replicas, reason = peer_replicas(names, replica_count)
+        if replicas is None:
+            reasons.append(reason)
+            continue
+        replica_of.update(zip(positions, replicas, strict=True))
+    copies: dict[str, set[int]] = defaultdict(set)
+    for span in spans:
+        if span.peer_key is None and span.name:
+            base, number = copy_number(span.name)
+            copies[base].add(number)
+    resolved = []
+    for position, span in enumerate(spans):
+        replica = replica_of.get(position)
+        if (
+            replica is None
+            and span.peer_key is None
+            and span.name
+            and scoped_replica(span.name) is None
+        ):
+            base, number = copy_number(span.name)
+            replica = packed_replica(number, copies[base], replica_count)
+            if replica is None and len(copies[base]) == 1:
+                replica = 0  # one unscoped copy: replica 0's op
+            elif replica is None:
+                reasons.append(f"{len(copies[base])} copies of {base} for {replica_count} replicas")
+        if replica is None and span.replica is not None and span.replica >= replica_count:
+            replica = span.replica % replica_count  # a guess, and said so in reasons
+        resolved.append(span if replica is None else replace(span, replica=replica))
+    reason = "; ".join(sorted(set(reasons))) or None
+    return resolved, reason
+
+
+def _device_replica(device: str | None, devices: Sequence[str] | None, default: int) -> int:
+    """The replica of a device (``/job:../device:CPU:3``): its position among
+    ``devices``, else the device's ordinal."""
+    if device is None:
+        return default
+    short = device.rsplit("device:", 1)[-1].lower()  # "cpu:3"
+    for replica, name in enumerate(devices or ()):
+        if name.lower().endswith(short) and (name == device or "/job:" not in name):
+            return replica
+    ordinal = short.rsplit(":", 1)[-1]
+    return int(ordinal) if ordinal.isdigit() else default
+
+
+def _op_type(name: str) -> str:
+    return name.rpartition(":")[2]
 
 
 def _gpu_spans(space, ordinals: Sequence[int], host_events, markers) -> list[_Span]:
     launches = gpu_trace.launch_markers(host_events, markers)
     spans = [
-        _Span(s.kind, s.replica, s.start_ps, s.end_ps, None, s.launched_in, s.collective)
+        _Span(
+            s.kind,
+            s.replica,
+            s.start_ps,
+            s.end_ps,
+            launched_in=s.launched_in,
+            collective=s.collective,
+        )
         for s in gpu_trace.device_spans(space, ordinals, launches)
     ]
     for plane in host_planes(space):  # input waits happen on the host
@@ -168,20 +317,23 @@ def _sync_waits(collectives: list[_Span]) -> dict[int, list[intervals.Interval]]
     return waits
 
 
-def _bandwidths(allreduce_bytes, transfer_ms, replica_count):
-    if not allreduce_bytes or not transfer_ms or transfer_ms <= 0:
+def _bandwidths(nbytes, transfer_ms, ranks, collective="allreduce"):
+    """nccl-tests' (algbw, busbw) in GB/s for ``nbytes`` moved in ``transfer_ms``."""
+    if not nbytes or not transfer_ms or transfer_ms <= 0 or not ranks:
         return None, None
-    algbw = allreduce_bytes / (transfer_ms / 1e3) / 1e9
-    return algbw, algbw * 2 * (replica_count - 1) / replica_count
+    algbw = nbytes / (transfer_ms / 1e3) / 1e9
+    return algbw, algbw * _BUS_FACTORS[collective](ranks)
 
 
-def _checked_bandwidths(allreduce_bytes, transfer_ms, replica_count, peak_gbps, missing):
-    """(algbw, busbw, note): None values with a note saying why when not shown."""
-    algbw, busbw = _bandwidths(allreduce_bytes, transfer_ms, replica_count)
-    too_fast = gpu_trace.check_bandwidth(busbw, peak_gbps)
-    if too_fast:
-        return None, None, too_fast
-    return algbw, busbw, missing if busbw is None else None
+def _missing_bandwidth(bytes_known: bool, ranks, reduce_transfer_ms) -> str | None:
+    """Why a row has no all-reduce bandwidth, or None if it has one."""
+    if not ranks or ranks <= 1:
+        return "one replica: nothing to all-reduce"
+    if not bytes_known:
+        return "all-reduce bytes unknown (pass allreduce_bytes)"
+    if not reduce_transfer_ms or reduce_transfer_ms <= 0:
+        return "no all-reduce collective ran in this step"
+    return None
 
 
 def _step_spans(marker: StepMarker, spans: list[_Span]) -> tuple[list[_Span], int]:
@@ -198,18 +350,16 @@ def _step_spans(marker: StepMarker, spans: list[_Span]) -> tuple[list[_Span], in
     ]
     clip_ends = [(s, end) for s in launched] + [(s, marker.end_ps) for s in by_time]
     inside = [
-        _Span(
-            s.kind,
-            s.replica,
-            max(s.start_ps, start),
-            min(s.end_ps, stop),
-            s.peer_key,
-            s.launched_in,
-            s.collective,
-        )
+        replace(s, start_ps=max(s.start_ps, start), end_ps=min(s.end_ps, stop))
         for s, stop in clip_ends
     ]
     return inside, end
+
+
+def _iterations(inside: list[_Span]) -> int:
+    """Steps of one call as its collectives count them (distinct ``iter_id``)."""
+    iterations = {span.peer_key[-1] for span in inside if isinstance(span.peer_key, tuple)}
+    return len(iterations - {None}) or 1
 
 
 def _replica_rows(
@@ -217,14 +367,26 @@ def _replica_rows(
     spans: list[_Span],
     replica_ids,
     devices,
-    total_bytes,
-    group_size,
-    peak_gbps=None,
+    facts: RunFacts,
+    peak_gbps: float | None = None,
 ):
     start = marker.start_ps
     inside, end = _step_spans(marker, spans)
+    steps = facts.steps_covered.get(marker.step) or _iterations(inside)
     waits = _sync_waits([s for s in inside if s.kind is Kind.COLLECTIVE])
-    step_ps = end - start
+    for replica, parts in _sync_waits([s for s in inside if s.kind is Kind.GATHER]).items():
+        waits[replica] += parts
+    # Time any replica runs anything, and the host's time around the train function.
+    active = intervals.merge((s.start_ps, s.end_ps) for s in inside)
+    first, last = (active[0][0], active[-1][1]) if active else (end, end)
+    around_function = intervals.merge([(start, first), (last, end)])
+    idle = intervals.subtract([(first, last)], active)
+    has_gathers = any(s.kind is Kind.GATHER for s in inside)
+    reduce_bytes = facts.allreduce_bytes
+    if has_gathers and reduce_bytes and facts.sparse_bytes:
+        reduce_bytes -= facts.sparse_bytes
+    ranks = facts.group_size
+    to_ms = 1e-9 / steps  # picoseconds of the call to milliseconds per step
     rows = []
     for replica in replica_ids:
 
@@ -236,32 +398,20 @@ def _replica_rows(
             )
 
         compute = union(Kind.COMPUTE)
-        comm = union(Kind.COLLECTIVE, Kind.COPY)
-        wait = intervals.merge(waits.get(replica, []))
+        reduce = union(Kind.COLLECTIVE, Kind.COPY)
+        gather = union(Kind.GATHER)
+        comm = intervals.merge(reduce + gather)
+        wait = intervals.merge(waits.get(replica, []))  # inside comm
         busy = intervals.merge(compute + comm)
-        input_wait = union(Kind.INPUT)
+        input_exposed = intervals.subtract(union(Kind.INPUT), busy)
+        other = intervals.subtract(intervals.subtract([(start, end)], busy), input_exposed)
         exposed_comm = intervals.length(comm) - intervals.overlap_length(comm, compute)
         exposed_wait = intervals.length(wait) - intervals.overlap_length(wait, compute)
-        input_exposed = intervals.length(input_wait) - intervals.overlap_length(input_wait, busy)
-        to_ms = 1e-9
-        row = {
-            "step": marker.step,
-            "replica": replica,
-            "device": devices[replica] if devices and replica < len(devices) else None,
-            "step_ms": step_ps * to_ms,
-            "compute_ms": intervals.length(compute) * to_ms,
-            "allreduce_ms": intervals.length(comm) * to_ms,
-            "sync_wait_ms": intervals.length(wait) * to_ms,
-            "transfer_ms": (intervals.length(comm) - intervals.length(wait)) * to_ms,
-            "exposed_allreduce_ms": exposed_comm * to_ms,
-            "exposed_sync_wait_ms": exposed_wait * to_ms,
-            "exposed_transfer_ms": (exposed_comm - exposed_wait) * to_ms,
-            "input_ms": input_exposed * to_ms,
-            "other_ms": (step_ps - intervals.length(busy) - input_exposed) * to_ms,
-        }
-        row["comm_share"] = row["exposed_transfer_ms"] / row["step_ms"] if step_ps else None
-        row["wait_share"] = row["exposed_sync_wait_ms"] / row["step_ms"] if step_ps else None
-        # Bytes are the gradients' all-reduce: only all-reduce collectives carry them.
+        transfer = intervals.length(comm) - intervals.length(wait)
+        # Each collective's bandwidth uses its own time: all-reduces and all-gathers
+        # can run at once, and then both moved their bytes in that time. Only the
+        # all-reduce collectives carry the gradients' bytes: copies (peer copies, the
+        # sends around a collective) would turn their tiny times into huge bandwidths.
         reducing = intervals.merge(
             (s.start_ps, s.end_ps)
             for s in inside
@@ -269,36 +419,81 @@ def _replica_rows(
             and s.collective in (None, "all_reduce")
             and (s.replica == replica or s.replica is None)
         )
-        reduce_ps = intervals.length(reducing) - intervals.overlap_length(reducing, wait)
-        replica_bytes = total_bytes if reduce_ps > 0 else None
-        row["allreduce_bytes"] = replica_bytes
-        row["algbw_gbps"], row["busbw_gbps"], row["bandwidth_note"] = _checked_bandwidths(
-            replica_bytes,
-            reduce_ps * to_ms,
-            group_size,
-            peak_gbps,
-            _missing_bandwidth(total_bytes, group_size, reduce_ps),
-        )
+        reduce_transfer = intervals.length(intervals.subtract(reducing, wait))
+        dispatch = intervals.overlap_length(other, around_function)
+        idle_here = intervals.overlap_length(other, idle)
+        row = {
+            "step": marker.step,
+            "replica": replica,
+            "device": devices[replica] if devices and replica < len(devices) else None,
+            "steps": steps,
+            "step_ms": (end - start) * to_ms,
+            "compute_ms": intervals.length(compute) * to_ms,
+            "allreduce_ms": intervals.length(comm) * to_ms,
+            "sync_wait_ms": intervals.length(wait) * to_ms,
+            "transfer_ms": transfer * to_ms,
+            "gather_ms": intervals.length(gather) * to_ms,
+            "gather_transfer_ms": intervals.length(intervals.subtract(gather, wait)) * to_ms,
+            "exposed_allreduce_ms": exposed_comm * to_ms,
+            "exposed_sync_wait_ms": exposed_wait * to_ms,
+            "exposed_transfer_ms": (exposed_comm - exposed_wait) * to_ms,
+            "input_ms": intervals.length(input_exposed) * to_ms,
+            "other_ms": intervals.length(other) * to_ms,
+            "dispatch_ms": dispatch * to_ms,
+            "idle_ms": idle_here * to_ms,
+            "scheduling_ms": (intervals.length(other) - dispatch - idle_here) * to_ms,
+        }
+        step_ms = row["step_ms"]
+        row["comm_share"] = row["exposed_transfer_ms"] / step_ms if step_ms else None
+        row["wait_share"] = row["exposed_sync_wait_ms"] / step_ms if step_ms else None
+        row["reduce_transfer_ms"] = reduce_transfer * to_ms  # not a column: for bandwidth
+        row["reduce_ms"] = intervals.length(reduce) * to_ms
+        row.update(_bytes_and_bandwidths(row, reduce_bytes, facts.gather_bytes, ranks, peak_gbps))
         rows.append(row)
     return rows
 
 
-def _missing_bandwidth(total_bytes, group_size, reduce_ps) -> str | None:
-    if group_size <= 1:
-        return "one replica: nothing to all-reduce"
-    if not total_bytes:
-        return "all-reduce bytes unknown (pass allreduce_bytes)"
-    if reduce_ps <= 0:
-        return "no all-reduce collective ran in this step"
-    return None
+def _bytes_and_bandwidths(
+    row, reduce_bytes, gather_bytes, ranks, peak_gbps=None, *, bytes_known=None
+) -> dict:
+    """Per-step bytes of the row's all-reduce and all-gather (None where it has none, or
+    with one rank), the row's total, and each one's bandwidth from its own bytes and
+    transfer time; a bandwidth above ``peak_gbps`` is left out and ``bandwidth_note``
+    says why the all-reduce bandwidth is empty."""
+    multi = ranks and ranks > 1
+    bytes_known = bool(reduce_bytes) if bytes_known is None else bytes_known
+    reduce_bytes = reduce_bytes if multi and row["reduce_ms"] > 0 else None
+    gather_bytes = gather_bytes if multi and row["gather_ms"] > 0 else None
+    total = (reduce_bytes or 0) + (gather_bytes or 0)
+    algbw, busbw = _bandwidths(reduce_bytes, row["reduce_transfer_ms"], ranks)
+    note = gpu_trace.check_bandwidth(busbw, peak_gbps)
+    if note is not None:
+        algbw = busbw = None
+    elif busbw is None:
+        note = _missing_bandwidth(bytes_known, ranks, row["reduce_transfer_ms"])
+    gather_busbw = _bandwidths(gather_bytes, row["gather_transfer_ms"], ranks, "allgather")[1]
+    if gpu_trace.check_bandwidth(gather_busbw, peak_gbps) is not None:
+        gather_busbw = None
+    return {
+        "allreduce_bytes": reduce_bytes,
+        "gather_bytes": gather_bytes,
+        "row_bytes": total * int(row["steps"]) or None,
+        "algbw_gbps": algbw,
+        "busbw_gbps": busbw,
+        "gather_busbw_gbps": gather_busbw,
+        "bandwidth_note": note,
+    }
 
 
-def _step_rows(replica_frame: pd.DataFrame, replica_count: int) -> pd.DataFrame:
+def _step_rows(
+    replica_frame: pd.DataFrame, facts: RunFacts, peak_gbps: float | None = None
+) -> pd.DataFrame:
     if replica_frame.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
     grouped = replica_frame.groupby("step", sort=True)
-    steps = grouped[_MEAN_COLUMNS].mean()
+    steps = grouped[[*_MEAN_COLUMNS, *_BANDWIDTH_TIMES]].mean()
     steps.insert(0, "step_ms", grouped["step_ms"].first())
+    steps.insert(0, "steps", grouped["steps"].first())
     steps.insert(0, "replicas", grouped["replica"].nunique())
     steps["max_sync_wait_ms"] = grouped["sync_wait_ms"].max()
     # The replica the others waited for arrived last, so it waited least itself.
@@ -306,12 +501,26 @@ def _step_rows(replica_frame: pd.DataFrame, replica_count: int) -> pd.DataFrame:
     steps["straggler_replica"] = straggler.set_index("step")["replica"].where(
         steps["max_sync_wait_ms"] > 0
     )
-    steps["allreduce_bytes"] = grouped["allreduce_bytes"].max()
-    # Each replica's bandwidth comes from its own all-reduce kernels and was checked
-    # against the link's peak: the step shows their mean, or why there is none.
-    steps["algbw_gbps"] = grouped["algbw_gbps"].mean()
-    steps["busbw_gbps"] = grouped["busbw_gbps"].mean()
-    steps["bandwidth_note"] = grouped["bandwidth_note"].first().where(steps["busbw_gbps"].isna())
+    # The step's bandwidth: its bytes over the replicas' mean all-reduce transfer time.
+    byte_rows = [
+        _bytes_and_bandwidths(
+            row,
+            None if pd.isna(reduce_bytes) else reduce_bytes,
+            None if pd.isna(gather_bytes) else gather_bytes,
+            facts.group_size,
+            peak_gbps,
+            bytes_known=bool(facts.allreduce_bytes),
+        )
+        for row, reduce_bytes, gather_bytes in zip(
+            steps.reset_index().to_dict("records"),
+            grouped["allreduce_bytes"].max(),
+            grouped["gather_bytes"].max(),
+            strict=True,
+        )
+    ]
+    for column, values in pd.DataFrame(byte_rows, index=steps.index).items():
+        steps[column] = values
+    steps = steps.astype(dict.fromkeys(_BANDWIDTHS, float))
     steps["straggler_replica"] = steps["straggler_replica"].astype("Int64")
     return steps.reset_index()[STEP_COLUMNS]
 
@@ -323,14 +532,21 @@ def analyze_xspace(
     replicas: int | None = None,
     devices: Sequence[str] | None = None,
     group_size: int | None = None,
+    sparse_bytes: int | None = None,
+    gather_bytes: int | None = None,
+    steps_covered: Mapping[int, int] | None = None,
     link_peak_gbps: float | None = None,
 ) -> Breakdown:
     """Breaks every marked step of a parsed XSpace down per replica.
 
+    Every time column is per step: a marker that covers k steps
+    (``steps_per_execution``) has its times divided by k (column ``steps``).
+
     Args:
         space: an ``XSpace`` proto (see ``load_xspace``).
-        allreduce_bytes: bytes each replica all-reduces per step (the gradients), for the
-            bandwidth columns; None leaves them empty.
+        allreduce_bytes: bytes of the trainable variables, what each replica
+            all-reduces per step when all gradients are dense; None leaves the
+            bandwidth columns empty.
         replicas: replicas in this trace (this worker's, under a multi-worker
             strategy); by default, those seen in the trace (GPU planes, or
             ``replica_k`` scopes and collective copies on CPU).
@@ -340,6 +556,7 @@ def analyze_xspace(
             for the bus bandwidth; by default ``replicas``. Under a multi-worker
             strategy the peers in other processes are not in this trace, so the sync
             wait only covers this worker's replicas.
+        sparse_bytes, gather_bytes, steps_covered: see ``RunFacts``.
         link_peak_gbps: the interconnect's peak bandwidth per GPU and direction
             (``gpu_trace.LINK_PEAK_GBPS`` lists common ones); a bus bandwidth above it
             is not shown. GPU traces default to the fastest NVLink.
@@ -353,29 +570,35 @@ def analyze_xspace(
     """
     host_events = [event for plane in host_planes(space) for event in plane_events(plane)]
     markers = step_markers(host_events)
+    attribution = None
     # The strategy's devices choose the path; a CPU strategy ignores GPU planes.
     ordinals = gpu_trace.choose_gpu_planes(space, devices)
     if ordinals is not None:
         spans = _gpu_spans(space, ordinals, host_events, markers)
-        seen = len(ordinals)
+        replica_count = replicas or len(ordinals)
         link_peak_gbps = link_peak_gbps or gpu_trace.DEFAULT_GPU_PEAK_GBPS
     else:
-        spans = _cpu_spans(space)
-        seen = _cpu_replica_count(spans)
-    replica_count = replicas or seen
-    spans = [_wrap_replica(span, replica_count) for span in spans]
-    group_size = group_size or replica_count
-    total_bytes = allreduce_bytes if group_size > 1 else None
+        spans = _cpu_spans(space, devices)
+        replica_count = replicas or _cpu_replica_count(spans)
+        spans, attribution = _attribute_cpu_replicas(spans, replica_count)
+    facts = RunFacts(
+        allreduce_bytes=allreduce_bytes,
+        sparse_bytes=sparse_bytes,
+        gather_bytes=gather_bytes,
+        steps_covered=dict(steps_covered or {}),
+        group_size=group_size or replica_count,
+    )
     rows = [
         row
         for marker in markers
         for row in _replica_rows(
-            marker, spans, range(replica_count), devices, total_bytes, group_size, link_peak_gbps
+            marker, spans, range(replica_count), devices, facts, link_peak_gbps
         )
     ]
-    replica_frame = pd.DataFrame(rows, columns=REPLICA_COLUMNS)
-    replica_frame = replica_frame.astype({"algbw_gbps": float, "busbw_gbps": float})
-    return Breakdown(replica_frame, _step_rows(replica_frame, group_size))
+    replica_frame = pd.DataFrame(rows, columns=[*REPLICA_COLUMNS, *_BANDWIDTH_TIMES])
+    replica_frame = replica_frame.astype(dict.fromkeys(_BANDWIDTHS, float))
+    steps = _step_rows(replica_frame, facts, link_peak_gbps)
+    return Breakdown(replica_frame[REPLICA_COLUMNS], steps, attribution=attribution)
 
 
 def _cpu_replica_count(spans: list[_Span]) -> int:
@@ -384,14 +607,8 @@ def _cpu_replica_count(spans: list[_Span]) -> int:
     for span in spans:
         if span.peer_key is not None:
             peers[span.peer_key] += 1
-    scoped = 1 + max((s.replica for s in spans if s.replica is not None), default=0)
+    scoped = 1 + max((s.replica for s in spans if s.replica is not None and not s.name), default=0)
     return max(peers.values(), default=0) or scoped
-
-
-def _wrap_replica(span: _Span, replica_count: int) -> _Span:
-    if span.replica is None or span.replica < replica_count:
-        return span
-    return replace(span, replica=span.replica % replica_count)
 
 
 def analyze_trace(
@@ -403,10 +620,12 @@ def analyze_trace(
     group_size: int | None = None,
     link_peak_gbps: float | None = None,
     xprof: bool | None = None,
+    **facts,
 ) -> Breakdown:
     """``analyze_xspace`` on one ``.xplane.pb`` file.
 
     Args:
+        facts: ``sparse_bytes``, ``gather_bytes``, ``steps_covered`` (see ``RunFacts``).
         xprof: add XProf's own per-step numbers (``XPROF_COLUMNS``, from its
             ``input_pipeline_analyzer``). None (default) does so for GPU traces only:
             on CPU-only traces XProf reports no device time.
@@ -420,6 +639,7 @@ def analyze_trace(
         devices=devices,
         group_size=group_size,
         link_peak_gbps=link_peak_gbps,
+        **facts,
     )
     breakdown.source = str(path)
     if xprof is None:

@@ -8,8 +8,15 @@ Two trace shapes are understood:
   replica 0's forward and backward ops have no scope. The all-reduce is built in a loop
   over replicas, so its per-replica ops (the collective of one ``instance_key``, the
   ``concat`` / ``split`` that pack gradients around it) are named ``<name>`` for replica 0
-  and ``<name>_k`` for replica k. Indices past the replica count wrap around (a second
-  gradient pack continues the numbering).
+  and ``<name>_k`` for the next copies, or sit in a ``cond_k`` scope (the all-gather of
+  sparse gradients). The index here is only the op's copy number: the breakdown turns
+  it into a replica by comparing the copies of one collective
+  (``keras_dp_tools.analysis.replicas``), since several packs or gathers per replica
+  continue the numbering.
+  Sparse gradients (``IndexedSlices`` of an ``Embedding``) are all-gathered
+  (``CollectiveGatherV2`` of values and indices): kind ``GATHER``. Reductions to one
+  device (``ReductionToOneDevice``, ``CentralStorageStrategy``) sum the replicas'
+  values with a top-level ``AddN``: kind ``COPY`` shared by all replicas.
 * **GPUs**: one ``/device:GPU:<n>`` plane per device; kernels on its ``Stream`` lines
   belong to that device (``gpu_trace`` reads them). NCCL kernels (``nccl`` anywhere in
   the name) are collectives, copies between GPUs (``MemcpyP2P``) are communication,
@@ -30,8 +37,14 @@ class Kind(str, Enum):
     COMPUTE = "compute"
     COLLECTIVE = "collective"  # all peers must arrive: its time splits into wait + transfer
     COPY = "copy"  # copy-based reduction traffic: all transfer
+    GATHER = "gather"  # all-gather of sparse gradients: a collective, accounted apart
     INPUT = "input"
     MEMCPY = "memcpy"  # a copy within one GPU or to the host: counted in other_ms
+
+
+# Communication of any kind: what allreduce_ms covers.
+COMM_KINDS = frozenset({Kind.COLLECTIVE, Kind.COPY, Kind.GATHER})
+PEER_KINDS = frozenset({Kind.COLLECTIVE, Kind.GATHER})  # all peers must arrive
 
 
 COLLECTIVE_OP_TYPES = frozenset(
@@ -40,8 +53,6 @@ COLLECTIVE_OP_TYPES = frozenset(
         "CollectiveReduceV2",
         "CollectiveReduceV3",
         "CollectiveReduceScatterV2",
-        "CollectiveGather",
-        "CollectiveGatherV2",
         "CollectiveBcastSend",
         "CollectiveBcastRecv",
         "CollectiveBcastSendV2",
@@ -53,6 +64,7 @@ COLLECTIVE_OP_TYPES = frozenset(
         "NcclBroadcast",
     }
 )
+GATHER_OP_TYPES = frozenset({"CollectiveGather", "CollectiveGatherV2"})
 # Cross-device transfers of ReductionToOneDevice / HierarchicalCopyAllReduce.
 COPY_OP_TYPES = frozenset({"_Send", "_Recv", "_HostSend", "_HostRecv"})
 INPUT_OP_TYPES = frozenset(
@@ -67,8 +79,13 @@ INPUT_OP_TYPES = frozenset(
 _TF_OP = re.compile(r"^(?P<name>[^:\s]+):(?P<type>[A-Za-z_]\w*)$")
 _REPLICA_SCOPE = re.compile(r"(?:^|/)(?:replica|update)_(\d+)(?:_\d+)?/")
 # Op types TensorFlow creates once per replica around a collective (gradient packing).
-_PER_REPLICA_COPY_TYPES = frozenset({"ConcatV2", "SplitV", "Split"})
+PER_REPLICA_COPY_TYPES = frozenset({"ConcatV2", "SplitV", "Split"})
 _COPY_SUFFIX = re.compile(r"_(\d+)$")
+# A sum of per-replica values on one device, as ReductionToOneDevice (and so
+# CentralStorageStrategy) builds it: an AddN outside any model or gradient scope.
+_REDUCTION_ADDN = re.compile(
+    r"^(?:(?:StatefulPartitionedCall|PartitionedCall|while|body|_\d+)/)*AddN(?:_\d+)?$"
+)
 # Consumer side of tf.data: the step blocks while these run. (Producer threads prefetch
 # in the background and are not counted.)
 _INPUT_EVENT = re.compile(r"^(?:\w+GetNext\w*Op::DoCompute|GetNextFromShard(?P<shard>\d+))$")
@@ -82,6 +99,8 @@ def op_kind(op_type: str) -> Kind:
     """The kind of a TF op type."""
     if op_type in COLLECTIVE_OP_TYPES:
         return Kind.COLLECTIVE
+    if op_type in GATHER_OP_TYPES:
+        return Kind.GATHER
     if op_type in COPY_OP_TYPES:
         return Kind.COPY
     if op_type in INPUT_OP_TYPES:
@@ -106,11 +125,35 @@ def classify_host_event(event: TraceEvent) -> tuple[Kind, int | None] | None:
     scope = _REPLICA_SCOPE.search(name)
     if scope is not None:
         return kind, int(scope.group(1))
-    if kind in (Kind.COLLECTIVE, Kind.INPUT) or op.group("type") in _PER_REPLICA_COPY_TYPES:
+    if op.group("type") == "AddN" and _REDUCTION_ADDN.match(name):
+        return Kind.COPY, None
+    if kind in PEER_KINDS or kind is Kind.INPUT or op.group("type") in PER_REPLICA_COPY_TYPES:
         # Per-replica copies of one op: "<op>" for replica 0, "<op>_k" for replica k.
         suffix = _COPY_SUFFIX.search(name.rsplit("/", 1)[-1])
         return kind, int(suffix.group(1)) if suffix else 0
     return kind, 0
+
+
+def receiving_device(event: TraceEvent) -> str | None:
+    """The device a ``_Send`` / ``_Recv`` event's tensor goes to (the side that waits
+    for it): its ``key`` stat is the rendezvous key
+    ``<src device>;<incarnation>;<dst device>;<edge>;<frame>``."""
+    key = event.stats.get("key")
+    parts = key.split(";") if isinstance(key, str) else []
+    return parts[2] if len(parts) > 2 else None
+
+
+def scoped_replica(name: str) -> int | None:
+    """The replica a ``replica_k/`` or ``update_k/`` scope in an op name names."""
+    scope = _REPLICA_SCOPE.search(name)
+    return int(scope.group(1)) if scope else None
+
+
+def copy_number(name: str) -> tuple[str, int]:
+    """("scope/op", copy number) of an event named "scope/op_3:Type" (no suffix: 0)."""
+    path = name.rsplit(":", 1)[0]
+    suffix = _COPY_SUFFIX.search(path)
+    return (path[: suffix.start()], int(suffix.group(1))) if suffix else (path, 0)
 
 
 def classify_device_event(event: TraceEvent) -> Kind:

@@ -189,15 +189,11 @@ def device_spans(space, ordinals: Sequence[int], launches: dict[int, tuple]) -> 
         for event in stream_events(planes[ordinal]):
             correlation = event.stats.get(CORRELATION_STAT)
             launched_in = None if correlation is None else launches.get(int(correlation))
+            collective = nccl_collective(event.name)
+            # An all-gather is accounted apart from the all-reduce, as on CPU traces.
+            kind = Kind.GATHER if collective == "all_gather" else classify_device_event(event)
             spans.append(
-                DeviceSpan(
-                    classify_device_event(event),
-                    replica,
-                    event.start_ps,
-                    event.end_ps,
-                    launched_in,
-                    nccl_collective(event.name),
-                )
+                DeviceSpan(kind, replica, event.start_ps, event.end_ps, launched_in, collective)
             )
     return spans
 

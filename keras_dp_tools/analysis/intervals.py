@@ -50,3 +50,21 @@ def intersect(first: list[Interval], second: list[Interval]) -> list[Interval]:
 def overlap_length(first: list[Interval], second: list[Interval]) -> int:
     """``length(intersect(first, second))`` for two merged lists."""
     return length(intersect(first, second))
+
+
+def subtract(merged: list[Interval], removed: list[Interval]) -> list[Interval]:
+    """Time in the merged list ``merged`` not covered by the merged list ``removed``."""
+    left = []
+    j = 0
+    for start, end in merged:
+        while j < len(removed) and removed[j][1] <= start:
+            j += 1
+        k = j
+        while k < len(removed) and removed[k][0] < end:
+            if removed[k][0] > start:
+                left.append((start, removed[k][0]))
+            start = max(start, removed[k][1])
+            k += 1
+        if start < end:
+            left.append((start, end))
+    return left

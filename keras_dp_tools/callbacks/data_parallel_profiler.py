@@ -13,6 +13,9 @@ from keras_dp_tools._warn import warn
 from keras_dp_tools.callbacks.base import DataParallelCallback, MeasurementWarning, find_in_fit
 from keras_dp_tools.callbacks.recorder import Recorder
 from keras_dp_tools.callbacks.run_info import (
+    embedding_tables,
+    fit_global_batch,
+    gathered_bytes,
     gradient_bytes,
     keras_package,
     steps_per_execution,
@@ -34,6 +37,10 @@ SCALAR_COLUMNS = (
     "transfer_ms",
     "input_ms",
     "other_ms",
+    "dispatch_ms",
+    "idle_ms",
+    "scheduling_ms",
+    "gather_ms",
     "comm_share",
     "wait_share",
     "max_sync_wait_ms",
@@ -62,8 +69,11 @@ class DataParallelProfiler(DataParallelCallback):
     After a window, a background thread reads the trace and computes per step and
     replica: ``compute_ms``, ``allreduce_ms`` = ``sync_wait_ms`` (waiting for the slowest
     peer) + ``transfer_ms``, ``exposed_allreduce_ms`` (not hidden behind compute),
-    ``input_ms``, ``other_ms``, ``comm_share``, ``wait_share``, and the all-reduce bus
-    bandwidth. The results go to the records (``replica_step`` and ``step_breakdown``,
+    ``input_ms``, ``other_ms`` (split into ``dispatch_ms``, ``idle_ms``,
+    ``scheduling_ms``), ``comm_share``, ``wait_share``, the all-gathers of sparse
+    gradients (``gather_ms``, ``gather_bytes``), and the bus bandwidths. Every time is
+    per step, also under ``steps_per_execution`` (column ``steps``; see
+    docs/breakdown.md). The results go to the records (``replica_step`` and ``step_breakdown``,
     read by ``kdt.Report``) and to TensorBoard scalars ``dp/compute_ms``,
     ``dp/allreduce_ms``, ``dp/comm_share``, ... The training thread only starts and
     stops the profiler; stopping it writes the trace, which takes a moment once per
@@ -181,6 +191,7 @@ class DataParallelProfiler(DataParallelCallback):
             "group_size": int(strategy.num_replicas_in_sync),
             "devices": devices,
             "allreduce_bytes": gradient_bytes(self.model),
+            **_sparse_facts(self.model),
         }
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -196,7 +207,9 @@ class DataParallelProfiler(DataParallelCallback):
 
     def on_train_batch_end(self, batch, logs=None):
         self._end_marker()
-        self._steps.end_call(batch)
+        first, steps = self._steps.end_call(batch)
+        if self._window is not None:
+            self._window["steps_covered"][first] = steps
         if self._foreign is not None and self._steps.calls > self._foreign["last_call"]:
             self._write_foreign()
         if self._window is not None and self._steps.calls >= self._window["end_call"]:
@@ -283,6 +296,7 @@ class DataParallelProfiler(DataParallelCallback):
             "directory": directory,
             "before": before,
             "started": time.time(),
+            "steps_covered": {},  # first step of each call -> steps it ran
         }
         self.windows_taken += 1
         _open_windows.add(self)
@@ -307,6 +321,8 @@ class DataParallelProfiler(DataParallelCallback):
             "end_step": self._steps.next_step,
             "stop_ms": stop_ms,
             "allreduce_bytes": self._run_facts["allreduce_bytes"],
+            "sparse_bytes": self._run_facts["sparse_bytes"],
+            "gather_bytes": self._run_facts["gather_bytes"],
         }
         if not new:
             self._write_window(record, "failed", "the profiler wrote no trace")
@@ -318,9 +334,11 @@ class DataParallelProfiler(DataParallelCallback):
             self._executor = ThreadPoolExecutor(
                 1, thread_name_prefix="keras_dp_analysis", initializer=lower_thread_priority
             )
-        self._pending.append((record, self._executor.submit(self._analyze, trace, record)))
+        steps = dict(window["steps_covered"])
+        analysis = self._executor.submit(self._analyze, trace, record, steps)
+        self._pending.append((record, analysis))
 
-    def _analyze(self, trace: Path, record: dict):
+    def _analyze(self, trace: Path, record: dict, steps_covered: dict):
         from keras_dp_tools.analysis import analyze_trace
 
         try:
@@ -330,6 +348,9 @@ class DataParallelProfiler(DataParallelCallback):
                 replicas=self._run_facts["replicas"],
                 devices=self._run_facts["devices"],
                 group_size=self._run_facts["group_size"],
+                sparse_bytes=self._run_facts["sparse_bytes"],
+                gather_bytes=self._run_facts["gather_bytes"],
+                steps_covered=steps_covered,
             )
         finally:
             # Until then, this thread competes with training for the GIL and the CPU:
@@ -368,6 +389,7 @@ class DataParallelProfiler(DataParallelCallback):
                 values = {f"dp/{name}": _number(row.get(name)) for name in SCALAR_COLUMNS}
                 self._recorder.scalars(int(row["step"]), values)
         status, reason = ("analysed", None) if steps else ("failed", "no step markers in trace")
+        record["attribution"] = breakdown.attribution
         self._write_window(record, status, reason, steps=len(steps))
 
     def _write_window(self, record: dict, status: str, reason: str | None, steps=0) -> None:
@@ -420,6 +442,16 @@ def _close_open_windows() -> None:
             profiler._close()
         except Exception as error:  # at exit, TensorFlow may be half torn down
             logger.debug("closing a profiler window at exit failed: %s", error)
+
+
+def _sparse_facts(model) -> dict:
+    """Embedding tables' bytes (their gradients are all-gathered, not all-reduced) and
+    the bytes one step gathers, for the breakdown's byte and bandwidth columns."""
+    tables = embedding_tables(model)
+    return {
+        "sparse_bytes": sum(table["table_bytes"] for table in tables) or None,
+        "gather_bytes": gathered_bytes(tables, fit_global_batch()),
+    }
 
 
 def _wait_for_a_free_capture_name(directory: Path) -> None:

@@ -42,14 +42,25 @@ def strategy_devices(strategy) -> list[str]:
         return []
 
 
+def _integer(value) -> int | None:
+    """An int from a Python number or a (mirrored) variable. Inside ``fit`` under a
+    strategy, ``np.asarray`` of a MirroredVariable fails ("__array__ method not
+    producing an array"), which once made every tf_keras run report
+    ``steps_per_execution: 1``; ``.numpy()`` reads it."""
+    if value is None:
+        return None
+    read = getattr(value, "numpy", None)
+    try:
+        return int(read() if callable(read) else np.asarray(value))
+    except (TypeError, ValueError, AttributeError):
+        return None
+
+
 def steps_per_execution(model) -> int:
     value = getattr(model, "steps_per_execution", None)
     if value is None:
         value = getattr(model, "_steps_per_execution", None)  # tf_keras keeps a variable
-    try:
-        return int(np.asarray(value)) if value is not None else 1
-    except (TypeError, ValueError):
-        return 1
+    return _integer(value) or 1
 
 
 def global_step(model) -> int | None:
@@ -61,15 +72,91 @@ def global_step(model) -> int | None:
         return None
 
 
-def embedding_layers(model) -> int:
-    """Embedding layers in the model: their gradients are IndexedSlices, which
-    all-reduce poorly (see the advisor)."""
+def _embeddings(model) -> list:
     try:
         layers = model._flatten_layers(include_self=False)  # Keras 3 and tf_keras
-        return sum(1 for layer in layers if "Embedding" in type(layer).__name__)
+        return [layer for layer in layers if "Embedding" in type(layer).__name__]
     except Exception as error:  # a model class without the private walker
         logger.info("could not list the model's layers (%s)", error)
-        return 0
+        return []
+
+
+def embedding_layers(model) -> int:
+    """Embedding layers in the model: their gradients are IndexedSlices, which
+    TF 2.21 all-gathers instead of all-reducing (see the advisor)."""
+    return len(_embeddings(model))
+
+
+def _itemsize(dtype) -> int:
+    return getattr(dtype, "size", None) or np.dtype(getattr(dtype, "name", dtype)).itemsize
+
+
+def embedding_tables(model) -> list[dict]:
+    """Per embedding layer: ``name``, ``vocabulary``, ``dim``, ``value_bytes`` (bytes
+    per table entry), ``table_bytes``,
+    ``lookups`` (table rows looked up per example: the product of the layer's input
+    shape without the batch; None if unknown) and ``index_bytes`` (bytes per index)."""
+    tables = []
+    for layer in _embeddings(model):
+        try:
+            table = layer.embeddings
+            vocabulary, dim = (int(size) for size in table.shape)
+            entry = {
+                "name": layer.name,
+                "vocabulary": vocabulary,
+                "dim": dim,
+                "value_bytes": _itemsize(table.dtype),
+                "table_bytes": vocabulary * dim * _itemsize(table.dtype),
+                "lookups": None,
+                "index_bytes": 8,
+            }
+            shape = tuple(layer.input.shape)[1:]
+            if all(size is not None for size in shape):
+                entry["lookups"] = int(np.prod(shape, dtype=np.int64))
+            entry["index_bytes"] = 4 if "int32" in str(layer.input.dtype) else 8
+        except Exception as error:  # an unbuilt or unusual layer: bytes stay unknown
+            logger.info("could not size embedding layer %s (%s)", layer.name, error)
+        else:
+            tables.append(entry)
+    return tables
+
+
+def gathered_bytes(tables: list[dict], global_batch: int | None) -> int | None:
+    """Bytes one step all-gathers for the embeddings' sparse gradients: one row of
+    values (``dim`` floats) and one index per lookup, for the whole global batch.
+    None when the batch or a layer's lookups per example are unknown."""
+    if not tables or not global_batch or any(t["lookups"] is None for t in tables):
+        return None
+    return sum(
+        global_batch * t["lookups"] * (t["dim"] * t["value_bytes"] + t["index_bytes"])
+        for t in tables
+    )
+
+
+def fit_global_batch() -> int | None:
+    """The batch size of the ``fit`` that is calling us, read off its frame: the
+    ``batch_size`` argument, else the data adapter's (Keras 3 ``epoch_iterator``,
+    tf_keras ``data_handler``). None when neither says."""
+    frame = sys._getframe(1)
+    for _ in range(25):
+        if frame is None:
+            return None
+        if frame.f_code.co_name == "fit" and "batch_size" in frame.f_locals:
+            local = frame.f_locals
+            candidates = [
+                local.get("batch_size"),
+                getattr(
+                    getattr(local.get("epoch_iterator"), "data_adapter", None), "batch_size", None
+                ),
+                getattr(getattr(local.get("data_handler"), "_adapter", None), "batch_size", None),
+            ]
+            for value in candidates:
+                value = value() if callable(value) else value
+                if isinstance(value, (int, np.integer)) and value > 0:
+                    return int(value)
+            return None
+        frame = frame.f_back
+    return None
 
 
 def describe_run(model, global_batch: int | None) -> dict:
@@ -96,6 +183,9 @@ def describe_run(model, global_batch: int | None) -> dict:
         "python_version": platform.python_version(),
         "keras_dp_tools_version": keras_dp_tools.__version__,
         "embedding_layers": embedding_layers(model),
+        "embedding_names": [
+            f"{t['name']} ({t['vocabulary']}x{t['dim']})" for t in embedding_tables(model)
+        ],
     }
 
 
