@@ -25,22 +25,28 @@ from .conftest import free_ports
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 
-def write_run(log_dir: Path, steps: int, step_ms=lambda step: 10.0 + step % 7) -> Path:
+def write_run(
+    log_dir: Path,
+    steps: int,
+    step_ms=lambda step: 10.0 + step % 7,
+    run: str = "big",
+    replicas: int = 2,
+    start: float = 1.7e9,
+) -> Path:
     """A records file of one worker with a header and ``steps`` step records."""
     path = worker_records_path(log_dir, 0)
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = RecordWriter(path)
-    common = {"run": "big", "worker": 0}
+    common = {"run": run, "worker": 0}
     writer.write(
         {
             "type": "header",
             "schema": SCHEMA_VERSION,
             **common,
-            "time": 1.7e9,
+            "time": start,
             "strategy": "MirroredStrategy",
-            "replicas": 2,
+            "replicas": replicas,
             "workers": 1,
-            "global_batch": 64,
         }
     )
     for step in range(steps):
@@ -48,7 +54,7 @@ def write_run(log_dir: Path, steps: int, step_ms=lambda step: 10.0 + step % 7) -
             {
                 "type": "step",
                 **common,
-                "time": 1.7e9 + step / 100,
+                "time": start + step / 100,
                 "epoch": 0,
                 "step": step,
                 "steps": 1,
@@ -101,6 +107,22 @@ def test_a_log_dir_being_written_is_reread(tmp_path, monkeypatch):
     path.write_bytes(b"".join(lines))
     assert data.run("big", None)["steps_recorded"] == 20
     assert [run["run"] for run in data.runs()["runs"]] == ["big"]
+
+
+def test_a_sweep_gets_the_scaling_table(tmp_path):
+    write_run(tmp_path / "r1", 30, lambda step: 10.0, run="one", replicas=1)
+    write_run(tmp_path / "r2", 30, lambda step: 16.0, run="two", replicas=2, start=1.8e9)
+    data = dashboard.LogDirData(tmp_path)
+
+    answer = data.runs()
+
+    assert [run["run"] for run in answer["runs"]] == ["two", "one"]  # newest first
+    columns = zip(*answer["scaling"]["rows"], strict=True)
+    scaling = dict(zip(answer["scaling"]["columns"], columns, strict=True))
+    # Without a global batch, throughput is steps/s: 100 at 1 replica, 62.5 at 2.
+    assert scaling["throughput"] == pytest.approx((100.0, 62.5))
+    assert scaling["scaling_efficiency"] == pytest.approx((1.0, 0.3125))
+    assert data.figure("scaling", None, None, None).startswith("<svg")
 
 
 def test_unknown_run_says_what_exists(tmp_path):
