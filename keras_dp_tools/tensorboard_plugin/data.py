@@ -26,7 +26,7 @@ MAX_WINDOWS = 50
 # A report is reloaded at most this often while its files keep changing.
 MIN_RELOAD_SECONDS = 2.0
 _FIGURE_CACHE_SIZE = 64
-# Figures of one run (and worker): name -> (plots function name, title).
+# Figures of one run (and worker): keras_dp_tools.plots function -> what it shows.
 FIGURES = {
     "step_time": "Wall time per step",
     "comm_share": "Communication and wait share of profiled steps",
@@ -34,6 +34,8 @@ FIGURES = {
     "gpu_utilization": "GPU utilization over time",
 }
 _FRAMES = ("runs", "steps", "replicas", "windows", "gpu", "cpu", "batching")
+# rc_context changes matplotlib's global settings: one SVG export at a time.
+_SVG_LOCK = threading.Lock()
 
 
 def _files_key(log_dir: Path) -> tuple:
@@ -88,7 +90,8 @@ def for_worker(report, worker: int | None):
 
 def thin(frame: pd.DataFrame, by: list[str], order: str, limit: int = MAX_POINTS):
     """At most ``limit`` rows per group of ``by``: consecutive rows (in ``order``)
-    averaged in equal buckets, numbers by their mean, other columns by their first.
+    averaged in equal buckets: numbers by their mean, ``order`` and other columns by
+    their first.
     Returns the frame and the rows per bucket (1 when nothing was thinned)."""
     sizes = frame.groupby(by).size() if len(frame) else pd.Series(dtype="int64")
     if sizes.empty or sizes.max() <= limit:
@@ -112,7 +115,7 @@ def svg(figure, salt: str) -> str:
     import matplotlib
 
     buffer = io.StringIO()
-    with matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
+    with _SVG_LOCK, matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
         figure.savefig(buffer, format="svg")
     text = buffer.getvalue()
     return text[text.index("<svg") :]
