@@ -137,7 +137,7 @@ def print_next_steps(report: Report, log_dir: os.PathLike) -> None:
     print(report.text())
     print(
         "\nNext:\n"
-        f"  tensorboard --logdir {log_dir}      (scalars, Profile tab, advice in Text)\n"
+        f"  tensorboard --logdir {log_dir}      (Data parallel tab, scalars, Profile tab)\n"
         f"  keras-dp analyze {log_dir}          (per-step compute / all-reduce breakdown)\n"
         f"  keras-dp report {log_dir} --html report.html\n"
         f"  notebook: {NOTEBOOK} (set KERAS_DP_LOG_DIR={log_dir}, or it opens the newest run)"

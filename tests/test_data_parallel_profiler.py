@@ -90,8 +90,8 @@ def test_breakdown_scalars_reach_tensorboard(four_replica_run):
     multiplexer.AddRunsFromDirectory(str(log_dir))
     multiplexer.Reload()
     tags = set(multiplexer.GetAccumulator("keras_dp/worker-0").Tags()["tensors"])
-    assert {"dp/compute_ms", "dp/allreduce_ms", "dp/comm_share", "dp/sync_wait_ms"} <= tags
-    points = multiplexer.GetAccumulator("keras_dp/worker-0").Tensors("dp/compute_ms")
+    assert {"dp_window/compute_ms", "dp_window/allreduce_ms", "dp_window/comm_share"} <= tags
+    points = multiplexer.GetAccumulator("keras_dp/worker-0").Tensors("dp_window/compute_ms")
     assert [point.step for point in points] == [2, 3, 4, 5, 9, 10, 11, 12]
 
 

@@ -77,7 +77,7 @@ def test_replayed_readings_align_to_steps(tmp_path, keras, strategy4):
     multiplexer.AddRunsFromDirectory(str(tmp_path))
     multiplexer.Reload()
     tags = set(multiplexer.GetAccumulator("keras_dp/worker-0").Tags()["tensors"])
-    assert {"gpu/0/util", "gpu/1/mem_used_gb", "cpu/process_percent"} <= tags
+    assert {"gpu/0/util", "gpu/1/mem_used_gb", "host/cpu_process_percent"} <= tags
 
 
 def test_sampler_does_not_outlive_a_crashed_fit(tmp_path, keras, strategy4):

@@ -95,7 +95,15 @@ def test_works_next_to_keras_tensorboard_on_the_same_log_dir(tmp_path, keras, st
     assert {"train", "keras_dp/worker-0"} <= set(multiplexer.Runs())
     ours = multiplexer.GetAccumulator("keras_dp/worker-0")
     assert {"dp/step_ms", "dp/examples_per_s"} <= set(ours.Tags()["tensors"])
-    assert [event.step for event in ours.Tensors("dp/step_ms")] == list(range(14))
+    steady = [event.step for event in ours.Tensors("dp/step_ms")]
+    disturbed = [event.step for event in ours.Tensors("dp/step_ms_disturbed")]
+    assert sorted(steady + disturbed) == list(range(14))
+    # The headline tag leaves out the steps the summary leaves out: warm-up (step 0)
+    # and the profiler window from step 10 (kdt.callbacks' default start).
+    report = kdt.Report.load(tmp_path)
+    excluded = report.steps[report.steps["warmup"] | report.steps["profiled"]]
+    assert disturbed[0] == 0 and {10, 11, 12, 13} <= set(disturbed)
+    assert set(disturbed) == set(excluded["step"])
     assert len(kdt.Report.load(tmp_path).steps) == 14
 
 

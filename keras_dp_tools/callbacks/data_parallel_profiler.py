@@ -28,24 +28,27 @@ from keras_dp_tools.scaling import require_positive_int
 
 logger = logging.getLogger("keras_dp_tools")
 
-# Scalars written per analysed step (tag "dp/<column>").
-SCALAR_COLUMNS = (
-    "compute_ms",
-    "allreduce_ms",
-    "exposed_allreduce_ms",
-    "sync_wait_ms",
-    "transfer_ms",
-    "input_ms",
-    "other_ms",
-    "dispatch_ms",
-    "idle_ms",
-    "scheduling_ms",
-    "gather_ms",
-    "comm_share",
-    "wait_share",
-    "max_sync_wait_ms",
-    "busbw_gbps",
-)
+# Scalars written per analysed step, tag -> column: groups of their own, as they have
+# points only inside profiler windows (the records keep every column). The split of
+# other_ms has its own group so that no group overflows TensorBoard's page.
+SCALAR_TAGS = {
+    **{
+        f"dp_window/{name}": name
+        for name in (
+            "compute_ms",
+            "allreduce_ms",
+            "exposed_allreduce_ms",
+            "sync_wait_ms",
+            "gather_ms",
+            "input_ms",
+            "other_ms",
+            "comm_share",
+            "wait_share",
+            "busbw_gbps",
+        )
+    },
+    **{f"dp_window_other/{name}": name for name in ("dispatch_ms", "idle_ms", "scheduling_ms")},
+}
 
 
 def profile_dir(log_dir, worker: int) -> Path:
@@ -73,9 +76,10 @@ class DataParallelProfiler(DataParallelCallback):
     ``scheduling_ms``), ``comm_share``, ``wait_share``, the all-gathers of sparse
     gradients (``gather_ms``, ``gather_bytes``), and the bus bandwidths. Every time is
     per step, also under ``steps_per_execution`` (column ``steps``; see
-    docs/breakdown.md). The results go to the records (``replica_step`` and ``step_breakdown``,
-    read by ``kdt.Report``) and to TensorBoard scalars ``dp/compute_ms``,
-    ``dp/allreduce_ms``, ``dp/comm_share``, ... The training thread only starts and
+    docs/breakdown.md). The results go to the records (``replica_step`` and
+    ``step_breakdown``, read by ``kdt.Report``) and to TensorBoard scalars
+    ``dp_window/compute_ms``, ``dp_window/allreduce_ms``, ``dp_window/comm_share``, ...
+    (points only for profiled steps). The training thread only starts and
     stops the profiler; stopping it writes the trace, which takes a moment once per
     window.
 
@@ -162,6 +166,7 @@ class DataParallelProfiler(DataParallelCallback):
         strategy = self.model.distribute_strategy
         worker, workers = worker_index(strategy)
         self._recorder = Recorder.for_fit(self.log_dir, self.model)
+        _profilers.add(self)
         reason = None
         if self._parameter_servers and self._next_start is not None:
             reason = "parameter-server training: no all-reduce to break down, no batch hooks"
@@ -386,7 +391,7 @@ class DataParallelProfiler(DataParallelCallback):
         for row in steps:
             self._recorder.write("step_breakdown", time=record["time"], window=window, **row)
             if self.tensorboard:
-                values = {f"dp/{name}": _number(row.get(name)) for name in SCALAR_COLUMNS}
+                values = {tag: _number(row.get(name)) for tag, name in SCALAR_TAGS.items()}
                 self._recorder.scalars(int(row["step"]), values)
         status, reason = ("analysed", None) if steps else ("failed", "no step markers in trace")
         record["attribution"] = breakdown.attribution
@@ -424,10 +429,29 @@ class DataParallelProfiler(DataParallelCallback):
             self._executor = None
         self._pending = []
 
+    @property
+    def disturbing(self) -> bool:
+        """True while a window is captured or its analysis runs: steps are slower."""
+        return self._window is not None or any(not future.done() for _, future in self._pending)
+
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
             warn(message, MeasurementWarning)
+
+
+# Profilers of this process by log dir, for StepTimer to keep disturbed steps apart.
+_profilers: weakref.WeakSet[DataParallelProfiler] = weakref.WeakSet()
+
+
+def profiling_disturbs(log_dir) -> bool:
+    """Whether a profiler of this process on ``log_dir`` is capturing or analysing now
+    (the steps it overlaps are the ``profiled`` ones of ``kdt.Report``)."""
+    where = Path(log_dir).resolve()
+    return any(
+        profiler.disturbing and Path(profiler.log_dir).resolve() == where
+        for profiler in list(_profilers)
+    )
 
 
 # Profilers inside a window: a fit that raised never calls on_train_end, so the window

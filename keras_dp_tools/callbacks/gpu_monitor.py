@@ -74,7 +74,8 @@ class GpuMonitor(DataParallelCallback):
     Readings go to the records (``gpu_sample``, ``cpu_sample``; ``kdt.Report.gpu``,
     ``Report.cpu``, and ``gpu_util_mean`` per step in ``Report.steps``) and to
     TensorBoard scalars ``gpu/<i>/util``, ``gpu/<i>/mem_used_gb``, ...,
-    ``cpu/process_percent``.
+    ``host/cpu_process_percent`` and ``host/cpu_system_percent`` (both in % of all the
+    host's cores; the records count 100% per core).
 
     Example:
 
@@ -263,11 +264,15 @@ class GpuMonitor(DataParallelCallback):
         usage = self._cpu.read()
         self._recorder.write("cpu_sample", **usage)
         if self.tensorboard:
+            # The records keep 100% = one core; TensorBoard gets one 0-100 scale.
+            process = usage["process_cpu_percent"]
             self._recorder.scalars(
                 self._steps.next_step,
                 {
-                    "cpu/process_percent": usage["process_cpu_percent"],
-                    "cpu/system_percent": usage["system_cpu_percent"],
+                    "host/cpu_process_percent": (
+                        None if process is None else process / usage["cpu_count"]
+                    ),
+                    "host/cpu_system_percent": usage["system_cpu_percent"],
                 },
             )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 from keras_dp_tools.callbacks.base import DataParallelCallback
+from keras_dp_tools.callbacks.data_parallel_profiler import profiling_disturbs
 from keras_dp_tools.callbacks.recorder import Recorder
 from keras_dp_tools.callbacks.step_counter import StepCounter
 from keras_dp_tools.scaling import require_positive_int
@@ -22,7 +23,10 @@ class StepTimer(DataParallelCallback):
     compilation and is marked ``warmup``.
 
     Records go to ``<log_dir>/keras_dp/worker-<i>.jsonl``; TensorBoard scalars
-    ``dp/step_ms`` and ``dp/examples_per_s`` to the run ``keras_dp/worker-<i>``.
+    ``dp/step_ms`` and ``dp/examples_per_s`` to the run ``keras_dp/worker-<i>``, against
+    the global step (batches; Keras's ``train`` run counts epochs). Warm-up calls and
+    steps a ``DataParallelProfiler`` on the same log dir captures or slows down go to
+    ``dp/step_ms_disturbed`` instead, so the headline tags show steady-state steps.
     Works for Keras 3 and tf_keras models, alone or next to ``keras.callbacks.TensorBoard``
     on the same ``log_dir``.
 
@@ -63,6 +67,7 @@ class StepTimer(DataParallelCallback):
         self._steps = StepCounter()
         self._epoch = 0
         self._call_started = None
+        self._disturbed = False
 
     def on_train_begin(self, logs=None):
         self._release_recorder()  # a previous fit that raised never reached on_train_end
@@ -74,6 +79,7 @@ class StepTimer(DataParallelCallback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self._steps.begin_call(batch)
+        self._disturbed = self.tensorboard and profiling_disturbs(self.log_dir)
         self._call_started = (time.time(), time.perf_counter())
 
     def on_train_batch_end(self, batch, logs=None):
@@ -98,9 +104,12 @@ class StepTimer(DataParallelCallback):
             warmup=warmup,
         )
         if self.tensorboard:
-            self._recorder.scalars(
-                step, {"dp/step_ms": step_ms, "dp/examples_per_s": examples_per_s}
-            )
+            if warmup or self._disturbed or profiling_disturbs(self.log_dir):
+                self._recorder.scalars(step, {"dp/step_ms_disturbed": step_ms})
+            else:
+                self._recorder.scalars(
+                    step, {"dp/step_ms": step_ms, "dp/examples_per_s": examples_per_s}
+                )
         self._call_started = None
 
     def on_epoch_end(self, epoch, logs=None):
