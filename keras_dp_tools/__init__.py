@@ -10,21 +10,29 @@ from keras_dp_tools._lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-# The function, bound after its subpackage of the same name is imported (which is
-# light): later imports of callback modules then leave this name alone.
-from keras_dp_tools.callbacks import callbacks
-
+# Public name -> defining module; a name equal to a submodule's (``plots``) is that
+# module. The callbacks live in ``keras_dp_tools.capture``, so ``kdt.callbacks`` (the
+# function) names no subpackage and cannot be shadowed by one.
 _EXPORTS = {
-    "BatchScalingCheck": "keras_dp_tools.callbacks.batch_scaling_check",
+    "callbacks": "keras_dp_tools.capture",
+    "analyze_trace": "keras_dp_tools.analysis.breakdown",
+    "Breakdown": "keras_dp_tools.analysis.breakdown",
+    "Advice": "keras_dp_tools.analysis.advice",
+    "Finding": "keras_dp_tools.batching",
+    "LintViolation": ("keras_dp_tools.lint.checker", "Violation"),
+    "lint_paths": "keras_dp_tools.lint.runner",
+    "plots": "keras_dp_tools.plots",
+    "Severity": "keras_dp_tools.severity",
+    "BatchScalingCheck": "keras_dp_tools.capture.batch_scaling_check",
     "BatchScalingWarning": "keras_dp_tools.batching",
     "check_batching": "keras_dp_tools.batching",
-    "DataParallelCallback": "keras_dp_tools.callbacks.base",
-    "MeasurementWarning": "keras_dp_tools.callbacks.base",
-    "StrategyWarning": "keras_dp_tools.callbacks.base",
-    "DataParallelProfiler": "keras_dp_tools.callbacks.data_parallel_profiler",
-    "GpuMonitor": "keras_dp_tools.callbacks.gpu_monitor",
-    "RunAdvisor": "keras_dp_tools.callbacks.run_advisor",
-    "StepTimer": "keras_dp_tools.callbacks.step_timer",
+    "DataParallelCallback": "keras_dp_tools.capture.base",
+    "MeasurementWarning": "keras_dp_tools.capture.base",
+    "StrategyWarning": "keras_dp_tools.capture.base",
+    "DataParallelProfiler": "keras_dp_tools.capture.data_parallel_profiler",
+    "GpuMonitor": "keras_dp_tools.capture.gpu_monitor",
+    "RunAdvisor": "keras_dp_tools.capture.run_advisor",
+    "StepTimer": "keras_dp_tools.capture.step_timer",
     "configure_devices": "keras_dp_tools.devices",
     "mirrored_strategy": "keras_dp_tools.devices",
     "Report": "keras_dp_tools.report",
@@ -35,5 +43,5 @@ _EXPORTS = {
     "plan_scaling": "keras_dp_tools.scaling",
     "warmup_schedule": "keras_dp_tools.schedules",
 }
-__all__ = ["__version__", "callbacks", *sorted(_EXPORTS)]
+__all__ = ["__version__", *sorted(_EXPORTS)]
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

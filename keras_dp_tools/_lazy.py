@@ -6,15 +6,22 @@ from __future__ import annotations
 import importlib
 
 
-def lazy_exports(package: str, namespace: dict, exports: dict[str, str]):
-    """``__getattr__`` and ``__dir__`` for ``package`` that load ``exports`` (public name
-    -> defining module) on first access and cache them in ``namespace``."""
+def lazy_exports(package: str, namespace: dict, exports: dict[str, str | tuple[str, str]]):
+    """``__getattr__`` and ``__dir__`` for ``package`` that load ``exports`` on first
+    access and cache them in ``namespace``.
+
+    ``exports`` maps a public name to its defining module (the attribute of the same
+    name), to ``(module, attribute)`` when the public name differs, or to the
+    submodule ``<package>.<name>`` itself (``kdt.plots``).
+    """
 
     def __getattr__(name: str):
-        module = exports.get(name)
-        if module is None:
+        target = exports.get(name)
+        if target is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(module), name)
+        module, attribute = target if isinstance(target, tuple) else (target, name)
+        loaded = importlib.import_module(module)
+        value = loaded if module == f"{package}.{name}" else getattr(loaded, attribute)
         namespace[name] = value  # later lookups skip __getattr__
         return value
 

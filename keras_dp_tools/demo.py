@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_dp_tools.callbacks import callbacks
+from keras_dp_tools.capture import callbacks
 from keras_dp_tools.devices import configure_devices
 from keras_dp_tools.report import Report
 from keras_dp_tools.scaling import plan_scaling

@@ -267,7 +267,7 @@ def test_window_without_device_events_is_marked_failed(tmp_path, keras, strategy
     CUPTI would record), from a strategy whose devices are GPUs: the window fails with
     the reason, and training goes on."""
     import keras_dp_tools as kdt
-    from keras_dp_tools.callbacks import data_parallel_profiler
+    from keras_dp_tools.capture import data_parallel_profiler
     from tests.training import dense_model, fit, iterations
 
     gpus = ["/job:localhost/replica:0/task:0/device:GPU:0", "/gpu:1"]

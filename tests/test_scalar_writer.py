@@ -3,7 +3,7 @@
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.util.tensor_util import make_ndarray
 
-from keras_dp_tools.callbacks.scalar_writer import ScalarWriter
+from keras_dp_tools.capture.scalar_writer import ScalarWriter
 
 
 def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
-from keras_dp_tools.callbacks.base import DataParallelCallback
-from keras_dp_tools.callbacks.data_parallel_profiler import profiling_disturbs
-from keras_dp_tools.callbacks.recorder import Recorder
-from keras_dp_tools.callbacks.step_counter import StepCounter
+from keras_dp_tools.capture.base import DataParallelCallback
+from keras_dp_tools.capture.data_parallel_profiler import profiling_disturbs
+from keras_dp_tools.capture.recorder import Recorder
+from keras_dp_tools.capture.step_counter import StepCounter
 from keras_dp_tools.scaling import require_positive_int
 
 

@@ -13,8 +13,8 @@ from keras_dp_tools.batching import (
     unknown_batch,
     warn_findings,
 )
-from keras_dp_tools.callbacks.base import DataParallelCallback, find_in_fit
-from keras_dp_tools.callbacks.recorder import Recorder
+from keras_dp_tools.capture.base import DataParallelCallback, find_in_fit
+from keras_dp_tools.capture.recorder import Recorder
 
 
 class BatchScalingCheck(DataParallelCallback):

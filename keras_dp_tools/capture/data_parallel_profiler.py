@@ -10,9 +10,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from keras_dp_tools._warn import warn
-from keras_dp_tools.callbacks.base import DataParallelCallback, MeasurementWarning, find_in_fit
-from keras_dp_tools.callbacks.recorder import Recorder
-from keras_dp_tools.callbacks.run_info import (
+from keras_dp_tools.capture.base import DataParallelCallback, MeasurementWarning, find_in_fit
+from keras_dp_tools.capture.recorder import Recorder
+from keras_dp_tools.capture.run_info import (
     embedding_tables,
     fit_global_batch,
     gathered_bytes,
@@ -22,7 +22,7 @@ from keras_dp_tools.callbacks.run_info import (
     strategy_devices,
     worker_index,
 )
-from keras_dp_tools.callbacks.step_counter import StepCounter
+from keras_dp_tools.capture.step_counter import StepCounter
 from keras_dp_tools.monitor.background import lower_thread_priority
 from keras_dp_tools.scaling import require_positive_int
 

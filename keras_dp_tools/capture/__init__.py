@@ -1,20 +1,23 @@
 """Capture layer: Keras callbacks that record data-parallel training (Keras 3 and tf_keras).
 
-The callback classes load on first use (``keras_dp_tools.callbacks.StepTimer``), so
+``kdt.callbacks(log_dir)`` (defined here) is the one-line entry; the package was
+``keras_dp_tools.callbacks`` in 0.1, a name the function shadowed.
+
+The callback classes load on first use (``keras_dp_tools.capture.StepTimer``), so
 importing this package stays light.
 """
 
 from keras_dp_tools._lazy import lazy_exports
 
 _EXPORTS = {
-    "BatchScalingCheck": "keras_dp_tools.callbacks.batch_scaling_check",
-    "DataParallelCallback": "keras_dp_tools.callbacks.base",
-    "MeasurementWarning": "keras_dp_tools.callbacks.base",
-    "StrategyWarning": "keras_dp_tools.callbacks.base",
-    "DataParallelProfiler": "keras_dp_tools.callbacks.data_parallel_profiler",
-    "GpuMonitor": "keras_dp_tools.callbacks.gpu_monitor",
-    "RunAdvisor": "keras_dp_tools.callbacks.run_advisor",
-    "StepTimer": "keras_dp_tools.callbacks.step_timer",
+    "BatchScalingCheck": "keras_dp_tools.capture.batch_scaling_check",
+    "DataParallelCallback": "keras_dp_tools.capture.base",
+    "MeasurementWarning": "keras_dp_tools.capture.base",
+    "StrategyWarning": "keras_dp_tools.capture.base",
+    "DataParallelProfiler": "keras_dp_tools.capture.data_parallel_profiler",
+    "GpuMonitor": "keras_dp_tools.capture.gpu_monitor",
+    "RunAdvisor": "keras_dp_tools.capture.run_advisor",
+    "StepTimer": "keras_dp_tools.capture.step_timer",
 }
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
 
@@ -65,11 +68,11 @@ def callbacks(
     Returns:
         A list of callbacks; add your own to it.
     """
-    from keras_dp_tools.callbacks.batch_scaling_check import BatchScalingCheck
-    from keras_dp_tools.callbacks.data_parallel_profiler import DataParallelProfiler
-    from keras_dp_tools.callbacks.gpu_monitor import GpuMonitor
-    from keras_dp_tools.callbacks.run_advisor import RunAdvisor
-    from keras_dp_tools.callbacks.step_timer import StepTimer
+    from keras_dp_tools.capture.batch_scaling_check import BatchScalingCheck
+    from keras_dp_tools.capture.data_parallel_profiler import DataParallelProfiler
+    from keras_dp_tools.capture.gpu_monitor import GpuMonitor
+    from keras_dp_tools.capture.run_advisor import RunAdvisor
+    from keras_dp_tools.capture.step_timer import StepTimer
 
     chosen = [StepTimer(log_dir, global_batch=global_batch, tensorboard=tensorboard)]
     if profile:

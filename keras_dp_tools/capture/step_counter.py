@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from keras_dp_tools.callbacks.run_info import global_step
+from keras_dp_tools.capture.run_info import global_step
 
 
 class StepCounter:

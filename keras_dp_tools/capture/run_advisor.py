@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from keras_dp_tools.callbacks.base import DataParallelCallback
-from keras_dp_tools.callbacks.recorder import Recorder
+from keras_dp_tools.capture.base import DataParallelCallback
+from keras_dp_tools.capture.recorder import Recorder
 
 
 class RunAdvisor(DataParallelCallback):

@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 from typing import ClassVar
 
-from keras_dp_tools.callbacks.scalar_writer import ScalarWriter
+from keras_dp_tools.capture.scalar_writer import ScalarWriter
 from keras_dp_tools.records import SCHEMA_VERSION, RecordWriter, records_dir, worker_records_path
 
 RUN_ID_ENV = "KERAS_DP_RUN_ID"
@@ -83,7 +83,7 @@ class Recorder:
     ) -> Recorder:
         """Acquires the recorder of the worker that trains ``model`` and starts (or
         continues) its run: what every callback does in ``on_train_begin``."""
-        from keras_dp_tools.callbacks.run_info import describe_run, worker_index
+        from keras_dp_tools.capture.run_info import describe_run, worker_index
 
         recorder = cls.acquire(log_dir, worker_index(model.distribute_strategy)[0])
         try:
