@@ -13,8 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from keras_dp_tools._warn import warn as warn_at_user
-from keras_dp_tools.scaling import replica_count, require_positive_int
+from keras_dp_tools.scaling import replica_count
 from keras_dp_tools.severity import Severity
+from keras_dp_tools.validation import require_positive_int
 
 # Dataset ops that batch (the first input is the dataset, the second the batch size).
 _BATCH_OPS = {

@@ -225,6 +225,7 @@ def run_analyze_command(args: argparse.Namespace) -> int:
     import pandas as pd
 
     from keras_dp_tools.analysis import analyze_trace, find_traces
+    from keras_dp_tools.contract import STEP_EVENT_NAME
 
     traces = find_traces(args.source)
     context = _recorded_context(args.source)
@@ -248,7 +249,7 @@ def run_analyze_command(args: argparse.Namespace) -> int:
         raise ValueError(
             f"no marked steps in {len(traces)} trace(s) under {args.source}: capture with "
             "kdt.DataParallelProfiler, or wrap steps in "
-            'tf.profiler.experimental.Trace("train", step_num=..., _r=1).'
+            f'tf.profiler.experimental.Trace("{STEP_EVENT_NAME}", step_num=..., _r=1).'
         )
     if args.csv:
         table.to_csv(sys.stdout, index=False)

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 
 from keras_dp_tools.capture import callbacks
+from keras_dp_tools.contract import LOG_DIR_ENV
 from keras_dp_tools.devices import configure_devices
 from keras_dp_tools.report import Report
 from keras_dp_tools.scaling import plan_scaling
@@ -60,7 +61,7 @@ def small_cnn(keras):
 
 def default_log_dir() -> Path:
     """``KERAS_DP_LOG_DIR`` (set by ``keras-dp sweep``), else ``runs/demo-<timestamp>``."""
-    from_env = os.environ.get("KERAS_DP_LOG_DIR")
+    from_env = os.environ.get(LOG_DIR_ENV)
     return Path(from_env) if from_env else Path("runs") / f"demo-{time.strftime('%Y%m%d-%H%M%S')}"
 
 

@@ -9,20 +9,12 @@ devices, so call ``configure_devices`` first thing in the program.
 from __future__ import annotations
 
 import os
-import re
 
-from keras_dp_tools.scaling import require_positive_int
+from keras_dp_tools.contract import REPLICAS_ENV, gpu_ordinal
+from keras_dp_tools.validation import require_positive_int
 
-REPLICAS_ENV = "KERAS_DP_REPLICAS"
 DEFAULT_CPU_REPLICAS = 4
-_GPU_DEVICE = re.compile(r"(?:^|/)(?:device:)?GPU:(\d+)$", re.IGNORECASE)
-
-
-def gpu_ordinal(device: str) -> int | None:
-    """The GPU ordinal of a TensorFlow device name (``/gpu:1``,
-    ``/job:localhost/replica:0/task:0/device:GPU:1``), None for other devices."""
-    match = _GPU_DEVICE.search(device.rstrip("/"))
-    return int(match.group(1)) if match else None
+__all__ = ["REPLICAS_ENV", "configure_devices", "gpu_ordinal", "mirrored_strategy"]
 
 
 def _requested_replicas(replicas: int | None) -> int | None:

@@ -242,10 +242,12 @@ class Report:
         started = self.runs.groupby("run")["time"].min()
         summary.insert(0, "start", pd.to_datetime(started.reindex(summary.index), unit="s"))
         if advice:
-            from keras_dp_tools.analysis.advice import advise
+            from keras_dp_tools.analysis.advice import AdvisorFrames, advise
 
+            frames = AdvisorFrames.of(self)
             summary["advice"] = [
-                "; ".join(item.title for item in advise(self.for_run(run))) for run in summary.index
+                "; ".join(item.title for item in advise(frames.for_run(run)))
+                for run in summary.index
             ]
         return summary.sort_values("start")
 
@@ -324,7 +326,8 @@ class Report:
         (``keras_dp_tools.analysis.advice``)."""
         from keras_dp_tools.analysis.advice import advise
 
-        return advise(self)
+        several = self.steps["replicas"].nunique() > 1
+        return advise(self, scaling=self.compare() if several else None)
 
     def to_csv(self, directory: str | os.PathLike) -> list[Path]:
         """Writes every frame (and the summary) as ``<directory>/<name>.csv``."""

@@ -10,12 +10,7 @@ from __future__ import annotations
 import numbers
 from dataclasses import asdict, dataclass
 
-
-def require_positive_int(name: str, value) -> int:
-    """``value`` as an int if it is a positive integer, else a ValueError naming it."""
-    if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1:
-        return int(value)
-    raise ValueError(f"{name} must be a positive integer, received {value!r}.")
+from keras_dp_tools.validation import require_positive_int, require_positive_number
 
 
 def replica_count(strategy_or_replicas) -> int:
@@ -60,13 +55,6 @@ def scale_batch_size(per_replica_batch: int, strategy_or_replicas) -> int:
 
 
 SCALING_RULES = ("linear", "sqrt", "none")
-
-
-def require_positive_number(name: str, value) -> float:
-    """``value`` as a float if it is a positive number, else a ValueError naming it."""
-    if isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0:
-        return float(value)
-    raise ValueError(f"{name} must be a positive number, received {value!r}.")
 
 
 def scale_learning_rate(

@@ -6,6 +6,8 @@ import importlib
 import os
 from functools import cache
 
+from keras_dp_tools.validation import require_positive_int, require_positive_number
+
 PACKAGE = "keras_dp_tools"
 
 
@@ -117,8 +119,6 @@ def warmup_schedule(
     Returns:
         A serialisable ``LearningRateSchedule`` (``get_config`` / ``from_config``).
     """
-    from keras_dp_tools.scaling import require_positive_int, require_positive_number
-
     target_lr = require_positive_number("target_lr", target_lr)
     warmup_steps = require_positive_int("warmup_steps", warmup_steps)
     start_lr = 0.0 if start_lr is None else float(start_lr)

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-LOG_DIR_ENV = "KERAS_DP_LOG_DIR"
+from keras_dp_tools.contract import LOG_DIR_ENV, REPLICAS_ENV, RUN_ID_ENV
 
 
 def _gpu_ids() -> list[str]:
@@ -70,8 +70,8 @@ def run_sweep(
     for number, count in enumerate(replicas, 1):
         run_dir = log_dir / f"replicas-{count}"
         run_dir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "KERAS_DP_REPLICAS": str(count), LOG_DIR_ENV: str(run_dir)}
-        env.pop("KERAS_DP_RUN_ID", None)  # each run its own id
+        env = {**os.environ, REPLICAS_ENV: str(count), LOG_DIR_ENV: str(run_dir)}
+        env.pop(RUN_ID_ENV, None)  # each run its own id
         if gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus[:count])
         substituted = [a.format(replicas=count, log_dir=run_dir) for a in arguments]

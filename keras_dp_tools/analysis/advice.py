@@ -1,13 +1,14 @@
 """The advisor: findings about a run, each with its evidence and a concrete fix.
 
-Pure functions over a ``Report`` (its frames): thresholds are module constants so a
-finding says which line it crossed.
+Pure functions over DataFrames (``AdvisorFrames``: a ``Report`` has them all, and
+passes its scaling table): thresholds are module constants so a finding says which line
+it crossed. Nothing here calls back into ``Report``.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import pandas as pd
 
@@ -44,6 +45,36 @@ class Advice:
 
     def to_markdown(self) -> str:
         return f"- **{self.severity}: {self.title}**. {self.evidence} *Fix:* {self.fix}"
+
+
+@dataclass(frozen=True)
+class AdvisorFrames:
+    """The frames the advisor reads, as ``Report`` names them (``Report.runs``,
+    ``.steps``, ``.gpu``, ``.cpu``, ``.batching``)."""
+
+    runs: pd.DataFrame
+    steps: pd.DataFrame
+    gpu: pd.DataFrame
+    cpu: pd.DataFrame
+    batching: pd.DataFrame
+
+    @classmethod
+    def of(cls, source) -> AdvisorFrames:
+        """The frames of anything that has them as attributes (a ``Report``)."""
+        return source if isinstance(source, cls) else cls(**_frames_of(source))
+
+    def for_run(self, run: str) -> AdvisorFrames:
+        """The rows of one run id."""
+        return AdvisorFrames(
+            **{
+                name: frame[frame["run"] == run].reset_index(drop=True)
+                for name, frame in _frames_of(self).items()
+            }
+        )
+
+
+def _frames_of(source) -> dict[str, pd.DataFrame]:
+    return {field.name: getattr(source, field.name) for field in fields(AdvisorFrames)}
 
 
 def _profiled(report) -> pd.DataFrame:
@@ -292,12 +323,12 @@ def _steps(report) -> list[Advice]:
     ]
 
 
-def _scaling(report) -> list[Advice]:
+def _scaling(report, table: pd.DataFrame | None) -> list[Advice]:
     """Poor scaling, with only the causes the runs show: communication or waiting over
-    their thresholds, a shrinking per-replica batch, replicas sharing CPU cores."""
-    if report.steps["replicas"].nunique() < 2:
+    their thresholds, a shrinking per-replica batch, replicas sharing CPU cores.
+    ``table``: the runs by replica count (``Report.compare()``)."""
+    if table is None or table["replicas"].nunique() < 2:
         return []
-    table = report.compare()
     base, worst = table.iloc[0], table.iloc[-1]
     if not worst["scaling_efficiency"] < SCALING_EFFICIENCY_LOW:
         return []
@@ -370,9 +401,21 @@ def _run_advice(report) -> list[Advice]:
     return advice + _gpu(report) + _cpu(report) + _batching(report) + _steps(report)
 
 
-def advise(report) -> list[Advice]:
-    """All findings for the runs in ``report``, worst first. With several runs, each
-    run's findings say which run they are about, and the runs are compared."""
+def advise(frames, scaling: pd.DataFrame | None = None) -> list[Advice]:
+    """All findings for the runs in ``frames`` (``AdvisorFrames``, or a ``Report``),
+    worst first. With several runs, each run's findings say which run they are about;
+    ``scaling`` (``Report.compare()``: the runs by replica count) adds the scaling
+    finding.
+
+    Example:
+
+    ```python
+    report = kdt.Report.load("runs/sweep")
+    for item in advise(report, scaling=report.compare()):
+        print(item)
+    ```
+    """
+    report = AdvisorFrames.of(frames)
     runs = list(report.runs["run"].drop_duplicates())
     if len(runs) <= 1:
         advice = _run_advice(report)
@@ -386,7 +429,7 @@ def advise(report) -> list[Advice]:
                 Advice(item.severity, item.title, where + item.evidence, item.fix)
                 for item in _run_advice(part)
             ]
-    advice += _scaling(report)
+    advice += _scaling(report, scaling)
     return sorted(advice, key=lambda item: -item.severity.level)
 
 

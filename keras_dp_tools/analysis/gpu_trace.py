@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 from keras_dp_tools.analysis.classify import Kind, classify_device_event
 from keras_dp_tools.analysis.xspace import StepMarker, TraceEvent, gpu_planes, plane_events
-from keras_dp_tools.devices import gpu_ordinal
+from keras_dp_tools.contract import gpu_ordinal
 
 CORRELATION_STAT = "correlation_id"
 STREAM_LINE_PREFIX = "Stream #"

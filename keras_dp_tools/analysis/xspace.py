@@ -13,15 +13,11 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PROFILE_SUBDIR = Path("plugins") / "profile"
-TRACE_SUFFIX = ".xplane.pb"
+# The step marker and capture path (keras_dp_tools.contract), shared with capture.
+from keras_dp_tools.contract import OWN_MARKER_STAT, PROFILE_SUBDIR, STEP_EVENT_NAME, TRACE_SUFFIX
+
 HOST_PLANE_PREFIX = "/host:"
 GPU_PLANE = re.compile(r"^/device:GPU:(\d+)$")
-# The host event a step marker leaves: Trace("train", step_num=n, _r=1).
-STEP_EVENT_NAME = "train"
-# Set on the step markers our profiler writes, to tell them from markers of tf_keras or
-# of user code when several nest.
-OWN_MARKER_STAT = "kdp"
 
 
 @dataclass(frozen=True, slots=True)

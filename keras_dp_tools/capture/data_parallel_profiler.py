@@ -23,8 +23,15 @@ from keras_dp_tools.capture.run_info import (
     worker_index,
 )
 from keras_dp_tools.capture.step_counter import StepCounter
+from keras_dp_tools.contract import (
+    PROFILE_RUN,
+    PROFILE_SUBDIR,
+    STEP_EVENT_NAME,
+    TRACE_SUFFIX,
+    step_marker_stats,
+)
 from keras_dp_tools.monitor.background import lower_thread_priority
-from keras_dp_tools.scaling import require_positive_int
+from keras_dp_tools.validation import require_positive_int
 
 logger = logging.getLogger("keras_dp_tools")
 
@@ -54,7 +61,7 @@ SCALAR_TAGS = {
 def profile_dir(log_dir, worker: int) -> Path:
     """Where a worker's captures go: ``<log_dir>/train`` (TensorBoard's Profile tab lists
     it as run ``train``), ``<log_dir>/train/worker-<i>`` for further workers."""
-    base = Path(log_dir) / "train"
+    base = Path(log_dir) / PROFILE_RUN
     return base if worker == 0 else base / f"worker-{worker}"
 
 
@@ -207,7 +214,9 @@ class DataParallelProfiler(DataParallelCallback):
         if self._mark_steps or self._window is not None:
             import tensorflow as tf
 
-            self._marker = tf.profiler.experimental.Trace("train", step_num=step, _r=1, kdp=1)
+            self._marker = tf.profiler.experimental.Trace(
+                STEP_EVENT_NAME, step_num=step, _r=1, **step_marker_stats()
+            )
             self._marker.__enter__()
 
     def on_train_batch_end(self, batch, logs=None):
@@ -482,13 +491,13 @@ def _wait_for_a_free_capture_name(directory: Path) -> None:
     """The profiler names a capture by the local second it stops in and overwrites a
     capture of the same name: wait out the second of an earlier capture (ours, or a
     TensorBoard callback's) rather than replace it. Rare, and under a second."""
-    taken = {path.name for path in (directory / "plugins" / "profile").glob("*")}
+    taken = {path.name for path in (directory / PROFILE_SUBDIR).glob("*")}
     while time.strftime("%Y_%m_%d_%H_%M_%S") in taken:
         time.sleep(0.02)
 
 
 def _captures(directory: Path) -> list[Path]:
-    return sorted((directory / "plugins" / "profile").glob("*/*.xplane.pb"))
+    return sorted((directory / PROFILE_SUBDIR).glob(f"*/*{TRACE_SUFFIX}"))
 
 
 def _relative(path: Path, log_dir) -> Path:

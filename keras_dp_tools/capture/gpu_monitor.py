@@ -12,7 +12,7 @@ from keras_dp_tools.capture.base import DataParallelCallback, MeasurementWarning
 from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.capture.run_info import strategy_devices
 from keras_dp_tools.capture.step_counter import StepCounter
-from keras_dp_tools.devices import gpu_ordinal
+from keras_dp_tools.contract import gpu_ordinal
 from keras_dp_tools.monitor.host_usage import HostCpuMeter
 from keras_dp_tools.monitor.nvml_reader import (
     READING_FIELDS,

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import ClassVar
 
 from keras_dp_tools.capture.scalar_writer import ScalarWriter
+from keras_dp_tools.contract import RUN_ID_ENV
 from keras_dp_tools.records import SCHEMA_VERSION, RecordWriter, records_dir, worker_records_path
 
-RUN_ID_ENV = "KERAS_DP_RUN_ID"
 logger = logging.getLogger("keras_dp_tools")
 
 # Header fields whose change between two fits of one process starts a new run.
@@ -92,6 +92,11 @@ class Recorder:
             recorder.release()
             raise
         return recorder
+
+    @property
+    def records_path(self) -> Path:
+        """The records file this worker appends to."""
+        return worker_records_path(self.log_dir, self.worker)
 
     def release(self) -> None:
         with self._registry_lock:

@@ -10,7 +10,9 @@ class RunAdvisor(DataParallelCallback):
     """Writes ``Report.advice()`` for the run to TensorBoard's Text tab when ``fit`` ends.
 
     Put it after the other keras_dp_tools callbacks (``kdt.callbacks`` does), so their
-    last records (e.g. a profiler window analysed at the end) are in.
+    last records (e.g. a profiler window analysed at the end) are in. It reads this
+    worker's records file once (not every run under ``log_dir``) and advises on this
+    run's rows.
 
     Example:
 
@@ -35,6 +37,6 @@ class RunAdvisor(DataParallelCallback):
         from keras_dp_tools.report import Report
 
         self._recorder.flush()
-        report = Report.load(self.log_dir).for_run(self._recorder.run_id)
+        report = Report.load(self._recorder.records_path).for_run(self._recorder.run_id)
         self._recorder.text("keras_dp/advice", advice_markdown(report.advice()))
         self._release_recorder()

@@ -8,7 +8,7 @@ from keras_dp_tools.capture.base import DataParallelCallback
 from keras_dp_tools.capture.data_parallel_profiler import profiling_disturbs
 from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.capture.step_counter import StepCounter
-from keras_dp_tools.scaling import require_positive_int
+from keras_dp_tools.validation import require_positive_int
 
 
 class StepTimer(DataParallelCallback):

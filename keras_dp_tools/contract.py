@@ -1,0 +1,42 @@
+"""Names that capture and analysis share, defined once: the step marker the profiler
+writes and the analysis finds, where captures go, the environment variables, and how
+a GPU is named. Standard library only, so every layer may import it.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+# Step markers: the profiler wraps each step in
+# ``tf.profiler.experimental.Trace(STEP_EVENT_NAME, step_num=<global step>, _r=1,
+# kdp=1)``; XProf and our analysis find steps by that host event.
+STEP_EVENT_NAME = "train"
+# Set on our own markers, to tell them from tf_keras's or user code's when several nest.
+OWN_MARKER_STAT = "kdp"
+
+# Captures: ``<log_dir>/PROFILE_RUN/PROFILE_SUBDIR/<capture>/<host>TRACE_SUFFIX``
+# (TensorBoard's Profile tab lists PROFILE_RUN as a run).
+PROFILE_RUN = "train"
+PROFILE_SUBDIR = Path("plugins") / "profile"
+TRACE_SUFFIX = ".xplane.pb"
+
+# Environment variables: replicas for ``configure_devices``, the log dir a sweep gives
+# each run, the run id launchers share across workers.
+REPLICAS_ENV = "KERAS_DP_REPLICAS"
+LOG_DIR_ENV = "KERAS_DP_LOG_DIR"
+RUN_ID_ENV = "KERAS_DP_RUN_ID"
+
+_GPU_DEVICE = re.compile(r"(?:^|/)(?:device:)?GPU:(\d+)$", re.IGNORECASE)
+
+
+def step_marker_stats() -> dict[str, int]:
+    """Keyword arguments (beyond ``step_num`` and ``_r``) of our step markers."""
+    return {OWN_MARKER_STAT: 1}
+
+
+def gpu_ordinal(device: str) -> int | None:
+    """The GPU ordinal of a TensorFlow device name (``/gpu:1``,
+    ``/job:localhost/replica:0/task:0/device:GPU:1``), None for other devices."""
+    match = _GPU_DEVICE.search(device.rstrip("/"))
+    return int(match.group(1)) if match else None
