@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.json as pa_json
 
+from keras_dp_tools import schema
 from keras_dp_tools._warn import warn
 
 SCHEMA_VERSION = 1
@@ -92,38 +93,10 @@ WINDOW_FIELDS: dict[str, pa.DataType] = {
     "attribution": pa.string(),  # null: replicas read off the trace; else why not
     "sparse_bytes": pa.int64(),  # embedding tables: all-gathered, not all-reduced
 }
-BREAKDOWN_FIELDS: dict[str, pa.DataType] = {  # replica_step and step_breakdown records
-    "replica": pa.int64(),
-    "device": pa.string(),
-    "compute_ms": pa.float64(),
-    "allreduce_ms": pa.float64(),
-    "sync_wait_ms": pa.float64(),
-    "transfer_ms": pa.float64(),
-    "exposed_allreduce_ms": pa.float64(),
-    "exposed_sync_wait_ms": pa.float64(),
-    "exposed_transfer_ms": pa.float64(),
-    "input_ms": pa.float64(),
-    "other_ms": pa.float64(),
-    "dispatch_ms": pa.float64(),
-    "idle_ms": pa.float64(),
-    "scheduling_ms": pa.float64(),
-    "gather_ms": pa.float64(),
-    "gather_transfer_ms": pa.float64(),
-    "gather_bytes": pa.int64(),
-    "row_bytes": pa.int64(),
-    "gather_busbw_gbps": pa.float64(),
-    "comm_share": pa.float64(),
-    "wait_share": pa.float64(),
-    "allreduce_bytes": pa.int64(),
-    "algbw_gbps": pa.float64(),
-    "busbw_gbps": pa.float64(),
-    "bandwidth_note": pa.string(),  # why the bandwidths are empty, if they are
-    "max_sync_wait_ms": pa.float64(),
-    "straggler_replica": pa.int64(),
-    "xprof_step_ms": pa.float64(),
-    "xprof_collectives_ms": pa.float64(),
-    "xprof_device_compute_ms": pa.float64(),
-    "xprof_device_to_device_ms": pa.float64(),
+# replica_step and step_breakdown records: the columns of keras_dp_tools.schema.
+_ARROW_TYPES = {int: pa.int64(), float: pa.float64(), str: pa.string()}
+BREAKDOWN_FIELDS: dict[str, pa.DataType] = {
+    name: _ARROW_TYPES[kind] for name, kind in schema.BREAKDOWN_FIELDS.items()
 }
 # GpuMonitor (see keras_dp_tools.monitor.nvml_reader for what the readings mean).
 MONITOR_FIELDS: dict[str, pa.DataType] = {

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from keras_dp_tools.analysis import breakdown
+from keras_dp_tools import schema
 from keras_dp_tools.monitor.nvml_reader import READING_FIELDS
 from keras_dp_tools.records import find_record_files, read_records_by_type
 
@@ -56,20 +56,20 @@ STEP_COLUMNS = [
 ]
 # What the profiler's step_breakdown records add to each step ("trace_step_ms" is the
 # step as the trace marks it; "step_ms" stays the host wall time of StepTimer).
+# Every column the analysis emits per step (keras_dp_tools.schema) reaches the report.
 BREAKDOWN_COLUMNS = [
     "trace_step_ms",
-    # compute_ms ... gather_busbw_gbps, per step, averaged over replicas ("steps" and
-    # "step_ms" are the step record's own).
-    *breakdown.STEP_COLUMNS[4:],
-    "xprof_step_ms",
-    "xprof_collectives_ms",
+    # compute_ms ... bandwidth_note, per step, averaged over replicas ("steps" and
+    # "step_ms" are the step record's own; "replicas" comes from the run header).
+    *[name for name in schema.STEP_COLUMNS if name not in ("step", "replicas", "steps", "step_ms")],
+    *schema.XPROF_COLUMNS,
 ]
 # Where GpuMonitor ran: mean utilization of the GPUs over the step (see .gpu).
 MONITOR_COLUMNS = ["gpu_util_mean"]
 GPU_COLUMNS = ["run", "worker", "gpu", "time", "sampling", *READING_FIELDS]
 BATCHING_COLUMNS = ["run", "worker", "time", "severity", "code", "message", "fix"]
 CPU_COLUMNS = ["run", "worker", "time", "process_cpu_percent", "system_cpu_percent", "cpu_count"]
-REPLICA_COLUMNS = ["run", "worker", "window", *breakdown.REPLICA_COLUMNS]
+REPLICA_COLUMNS = ["run", "worker", "window", *schema.REPLICA_COLUMNS]
 WINDOW_COLUMNS = [
     "run",
     "worker",

@@ -20,7 +20,12 @@ PRESENTATION = (
     "keras_dp_tools.sweep",
 )
 # Dependency-free modules every layer may use.
-BASE = ("keras_dp_tools.contract", "keras_dp_tools.validation", "keras_dp_tools.severity")
+BASE = (
+    "keras_dp_tools.contract",
+    "keras_dp_tools.schema",
+    "keras_dp_tools.severity",
+    "keras_dp_tools.validation",
+)
 
 
 def module_name(path: Path) -> str:

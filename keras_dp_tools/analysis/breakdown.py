@@ -54,63 +54,15 @@ from keras_dp_tools.analysis.xspace import (
     plane_events,
     step_markers,
 )
+from keras_dp_tools.schema import MEAN_COLUMNS, REPLICA_COLUMNS, STEP_COLUMNS
 
-REPLICA_COLUMNS = [
-    "step",
-    "replica",
-    "device",
-    "steps",
-    "step_ms",
-    "compute_ms",
-    "allreduce_ms",
-    "sync_wait_ms",
-    "transfer_ms",
-    "gather_ms",
-    "gather_transfer_ms",
-    "exposed_allreduce_ms",
-    "exposed_sync_wait_ms",
-    "exposed_transfer_ms",
-    "input_ms",
-    "other_ms",
-    "dispatch_ms",
-    "idle_ms",
-    "scheduling_ms",
-    "comm_share",
-    "wait_share",
-    "allreduce_bytes",
-    "gather_bytes",
-    "row_bytes",
-    "algbw_gbps",
-    "busbw_gbps",
-    "gather_busbw_gbps",
-    "bandwidth_note",
-]
-# Per-replica times (per step) the step row averages over replicas.
-_MEAN_COLUMNS = REPLICA_COLUMNS[5:21]
+# The columns (keras_dp_tools.schema): MEAN_COLUMNS are the per-replica times (per
+# step) the step row averages over replicas.
+_MEAN_COLUMNS = MEAN_COLUMNS
 _BYTES_COLUMNS = ["allreduce_bytes", "gather_bytes", "row_bytes"]
 _BANDWIDTHS = ["algbw_gbps", "busbw_gbps", "gather_busbw_gbps"]  # NaN where not shown
 # All-reduce time alone and its transfer part: what the all-reduce bandwidth divides by.
 _BANDWIDTH_TIMES = ["reduce_ms", "reduce_transfer_ms"]
-STEP_COLUMNS = [
-    "step",
-    "replicas",
-    "steps",
-    "step_ms",
-    *_MEAN_COLUMNS,
-    "max_sync_wait_ms",
-    "straggler_replica",
-    *_BYTES_COLUMNS,
-    "algbw_gbps",
-    "busbw_gbps",
-    "gather_busbw_gbps",
-    "bandwidth_note",
-]
-XPROF_COLUMNS = [
-    "xprof_step_ms",
-    "xprof_collectives_ms",
-    "xprof_device_compute_ms",
-    "xprof_device_to_device_ms",
-]
 # nccl-tests' bus bandwidth factors: busbw = algbw * factor(ranks).
 _BUS_FACTORS = {
     "allreduce": lambda ranks: 2 * (ranks - 1) / ranks,

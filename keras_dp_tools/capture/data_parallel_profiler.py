@@ -31,31 +31,13 @@ from keras_dp_tools.contract import (
     step_marker_stats,
 )
 from keras_dp_tools.monitor.background import lower_thread_priority
+from keras_dp_tools.schema import WINDOW_SCALARS
 from keras_dp_tools.validation import require_positive_int
 
 logger = logging.getLogger("keras_dp_tools")
 
-# Scalars written per analysed step, tag -> column: groups of their own, as they have
-# points only inside profiler windows (the records keep every column). The split of
-# other_ms has its own group so that no group overflows TensorBoard's page.
-SCALAR_TAGS = {
-    **{
-        f"dp_window/{name}": name
-        for name in (
-            "compute_ms",
-            "allreduce_ms",
-            "exposed_allreduce_ms",
-            "sync_wait_ms",
-            "gather_ms",
-            "input_ms",
-            "other_ms",
-            "comm_share",
-            "wait_share",
-            "busbw_gbps",
-        )
-    },
-    **{f"dp_window_other/{name}": name for name in ("dispatch_ms", "idle_ms", "scheduling_ms")},
-}
+# Scalars written per analysed step, tag -> column (keras_dp_tools.schema).
+SCALAR_TAGS = WINDOW_SCALARS
 
 
 def profile_dir(log_dir, worker: int) -> Path:
