@@ -98,3 +98,40 @@ def test_no_import_cycles_between_modules():
         if name not in state:
             visit(name, [name])
     assert cycles == []
+
+
+# The contract's literals, which only keras_dp_tools.contract may spell out.
+CONTRACT_LITERALS = {"train", "kdp", "plugins", ".xplane.pb"}
+
+
+def string_constants(path: Path) -> set[str]:
+    """String constants in code, not docstrings (f-string parts included)."""
+    tree = ast.parse(path.read_text(), str(path))
+    docstrings = {
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
+    }
+    return {
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+    }
+
+
+def test_step_marker_capture_path_and_environment_are_spelled_once():
+    spelled = {
+        name: sorted(
+            text
+            for text in string_constants(path)
+            if text in CONTRACT_LITERALS or text.startswith("KERAS_DP_")
+        )
+        for name, path in MODULES.items()
+        if name != "keras_dp_tools.contract"
+    }
+    assert {name: texts for name, texts in spelled.items() if texts} == {}
