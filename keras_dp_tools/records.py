@@ -106,19 +106,7 @@ MONITOR_FIELDS: dict[str, pa.DataType] = {
     "gpu_pci_bus_ids": pa.list_(pa.string()),
     "gpu": pa.int64(),  # gpu_sample: index among the strategy's GPUs (TF ordinal order)
     "sampling": pa.string(),  # "poll" (all fields) or "buffer" (driver's util buffer)
-    "util_gpu": pa.float64(),  # percent of time any kernel ran
-    "util_memory": pa.float64(),
-    "mem_used_gb": pa.float64(),
-    "mem_total_gb": pa.float64(),
-    "power_w": pa.float64(),
-    "sm_clock_mhz": pa.float64(),
-    "temperature_c": pa.float64(),
-    "sm_activity": pa.float64(),  # GPM: percent of SMs busy
-    "sm_occupancy": pa.float64(),
-    "tensor_activity": pa.float64(),
-    "dram_bw_util": pa.float64(),
-    "nvlink_rx_gbps": pa.float64(),
-    "nvlink_tx_gbps": pa.float64(),
+    **dict.fromkeys(schema.READING_FIELDS, pa.float64()),  # gpu_sample readings
     "process_cpu_percent": pa.float64(),  # cpu_sample: 100 = one core
     "system_cpu_percent": pa.float64(),
     "cpu_count": pa.int64(),

@@ -14,7 +14,6 @@ import numpy as np
 import pandas as pd
 
 from keras_dp_tools import schema
-from keras_dp_tools.monitor.nvml_reader import READING_FIELDS
 from keras_dp_tools.records import find_record_files, read_records_by_type
 
 GPU_STATUS_COLUMNS = ["gpu_available", "gpu_reason", "gpu_names"]
@@ -66,7 +65,7 @@ BREAKDOWN_COLUMNS = [
 ]
 # Where GpuMonitor ran: mean utilization of the GPUs over the step (see .gpu).
 MONITOR_COLUMNS = ["gpu_util_mean"]
-GPU_COLUMNS = ["run", "worker", "gpu", "time", "sampling", *READING_FIELDS]
+GPU_COLUMNS = ["run", "worker", "gpu", "time", "sampling", *schema.READING_FIELDS]
 BATCHING_COLUMNS = ["run", "worker", "time", "severity", "code", "message", "fix"]
 CPU_COLUMNS = ["run", "worker", "time", "process_cpu_percent", "system_cpu_percent", "cpu_count"]
 REPLICA_COLUMNS = ["run", "worker", "window", *schema.REPLICA_COLUMNS]

@@ -79,6 +79,25 @@ XPROF_COLUMNS = list(XPROF_FIELDS)
 # Every field of replica_step and step_breakdown records.
 BREAKDOWN_FIELDS: dict[str, type] = {**REPLICA_FIELDS, **STEP_FIELDS, **XPROF_FIELDS}
 
+# One GPU reading of GpuMonitor (``gpu_sample`` records, ``Report.gpu``), besides time
+# and gpu; all floats (percent, GB, W, MHz, Celsius, GB/s). See
+# keras_dp_tools.monitor.nvml_reader for what each means.
+READING_FIELDS = (
+    "util_gpu",  # percent of time any kernel ran
+    "util_memory",
+    "mem_used_gb",
+    "mem_total_gb",
+    "power_w",
+    "sm_clock_mhz",
+    "temperature_c",
+    "sm_activity",  # GPM: percent of SMs busy
+    "sm_occupancy",
+    "tensor_activity",
+    "dram_bw_util",
+    "nvlink_rx_gbps",
+    "nvlink_tx_gbps",
+)
+
 # TensorBoard scalars written per analysed step, tag -> column: groups of their own, as
 # they have points only inside profiler windows (the records keep every column). The
 # split of other_ms has its own group so that no group overflows TensorBoard's page.

@@ -135,3 +135,16 @@ def test_step_marker_capture_path_and_environment_are_spelled_once():
         if name != "keras_dp_tools.contract"
     }
     assert {name: texts for name, texts in spelled.items() if texts} == {}
+
+
+def test_views_of_records_import_nothing_from_capture():
+    # The report, plots and TensorBoard tab read records: they must work where nothing
+    # was trained (no TensorFlow, no NVML).
+    views = ("keras_dp_tools.report", "keras_dp_tools.plots", "keras_dp_tools.html_report")
+    views += ("keras_dp_tools.tensorboard_plugin",)
+    wrong = {
+        name: sorted(target for target in targets if within(target, CAPTURE))
+        for name, targets in GRAPH.items()
+        if within(name, views)
+    }
+    assert {name: targets for name, targets in wrong.items() if targets} == {}

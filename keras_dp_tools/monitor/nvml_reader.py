@@ -20,25 +20,14 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from keras_dp_tools import schema
+
 logger = logging.getLogger("keras_dp_tools")
 
 GIB = 1024**3
-# Fields of one polled reading, besides time and gpu. None: not supported / not read.
-READING_FIELDS = (
-    "util_gpu",
-    "util_memory",
-    "mem_used_gb",
-    "mem_total_gb",
-    "power_w",
-    "sm_clock_mhz",
-    "temperature_c",
-    "sm_activity",
-    "sm_occupancy",
-    "tensor_activity",
-    "dram_bw_util",
-    "nvlink_rx_gbps",
-    "nvlink_tx_gbps",
-)
+# Fields of one polled reading, besides time and gpu (keras_dp_tools.schema). None: not
+# supported / not read.
+READING_FIELDS = schema.READING_FIELDS
 
 
 class NvmlUnavailable(RuntimeError):
