@@ -14,9 +14,11 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import ClassVar
 
+from keras_dp_tools.callbacks.base import MeasurementWarning
 from keras_dp_tools.callbacks.scalar_writer import ScalarWriter
 from keras_dp_tools.records import SCHEMA_VERSION, RecordWriter, records_dir, worker_records_path
 
@@ -63,6 +65,7 @@ class Recorder:
         self._users = 0
         self._records: RecordWriter | None = None
         self._scalars: ScalarWriter | None = None
+        self.write_error: OSError | None = None  # set once writing failed: recording stopped
 
     @classmethod
     def acquire(cls, log_dir: str | os.PathLike, worker: int) -> Recorder:
@@ -120,7 +123,7 @@ class Recorder:
                 }
                 if additions:
                     self._header = {**self._header, **additions}
-                    self._records.write(self._header)  # readers keep a run's last header
+                    self._append(self._header)  # readers keep a run's last header
                 return self.run_id
         self.run_id = new_run_id(previous=self.run_id)
         self._header = {
@@ -131,18 +134,35 @@ class Recorder:
             "time": time.time(),
             **header,
         }
-        self._records.write(self._header)
+        self._append(self._header)
         return self.run_id
 
     def write(self, record_type: str, **fields) -> None:
         """Appends one record of ``record_type`` to the current run."""
         if self.run_id is None:
             raise RuntimeError("Recorder.start_run() must be called before write().")
-        self._records.write(
-            {"type": record_type, "run": self.run_id, "worker": self.worker, **fields}
-        )
+        self._append({"type": record_type, "run": self.run_id, "worker": self.worker, **fields})
 
-    def _summaries(self) -> ScalarWriter:
+    def _append(self, record: dict) -> None:
+        # A full disk (or a lost mount) stops the recording, never the training: one
+        # warning for all callbacks sharing this recorder, then writes are dropped.
+        if self.write_error is not None:
+            return
+        try:
+            self._records.write(record)
+        except OSError as error:
+            self.write_error = error
+            warnings.warn(
+                f"keras_dp_tools stopped recording to {self._records.path}: {error}. "
+                "Training continues; records up to here are kept. Free space (or choose "
+                "another log_dir) to record the next run.",
+                MeasurementWarning,
+                stacklevel=4,
+            )
+
+    def _summaries(self) -> ScalarWriter | None:
+        if self.write_error is not None:  # the disk that refused records refuses events too
+            return None
         if self._scalars is None:
             self._scalars = ScalarWriter(str(records_dir(self.log_dir) / f"worker-{self.worker}"))
         return self._scalars
@@ -150,15 +170,17 @@ class Recorder:
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         """Adds TensorBoard scalars (tags as given, e.g. ``dp/step_ms``) at ``step``;
         they are written in batches (see ``ScalarWriter``)."""
-        self._summaries().add(step, values)
+        if (writer := self._summaries()) is not None:
+            writer.add(step, values)
 
     def text(self, tag: str, markdown: str, step: int = 0) -> None:
         """Writes markdown to TensorBoard's Text tab at once."""
-        self._summaries().write_text(tag, markdown, step)
+        if (writer := self._summaries()) is not None:
+            writer.write_text(tag, markdown, step)
 
     def flush(self) -> None:
         """Writes buffered TensorBoard scalars (records are never buffered)."""
-        if self._scalars is not None:
+        if self._scalars is not None and self.write_error is None:
             self._scalars.flush()
 
     @classmethod
