@@ -151,6 +151,8 @@ def run_demo_command(args: argparse.Namespace) -> int:
 def run_report_command(args: argparse.Namespace) -> int:
     report = keras_dp_tools.Report.load(args.log_dir)
     print(report.text())
+    if report.steps.empty:  # "no steps yet": nothing to draw
+        return 0
     if args.html:
         from keras_dp_tools.html_report import write_html
 
@@ -199,21 +201,29 @@ def run_analyze_command(args: argparse.Namespace) -> int:
 
     from keras_dp_tools.analysis import analyze_trace, find_traces
 
+    for line in _interrupted_windows(args.source):
+        print(line, file=sys.stderr, flush=True)
     traces = find_traces(args.source)
     context = _recorded_context(args.source)
     frames = []
     for number, trace in enumerate(traces, 1):
         print(f"analysing {trace} ({number}/{len(traces)})", file=sys.stderr, flush=True)
         known = context.get(trace.resolve(), {})
-        breakdown = analyze_trace(
-            trace,
-            allreduce_bytes=args.allreduce_bytes or known.get("allreduce_bytes"),
-            replicas=len(known["devices"]) if known.get("devices") else None,
-            devices=known.get("devices"),
-            group_size=known.get("replicas"),
-        )
+        try:
+            breakdown = analyze_trace(
+                trace,
+                allreduce_bytes=args.allreduce_bytes or known.get("allreduce_bytes"),
+                replicas=len(known["devices"]) if known.get("devices") else None,
+                devices=known.get("devices"),
+                group_size=known.get("replicas"),
+            )
+        except ValueError as error:  # a partial capture (killed while writing) costs only itself
+            print(f"skipped {trace}: {error}", file=sys.stderr, flush=True)
+            continue
         frame = breakdown.replicas if args.per_replica else breakdown.steps
         frames.append(frame.assign(trace=str(trace)))
+    if not frames:
+        raise ValueError(f"none of the {len(traces)} trace(s) under {args.source} could be read")
     table = pd.concat(frames, ignore_index=True)
     if table.empty:
         raise ValueError(
@@ -227,6 +237,21 @@ def run_analyze_command(args: argparse.Namespace) -> int:
         with pd.option_context("display.width", 200, "display.max_columns", 40):
             print(table.drop(columns="trace").round(3).to_string(index=False))
     return 0
+
+
+def _interrupted_windows(source: Path) -> list[str]:
+    """Profiler windows the records say were cut short: they have no capture to analyse."""
+    if not source.is_dir():
+        return []
+    try:
+        windows = keras_dp_tools.Report.load(source).windows
+    except (FileNotFoundError, ValueError):
+        return []
+    return [
+        f"skipped window {int(row.window)} of run {row.run} worker {row.worker} (from step "
+        f"{row.start_step}): {row.reason}"
+        for row in windows[windows["status"] == "interrupted"].itertuples()
+    ]
 
 
 def _recorded_context(source: Path) -> dict[Path, dict]:

@@ -147,8 +147,12 @@ def cross_worker_sync(steps: pd.DataFrame) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)[SYNC_COLUMNS]
 
 
+def _warmup(steps: pd.DataFrame) -> pd.Series:
+    return steps["warmup"].astype("boolean").fillna(False).astype(bool)
+
+
 def _usable(steps: pd.DataFrame) -> pd.DataFrame:
-    keep = ~steps["warmup"].fillna(False).astype(bool)
+    keep = ~_warmup(steps)
     if "redone" in steps:
         keep &= ~steps["redone"].astype(bool)
     steps = steps[keep & steps["time"].notna() & steps["step_ms"].notna()]
@@ -220,10 +224,13 @@ def worker_view(
 
 def _endings(view: pd.DataFrame, fit_ends: pd.DataFrame) -> list:
     endings = []
-    for row in view.itertuples():
+    following = view.groupby(["run", "worker"])["time"].shift(-1)  # next attempt's start
+    for row, until in zip(view.itertuples(), following, strict=True):
         ends = fit_ends[(fit_ends["run"] == row.run) & (fit_ends["worker"] == row.worker)]
-        if pd.notna(row.time):  # this attempt's ends: after its start
+        if pd.notna(row.time):  # this attempt's ends: after its start, before the next
             ends = ends[ends["time"] >= row.time]
+        if pd.notna(until):
+            ends = ends[ends["time"] < until]
         endings.append(ends["status"].iloc[-1] if len(ends) else None)
     return endings
 
@@ -232,7 +239,7 @@ def _host_gap(steps: pd.DataFrame, row) -> float:
     """Median time between one train call's return and the next call (callbacks,
     Python-side work of the training loop), in ms."""
     mine = steps[(steps["run"] == row.run) & (steps["worker"] == row.worker)]
-    mine = mine[(mine["attempt"] == row.attempt) & ~mine["warmup"].fillna(False).astype(bool)]
+    mine = mine[(mine["attempt"] == row.attempt) & ~_warmup(mine)]
     mine = mine.dropna(subset=["time", "step_ms"]).sort_values("step")
     if len(mine) < 2:
         return float("nan")

@@ -65,7 +65,7 @@ class Recorder:
         self._users = 0
         self._records: RecordWriter | None = None
         self._scalars: ScalarWriter | None = None
-        self.write_error: OSError | None = None  # set once writing failed: recording stopped
+        self.write_error: Exception | None = None  # set once writing failed: recording stopped
 
     @classmethod
     def acquire(cls, log_dir: str | os.PathLike, worker: int) -> Recorder:
@@ -76,6 +76,7 @@ class Recorder:
                 recorder = cls(*key)
             if recorder._users == 0:
                 recorder._records = RecordWriter(worker_records_path(*key))
+                recorder.write_error = None  # a new fit tries again (the disk may have room)
             cls._known[key] = recorder
             recorder._users += 1
             return recorder
@@ -101,10 +102,13 @@ class Recorder:
             self._users -= 1
             if self._users > 0:
                 return
-            self._records.close()
-            if self._scalars is not None:
-                self._scalars.close()
-                self._scalars = None
+            scalars, self._scalars = self._scalars, None
+            for close in (self._records.close, scalars.close if scalars else None):
+                try:
+                    if close is not None:
+                        close()
+                except Exception as error:  # buffered bytes the full disk still refuses
+                    self._stop_recording(error)
 
     def start_run(self, header: dict) -> str:
         """Writes a header unless the current run already has the same identity.
@@ -151,37 +155,46 @@ class Recorder:
         try:
             self._records.write(record)
         except OSError as error:
+            self._stop_recording(error)
+
+    def _stop_recording(self, error: Exception) -> None:
+        if self.write_error is None:
             self.write_error = error
             warnings.warn(
                 f"keras_dp_tools stopped recording to {self._records.path}: {error}. "
                 "Training continues; records up to here are kept. Free space (or choose "
                 "another log_dir) to record the next run.",
                 MeasurementWarning,
-                stacklevel=4,
+                stacklevel=5,
             )
 
-    def _summaries(self) -> ScalarWriter | None:
+    def _summaries(self, write) -> None:
+        """Runs ``write(scalar_writer)``; a failure (a full disk, TensorFlow's
+        "Could not initialize events writer") stops the recording like a failed record."""
         if self.write_error is not None:  # the disk that refused records refuses events too
-            return None
-        if self._scalars is None:
-            self._scalars = ScalarWriter(str(records_dir(self.log_dir) / f"worker-{self.worker}"))
-        return self._scalars
+            return
+        try:
+            if self._scalars is None:
+                self._scalars = ScalarWriter(
+                    str(records_dir(self.log_dir) / f"worker-{self.worker}")
+                )
+            write(self._scalars)
+        except Exception as error:  # TensorFlow raises its own OpError, not OSError
+            self._stop_recording(error)
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         """Adds TensorBoard scalars (tags as given, e.g. ``dp/step_ms``) at ``step``;
         they are written in batches (see ``ScalarWriter``)."""
-        if (writer := self._summaries()) is not None:
-            writer.add(step, values)
+        self._summaries(lambda writer: writer.add(step, values))
 
     def text(self, tag: str, markdown: str, step: int = 0) -> None:
         """Writes markdown to TensorBoard's Text tab at once."""
-        if (writer := self._summaries()) is not None:
-            writer.write_text(tag, markdown, step)
+        self._summaries(lambda writer: writer.write_text(tag, markdown, step))
 
     def flush(self) -> None:
         """Writes buffered TensorBoard scalars (records are never buffered)."""
-        if self._scalars is not None and self.write_error is None:
-            self._scalars.flush()
+        if self._scalars is not None:
+            self._summaries(ScalarWriter.flush)
 
     @classmethod
     def flush_all(cls) -> None:

@@ -22,6 +22,7 @@ parser.add_argument("--kill-worker", type=int, default=None)
 parser.add_argument("--slow-worker", type=int, default=None)
 parser.add_argument("--slow-ms", type=float, default=0.0)
 parser.add_argument("--profile-start-step", type=int, default=None)
+parser.add_argument("--profile-every", type=int, default=None)
 parser.add_argument("--backup", default=None)
 parser.add_argument("--mirrored", type=int, default=0, help="MirroredStrategy over N CPUs")
 args = parser.parse_args()
@@ -86,6 +87,7 @@ ours = kdt.callbacks(
     global_batch=global_batch,
     profile=args.profile_start_step is not None,
     profile_start_step=args.profile_start_step or 0,
+    profile_every=args.profile_every,
     monitor=False,
 )
 # The slowdown runs before our step timer starts a step; the kill after it recorded one.
