@@ -4,7 +4,9 @@ Each fault leaves what a real one leaves on disk (a SIGKILL, a tmpfs that runs o
 space), and the tests check what survives and what the report says about it.
 """
 
+import json
 import os
+import random
 import shutil
 import subprocess
 import sys
@@ -12,13 +14,15 @@ import warnings
 
 import pandas as pd
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import keras_dp_tools as kdt
 from keras_dp_tools.cli import main as cli_main
 from keras_dp_tools.records import RecordWriter, worker_records_path
 
 from .conftest import REPO, run_cli
-from .test_records import header
+from .test_records import header, step
 
 JOB = str(REPO / "tests" / "jobs" / "train_job.py")
 
@@ -205,3 +209,151 @@ def test_backup_and_restore_restart_continues_the_run_and_the_report_shows_it(tm
     # 12 steps, less the two fits' warm-up calls (6 ran again after a warm-up, 0 first).
     assert report.summary().loc["job-7", "steps"] == 10
     assert "Restart: run job-7 worker 0 attempt 1 resumed at step 6" in report.text()
+
+
+# -- property-based: the readers on random, truncated and reordered input --------------
+
+PROPERTY = settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+
+
+def _records_bytes(steps: int) -> bytes:
+    lines = [{**header("p"), "time": 100.0, "replicas": 2, "pid": 1, "hostname": "h"}]
+    lines += [
+        {**step(i, run="p"), "time": 100.0 + i, "examples_per_s": 64.0 + i} for i in range(steps)
+    ]
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def _read_or_refuse(path):
+    """What a reader may do with bad input: read it, or raise a clear ValueError."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return kdt.Report.load(path)
+        except ValueError as error:
+            assert str(path) in str(error)  # says which file
+            return None
+
+
+@PROPERTY
+@given(data=st.binary(max_size=2000))
+def test_records_reader_on_random_bytes_reads_or_refuses_clearly(tmp_path, data):
+    path = tmp_path / "random.jsonl"
+    path.write_bytes(data)
+    _read_or_refuse(path)
+
+
+@PROPERTY
+@given(
+    lines=st.lists(
+        st.one_of(
+            st.dictionaries(
+                st.sampled_from(["type", "run", "worker", "step", "steps", "time", "step_ms"]),
+                st.one_of(st.none(), st.integers(-5, 5), st.text(max_size=3), st.floats()),
+            ),
+            st.builds(lambda i: step(i, run="p"), st.integers(0, 50)),
+        ),
+        max_size=20,
+    )
+)
+def test_records_reader_on_random_records_reads_or_refuses_clearly(tmp_path, lines):
+    path = tmp_path / "mixed.jsonl"
+    path.write_bytes(b"".join(json.dumps(line).encode() + b"\n" for line in lines))
+    report = _read_or_refuse(path)
+    if report is not None:
+        report.text()  # the summary and advice on whatever was read must not crash
+
+
+@PROPERTY
+@given(cut=st.integers(0, len(_records_bytes(12))))
+def test_records_truncated_anywhere_keep_every_complete_line(tmp_path, cut):
+    data = _records_bytes(12)
+    path = worker_records_path(tmp_path / str(cut), 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data[:cut])
+
+    report = kdt.Report.load(path)
+
+    complete = data[:cut].count(b"\n") - 1  # step lines that ended before the cut
+    assert report.steps["step"].tolist() == list(range(max(complete, 0)))
+    report.text()
+
+
+@PROPERTY
+@given(order=st.permutations(range(13)))
+def test_records_in_any_order_give_the_same_report(tmp_path, order):
+    lines = _records_bytes(12).splitlines(keepends=True)
+    path = worker_records_path(tmp_path / "x".join(map(str, order[:4])), 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"".join(lines[i] for i in order))
+
+    steps = kdt.Report.load(path).steps
+
+    assert steps["step"].tolist() == list(range(12))
+    assert steps["step_ms"].tolist() == [10.0 + i for i in range(12)]
+
+
+@pytest.fixture(scope="module")
+def cpu_trace_bytes(tf):
+    from .test_breakdown import cpu_trace
+    from .xplane_builder import SpaceBuilder
+
+    return cpu_trace(SpaceBuilder).space.SerializeToString()
+
+
+def _analyze_or_refuse(path):
+    from keras_dp_tools.analysis import analyze_trace
+
+    try:
+        return analyze_trace(path, xprof=False)
+    except ValueError as error:
+        assert str(path) in str(error)
+        return None
+
+
+@PROPERTY
+@given(data=st.binary(max_size=3000))
+def test_trace_reader_on_random_bytes_reads_or_refuses_clearly(tmp_path, data, tf):
+    path = tmp_path / "random.xplane.pb"
+    path.write_bytes(data)
+    _analyze_or_refuse(path)
+
+
+@PROPERTY
+@given(fraction=st.floats(0.0, 1.0))
+def test_trace_reader_on_truncated_captures_reads_or_refuses_clearly(
+    tmp_path, fraction, cpu_trace_bytes
+):
+    path = tmp_path / "torn.xplane.pb"
+    path.write_bytes(cpu_trace_bytes[: int(fraction * len(cpu_trace_bytes))])
+    _analyze_or_refuse(path)
+
+
+@PROPERTY
+@given(seed=st.integers(0, 2**32 - 1))
+def test_trace_reader_result_does_not_depend_on_event_order(tmp_path, seed, cpu_trace_bytes, tf):
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from keras_dp_tools.analysis import analyze_xspace
+
+    space = xplane_pb2.XSpace.FromString(cpu_trace_bytes)
+    shuffled = xplane_pb2.XSpace.FromString(cpu_trace_bytes)
+    rng = random.Random(seed)
+
+    def shuffle(field):  # repeated proto fields cannot be shuffled in place
+        items = [type(item).FromString(item.SerializeToString()) for item in field]
+        rng.shuffle(items)
+        del field[:]
+        field.extend(items)
+
+    for plane in shuffled.planes:
+        shuffle(plane.lines)
+        for line in plane.lines:
+            shuffle(line.events)
+
+    expected = analyze_xspace(space).replicas
+    got = analyze_xspace(shuffled).replicas
+
+    pd.testing.assert_frame_equal(got, expected)
