@@ -116,6 +116,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sweep.add_argument("script_args", nargs="*", help="after --: the script's own arguments")
     sweep.set_defaults(handler=run_sweep_command)
+
+    launch = commands.add_parser(
+        "launch",
+        help="start the workers of a MultiWorkerMirroredStrategy job (TF_CONFIG each)",
+        description="Run COMMAND once per worker with its own TF_CONFIG and one "
+        "KERAS_DP_RUN_ID for the job: --workers N starts N workers on this machine on free "
+        "loopback ports; --host-list names every worker's host[:port] (2222 by default) "
+        "and starts the ones on this machine (run the same command on each host). Output "
+        "is prefixed with [worker i]; when a worker fails the others are stopped and the "
+        "exit status is the failed worker's (128 + signal when it was killed).",
+    )
+    launch.add_argument("--workers", type=positive_int, default=None, help="local workers")
+    launch.add_argument(
+        "--host-list", default=None, help="comma-separated host[:port] of every worker"
+    )
+    launch.add_argument(
+        "--run-id", default=None, help="the job's run id (KERAS_DP_RUN_ID; default: new)"
+    )
+    launch.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="seconds a stopped worker gets to exit after SIGINT before SIGKILL (10)",
+    )
+    launch.add_argument(
+        "script_args", nargs="*", help="after --: the command, e.g. python train.py"
+    )
+    launch.set_defaults(handler=run_launch_command)
     return parser
 
 
@@ -182,6 +210,13 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     plots.scaling(report).savefig(figure_path, dpi=100)
     print(f"\nScaling plot: {figure_path}\nMore: keras-dp report {log_dir} --html report.html")
     return 0
+
+
+def run_launch_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.launch import cluster_addresses, launch
+
+    addresses = cluster_addresses(args.workers, args.host_list)
+    return launch(args.script_args, addresses, run_id=args.run_id, grace_s=args.grace)
 
 
 def run_lint_command(args: argparse.Namespace) -> int:
@@ -286,10 +321,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # "keras-dp sweep SCRIPT --replicas 1,2 -- ARGS": ARGS belong to the script, untouched.
     script_args = []
-    if "--" in argv and "sweep" in argv[: argv.index("--")]:
+    if "--" in argv and {"sweep", "launch"} & set(argv[: argv.index("--")]):
         argv, script_args = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     args = build_parser().parse_args(argv)
-    if args.command == "sweep":
+    if args.command in ("sweep", "launch"):
         args.script_args = [*args.script_args, *script_args]
     try:
         return args.handler(args)

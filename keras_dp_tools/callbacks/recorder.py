@@ -56,6 +56,7 @@ class Recorder:
 
     _known: ClassVar[dict[tuple[Path, int], Recorder]] = {}
     _registry_lock = threading.Lock()
+    _explained_keras3_multiworker = False
 
     def __init__(self, log_dir: Path, worker: int):
         self.log_dir = log_dir
@@ -87,8 +88,16 @@ class Recorder:
     ) -> Recorder:
         """Acquires the recorder of the worker that trains ``model`` and starts (or
         continues) its run: what every callback does in ``on_train_begin``."""
-        from keras_dp_tools.callbacks.run_info import describe_run, worker_index
+        from keras_dp_tools.callbacks.run_info import (
+            describe_run,
+            keras3_multiworker_problem,
+            worker_index,
+        )
 
+        problem = keras3_multiworker_problem(model)
+        if problem is not None and not cls._explained_keras3_multiworker:
+            cls._explained_keras3_multiworker = True  # once per process, not per callback
+            warnings.warn(problem, UserWarning, stacklevel=4)
         recorder = cls.acquire(log_dir, worker_index(model.distribute_strategy)[0])
         try:
             recorder.start_run(describe_run(model, global_batch))
