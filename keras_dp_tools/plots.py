@@ -178,3 +178,19 @@ def step_time(report, run: str | None = None) -> Figure:
     if steps["worker"].nunique() > 1:
         axes.legend()
     return figure
+
+
+def worker_wait(report, run: str | None = None) -> Figure:
+    """Per step, how long each worker waited for the last worker to enter the step
+    (multi-worker runs; clocks aligned at the step ends, see ``Report.workers``)."""
+    run, part = _run(report, run)
+    steps = part.steps.dropna(subset=["worker_wait_ms"])
+    figure = Figure(figsize=(8, 3), layout="constrained")
+    axes = figure.subplots()
+    if steps.empty:
+        return _empty(figure, axes, "No cross-worker waits (needs 2+ workers with StepTimer).")
+    for worker, rows in steps.groupby("worker"):
+        axes.plot(rows["step"], rows["worker_wait_ms"], label=f"worker {worker}", linewidth=0.8)
+    axes.set(title=f"Waiting for other workers: run {run}", xlabel="global step", ylabel="ms")
+    axes.legend()
+    return figure
