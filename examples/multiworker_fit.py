@@ -12,7 +12,8 @@ Or by hand, one process per worker with its index (what the launcher does for yo
     python examples/multiworker_fit.py 0 LOG_DIR $WORKERS &
     python examples/multiworker_fit.py 1 LOG_DIR $WORKERS
 
-All workers write into the same LOG_DIR (default runs/multiworker-<run id>);
+All workers write into the same LOG_DIR (default: KERAS_DP_LOG_DIR, which
+`keras-dp launch --log-dir` sets, else runs/multiworker-<run id>);
 kdt.Report.load(LOG_DIR) merges them.
 """
 
@@ -30,7 +31,8 @@ if len(sys.argv) == 4:  # by hand: INDEX LOG_DIR ADDRESSES
 elif "TF_CONFIG" in os.environ:  # keras-dp launch, Kubernetes, ...: [LOG_DIR]
     index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     run = os.environ.get("KERAS_DP_RUN_ID", "local")
-    log_dir = sys.argv[1] if len(sys.argv) > 1 else f"runs/multiworker-{run}"
+    default = os.environ.get("KERAS_DP_LOG_DIR", f"runs/multiworker-{run}")  # launch --log-dir
+    log_dir = sys.argv[1] if len(sys.argv) > 1 else default
 else:
     sys.exit(
         "usage: keras-dp launch --workers 2 -- python examples/multiworker_fit.py [LOG_DIR]\n"

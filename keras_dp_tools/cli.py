@@ -135,6 +135,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--run-id", default=None, help="the job's run id (KERAS_DP_RUN_ID; default: new)"
     )
     launch.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="the job's log dir: given to the workers as KERAS_DP_LOG_DIR, and where the "
+        "launcher records how each worker ended (keras_dp/launcher.jsonl)",
+    )
+    launch.add_argument(
         "--grace",
         type=float,
         default=10.0,
@@ -216,7 +223,9 @@ def run_launch_command(args: argparse.Namespace) -> int:
     from keras_dp_tools.launch import cluster_addresses, launch
 
     addresses = cluster_addresses(args.workers, args.host_list)
-    return launch(args.script_args, addresses, run_id=args.run_id, grace_s=args.grace)
+    return launch(
+        args.script_args, addresses, run_id=args.run_id, log_dir=args.log_dir, grace_s=args.grace
+    )
 
 
 def run_lint_command(args: argparse.Namespace) -> int:

@@ -24,7 +24,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from keras_dp_tools.callbacks.recorder import RUN_ID_ENV
+from keras_dp_tools.records import LAUNCHER_RECORDS, RecordWriter, records_dir
 
+LOG_DIR_ENV = "KERAS_DP_LOG_DIR"
 DEFAULT_PORT = 2222  # for --host-list entries without a port (TensorFlow's usual one)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}
 
@@ -95,11 +97,15 @@ def launch(
     addresses: Sequence[str],
     *,
     run_id: str | None = None,
+    log_dir: str | os.PathLike | None = None,
     grace_s: float = 10.0,
     print_line: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> int:
     """Runs ``command`` once per local worker of ``addresses``; returns the job's exit
-    status: 0 when every worker succeeded, else the first failure's status."""
+    status: 0 when every worker succeeded, else the first failure's status.
+
+    With ``log_dir``, workers get ``KERAS_DP_LOG_DIR`` and the launcher records how each
+    one ended in ``<log_dir>/keras_dp/launcher.jsonl`` (``Report.workers.exit``)."""
     if not command:
         raise ValueError("no command to launch: put it after '--', e.g. -- python train.py")
     local = [index for index, address in enumerate(addresses) if is_local(address)]
@@ -121,6 +127,7 @@ def launch(
             "TF_CONFIG": tf_config(addresses, index),
             RUN_ID_ENV: run_id,
             "PYTHONUNBUFFERED": "1",  # lines reach the prefixing stream as they are printed
+            **({LOG_DIR_ENV: str(log_dir)} if log_dir is not None else {}),
         }
         process = subprocess.Popen(
             list(command),
@@ -140,12 +147,14 @@ def launch(
     except KeyboardInterrupt:
         print_line("keras-dp launch: interrupted; stopping the workers")
         _stop(processes, grace_s, print_line)
+        _record_exits(log_dir, run_id, processes, None)
         return 130
     if failure is not None:
         print_line(f"keras-dp launch: {failure.describe()}; stopping the other workers")
         _stop(processes, grace_s, print_line)
     for stream in streams:
         stream.join(timeout=5)
+    _record_exits(log_dir, run_id, processes, failure)
     if failure is not None:
         return failure.status
     print_line(f"keras-dp launch: all {len(processes)} worker(s) finished (job {run_id})")
@@ -154,6 +163,25 @@ def launch(
 
 def _new_job_id() -> str:
     return f"job-{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
+
+
+def _record_exits(log_dir, run_id, processes, failure: WorkerExit | None) -> None:
+    if log_dir is None:
+        return
+    writer = RecordWriter(records_dir(log_dir) / LAUNCHER_RECORDS)
+    try:
+        for index, process in processes.items():
+            ended = WorkerExit(index, process.returncode)
+            if failure is not None and index != failure.index and process.returncode != 0:
+                how = f"stopped by the launcher after {failure.describe()}"
+            else:
+                how = ended.describe().removeprefix(f"worker {index} ")
+            writer.write(
+                {"type": "worker_exit", "run": run_id, "worker": index, "time": time.time()}
+                | {"exit_code": process.returncode, "reason": how}
+            )
+    finally:
+        writer.close()
 
 
 def _prefix_lines(process: subprocess.Popen, prefix: str, print_line) -> None:

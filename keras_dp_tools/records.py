@@ -41,6 +41,7 @@ RECORD_TYPES = (
     "batching_finding",
     "scaling_plan",
     "fit_end",  # StepTimer at the end of a fit (status finished) or at exit inside one
+    "worker_exit",  # keras-dp launch: how each worker process ended (launcher.jsonl)
 )
 
 # Field name -> Arrow type, per record type. Unknown fields (written by a newer
@@ -88,6 +89,7 @@ WINDOW_FIELDS: dict[str, pa.DataType] = {
     "analysis_end": pa.float64(),  # Unix seconds when the background analysis ended
     "trace": pa.string(),  # the .xplane.pb, relative to the log dir
     "profile_run": pa.string(),  # the capture's name in TensorBoard's Profile tab
+    "exit_code": pa.int64(),  # worker_exit: the process's status (negative: killed by signal)
 }
 BREAKDOWN_FIELDS: dict[str, pa.DataType] = {  # replica_step and step_breakdown records
     "replica": pa.int64(),
@@ -162,6 +164,9 @@ FIELDS = {
     **MONITOR_FIELDS,
     **SCALING_FIELDS,
 }
+
+
+LAUNCHER_RECORDS = "launcher.jsonl"  # keras-dp launch --log-dir: how each worker ended
 
 
 def records_dir(log_dir: str | os.PathLike) -> Path:
@@ -243,9 +248,10 @@ def find_record_files(sources: str | os.PathLike | Iterable[str | os.PathLike]) 
         if path.is_file():
             found.append(path)
         elif path.is_dir():
-            found.extend(sorted(path.glob(f"**/{RECORDS_DIRNAME}/worker-*.jsonl")))
-            if path.name == RECORDS_DIRNAME:
-                found.extend(sorted(path.glob("worker-*.jsonl")))
+            for name in ("worker-*.jsonl", LAUNCHER_RECORDS):
+                found.extend(sorted(path.glob(f"**/{RECORDS_DIRNAME}/{name}")))
+                if path.name == RECORDS_DIRNAME:
+                    found.extend(sorted(path.glob(name)))
         else:
             raise FileNotFoundError(f"No such file or directory: {path}")
     found = sorted(set(found))

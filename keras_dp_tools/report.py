@@ -207,7 +207,13 @@ class Report:
             gpu.reset_index(drop=True),
             _of_type(records, "cpu_sample", CPU_COLUMNS).reset_index(drop=True),
             _of_type(records, "batching_finding", BATCHING_COLUMNS).reset_index(drop=True),
-            worker_analysis.worker_view(steps, starts, fit_ends, sync),
+            worker_analysis.worker_view(
+                steps,
+                starts,
+                fit_ends,
+                sync,
+                _of_type(records, "worker_exit", ["run", "worker", "time", "exit_code", "reason"]),
+            ),
             worker_analysis.restarts(steps, starts),
         )
 
@@ -559,6 +565,8 @@ def _with_worker_wait(steps: pd.DataFrame, sync: pd.DataFrame) -> pd.DataFrame:
         moved = np.minimum(wait, steps[total].astype("float64")).where(steps[total].notna())
         steps[total] = steps[total] - moved.fillna(0.0)
         steps[waited] = steps[waited] + moved.fillna(0.0)
+        if total == "transfer_ms":  # every local replica waited that long for the worker
+            steps["max_sync_wait_ms"] = steps["max_sync_wait_ms"] + moved.fillna(0.0)
     profiled = steps["trace_step_ms"]
     steps["comm_share"] = (steps["exposed_transfer_ms"] / profiled).where(profiled > 0)
     steps["wait_share"] = (steps["exposed_sync_wait_ms"] / profiled).where(profiled > 0)

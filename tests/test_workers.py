@@ -45,6 +45,7 @@ def two_workers(tmp_path, steps=12, jitter=None, breakdown=True, finished=(True,
                     | {"exposed_allreduce_ms": 45.0, "exposed_sync_wait_ms": 0.0}
                     | {"exposed_transfer_ms": 45.0, "input_ms": 0.0, "other_ms": 5.0}
                     | {"comm_share": 45 / 80, "wait_share": 0.0, "allreduce_bytes": 1000}
+                    | {"max_sync_wait_ms": 0.0}
                     | {"algbw_gbps": 1000 / 0.045 / 1e9, "busbw_gbps": 1000 / 0.045 / 1e9}
                 )
         if finished[worker]:
@@ -81,6 +82,7 @@ def test_worker_wait_moves_from_transfer_to_sync_wait_in_profiled_steps(tmp_path
     assert profiled["transfer_ms"].tolist() == pytest.approx([5.0] * 5, abs=1e-3)
     assert profiled["exposed_sync_wait_ms"].tolist() == pytest.approx([40.0] * 5, abs=1e-3)
     assert profiled["wait_share"].tolist() == pytest.approx([0.5] * 5, abs=1e-4)
+    assert profiled["max_sync_wait_ms"].tolist() == pytest.approx([40.0] * 5, abs=1e-3)
     # 1000 bytes in 5 ms instead of 45 ms: 9x the bandwidth.
     assert profiled["algbw_gbps"].iloc[0] == pytest.approx(1000 / 0.005 / 1e9)
 

@@ -15,6 +15,7 @@ WAIT_SHARE_HIGH = 0.15  # exposed waiting for the slowest replica over step time
 INPUT_SHARE_HIGH = 0.10  # exposed input wait over step time
 STRAGGLER_SHARE = 0.6  # one replica last to arrive in this share of profiled steps
 WORKER_WAIT_SHARE = 0.10  # other workers' median wait for the last worker over step time
+WORKER_MIN_STEPS = 10  # timed steps every worker recorded, before naming a slow worker
 GPU_UTIL_LOW = 50.0  # percent
 SCALING_EFFICIENCY_LOW = 0.7
 JITTER_RATIO = 1.5  # p90 over median step time
@@ -247,7 +248,12 @@ def _workers(report) -> list[Advice]:
         return []
     steps = report.steps[~report.steps["warmup"].astype("boolean").fillna(False)]
     share = found["others_wait_ms"] / steps["step_ms"].median()
-    if not share >= WORKER_WAIT_SHARE or found["last_share"] < STRAGGLER_SHARE:
+    timed = steps.dropna(subset=["worker_wait_ms"])["step"].nunique()
+    # The wait must stand out of the clocks' disagreement, over enough steps.
+    clear = found["others_wait_ms"] > 3 * found["clock_residual_ms"]
+    if not (share >= WORKER_WAIT_SHARE and clear and timed >= WORKER_MIN_STEPS):
+        return []
+    if found["last_share"] < STRAGGLER_SHARE:
         return []
     fixes = {
         "host": "Move the extra work out of that worker's step loop (callbacks, logging, "

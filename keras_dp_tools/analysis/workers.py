@@ -29,6 +29,7 @@ WORKER_COLUMNS = [
     "last_step",
     "step_records",
     "ended",
+    "exit",
     "clock_offset_ms",
     "clock_residual_ms",
     "median_worker_wait_ms",
@@ -184,11 +185,16 @@ def _run_sync(run: str, steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def worker_view(
-    steps: pd.DataFrame, starts: pd.DataFrame, fit_ends: pd.DataFrame, sync: pd.DataFrame
+    steps: pd.DataFrame,
+    starts: pd.DataFrame,
+    fit_ends: pd.DataFrame,
+    sync: pd.DataFrame,
+    exits: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
     """One row per run, worker and attempt (``WORKER_COLUMNS``): the steps it recorded,
     how its fit ended (``finished``; ``exited`` when the process left inside the fit, an
-    exception; empty when it recorded no end: killed, or still running), its clock
+    exception; empty when it recorded no end: killed, or still running), how its
+    process ended where ``keras-dp launch --log-dir`` recorded it (``exit``), its clock
     offset and alignment residual, the median time it waited for other workers, its
     median host time between train calls, and how often it was the last to enter."""
     if steps.empty and starts.empty:
@@ -200,6 +206,12 @@ def worker_view(
     view = starts.set_index(["run", "worker", "attempt"]).join(recorded, how="outer")
     view = view.reset_index()
     view["ended"] = _endings(view, fit_ends)
+    if exits is not None and not exits.empty:  # the launcher's word, for the last attempt
+        last = exits.drop_duplicates(["run", "worker"], keep="last")
+        last = last.astype({"worker": "int64"}).rename(columns={"reason": "exit"})
+        latest = ~view.duplicated(["run", "worker"], keep="last")
+        view = view.merge(last[["run", "worker", "exit"]], on=["run", "worker"], how="left")
+        view.loc[~latest.to_numpy(), "exit"] = None
     view["median_host_gap_ms"] = view.apply(lambda row: _host_gap(steps, row), axis=1)
     if not sync.empty:
         per_worker = sync.groupby(["run", "worker"]).agg(
@@ -258,11 +270,12 @@ def stopped_workers(view: pd.DataFrame) -> list[str]:
         for row in latest.itertuples():
             if row.ended == "finished":
                 continue
-            how = (
-                "its process left the fit (an exception)"
-                if row.ended == "exited"
-                else "no end of fit recorded: killed, or still running"
-            )
+            if isinstance(row.exit, str):
+                how = row.exit
+            elif row.ended == "exited":
+                how = "its process left the fit (an exception)"
+            else:
+                how = "no end of fit recorded: killed, or still running"
             at = f"after step {int(row.last_step)}" if pd.notna(row.last_step) else "before step 0"
             lines.append(f"run {run}: worker {row.worker} stopped {at} ({how})")
     return lines
