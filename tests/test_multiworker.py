@@ -11,7 +11,7 @@ import pytest
 
 import keras_dp_tools as kdt
 
-from .conftest import REPO
+from .conftest import REPO, free_ports
 
 JOB = str(REPO / "tests" / "jobs" / "train_job.py")
 
@@ -75,3 +75,22 @@ def test_a_worker_killed_mid_run_leaves_complete_records_and_the_report_says_who
     text = report.text()
     assert "worker 1 stopped after step 5 (was killed by SIGKILL)" in text
     assert "worker 0 stopped after step 5 (stopped by the launcher after worker 1" in text
+
+
+@pytest.mark.slow
+def test_a_keras3_model_under_multiworker_strategy_is_explained_once_before_training(tmp_path):
+    # One worker is enough for the strategy; Keras 3 fit fails from two workers on.
+    config = '{"cluster": {"worker": ["localhost:%d"]}, "task": {"type": "worker", "index": 0}}'
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": config % free_ports(1)[0]}
+    result = subprocess.run(
+        [sys.executable, JOB, str(tmp_path), "--keras", "keras", "--epochs", "1"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+    assert result.returncode == 0, result.stderr[-3000:]
+    output = result.stdout + result.stderr
+    assert output.count("Keras 3 fit fails under MultiWorkerMirroredStrategy") == 1
+    assert "TF_USE_LEGACY_KERAS=1" in output and "import tf_keras as keras" in output
