@@ -130,3 +130,24 @@ def test_worker_wait_plot_has_a_line_per_worker(tmp_path):
     lines = figure.axes[0].get_lines()
     assert [line.get_label() for line in lines] == ["worker 0", "worker 1"]
     assert pd.Series(lines[0].get_ydata()).median() == pytest.approx(40.0, abs=1e-3)
+
+
+def test_a_second_fit_killed_after_a_finished_one_is_not_finished(tmp_path):
+    writer = RecordWriter(worker_records_path(tmp_path, 0))
+    writer.write({**header("r"), "time": 1.0, "pid": 7, "hostname": "h"})
+    for step, at in [(0, 2.0), (1, 3.0), (2, 4.0), (3, 7.0)]:  # fit 2 starts at step 3
+        writer.write(
+            {"type": "step", "run": "r", "worker": 0, "epoch": 0, "step": step, "steps": 1}
+            | {"time": at, "step_ms": 10.0, "warmup": step in (0, 3)}
+        )
+        if step == 2:  # fit 1 ended; fit 2 was killed after its first step
+            writer.write(
+                {"type": "fit_end", "run": "r", "worker": 0, "time": 5.5, "step": 3}
+                | {"status": "finished"}
+            )
+    writer.close()
+
+    report = kdt.Report.load(tmp_path)
+
+    assert pd.isna(report.workers.loc[0, "ended"])
+    assert "worker 0 stopped after step 3" in report.text()

@@ -201,7 +201,10 @@ def worker_view(
         return pd.DataFrame(columns=WORKER_COLUMNS)
     covered = steps.assign(last=steps["step"] + steps["steps"].fillna(1) - 1)
     recorded = covered.groupby(["run", "worker", "attempt"]).agg(
-        first_step=("step", "min"), last_step=("last", "max"), step_records=("step", "size")
+        first_step=("step", "min"),
+        last_step=("last", "max"),
+        step_records=("step", "size"),
+        last_step_time=("time", "max"),
     )
     view = starts.set_index(["run", "worker", "attempt"]).join(recorded, how="outer")
     view = view.reset_index()
@@ -243,6 +246,8 @@ def _endings(view: pd.DataFrame, fit_ends: pd.DataFrame) -> list:
             ends = ends[ends["time"] >= row.time]
         if pd.notna(until):
             ends = ends[ends["time"] < until]
+        if pd.notna(row.last_step_time):  # a later fit of the process that never ended
+            ends = ends[ends["time"] >= row.last_step_time]
         endings.append(ends["status"].iloc[-1] if len(ends) else None)
     return endings
 
