@@ -138,6 +138,40 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-profile", action="store_true", help="skip the profiled matmul (CUPTI check)"
     )
     doctor.set_defaults(handler=run_doctor_command)
+    launch = commands.add_parser(
+        "launch",
+        help="start the workers of a MultiWorkerMirroredStrategy job (TF_CONFIG each)",
+        description="Run COMMAND once per worker with its own TF_CONFIG and one "
+        "KERAS_DP_RUN_ID for the job: --workers N starts N workers on this machine on free "
+        "loopback ports; --host-list names every worker's host[:port] (2222 by default) "
+        "and starts the ones on this machine (run the same command on each host). Output "
+        "is prefixed with [worker i]; when a worker fails the others are stopped and the "
+        "exit status is the failed worker's (128 + signal when it was killed).",
+    )
+    launch.add_argument("--workers", type=positive_int, default=None, help="local workers")
+    launch.add_argument(
+        "--host-list", default=None, help="comma-separated host[:port] of every worker"
+    )
+    launch.add_argument(
+        "--run-id", default=None, help="the job's run id (KERAS_DP_RUN_ID; default: new)"
+    )
+    launch.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="the job's log dir: given to the workers as KERAS_DP_LOG_DIR, and where the "
+        "launcher records how each worker ended (keras_dp/launcher.jsonl)",
+    )
+    launch.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="seconds a stopped worker gets to exit after SIGINT before SIGKILL (10)",
+    )
+    launch.add_argument(
+        "script_args", nargs="*", help="after --: the command, e.g. python train.py"
+    )
+    launch.set_defaults(handler=run_launch_command)
     return parser
 
 
@@ -173,6 +207,8 @@ def run_demo_command(args: argparse.Namespace) -> int:
 def run_report_command(args: argparse.Namespace) -> int:
     report = keras_dp_tools.Report.load(args.log_dir)
     print(report.text())
+    if report.steps.empty:  # "no steps yet": nothing to draw
+        return 0
     if args.html:
         from keras_dp_tools.html_report import write_html
 
@@ -204,6 +240,15 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_launch_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.launch import cluster_addresses, launch
+
+    addresses = cluster_addresses(args.workers, args.host_list)
+    return launch(
+        args.script_args, addresses, run_id=args.run_id, log_dir=args.log_dir, grace_s=args.grace
+    )
+
+
 def run_lint_command(args: argparse.Namespace) -> int:
     import json
 
@@ -226,23 +271,31 @@ def run_analyze_command(args: argparse.Namespace) -> int:
 
     from keras_dp_tools.analysis import analyze_trace, find_traces
 
+    for line in _interrupted_windows(args.source):
+        print(line, file=sys.stderr, flush=True)
     traces = find_traces(args.source)
     context = _recorded_context(args.source)
     frames = []
     for number, trace in enumerate(traces, 1):
         print(f"analysing {trace} ({number}/{len(traces)})", file=sys.stderr, flush=True)
         known = context.get(trace.resolve(), {})
-        breakdown = analyze_trace(
-            trace,
-            allreduce_bytes=args.allreduce_bytes or known.get("allreduce_bytes"),
-            replicas=len(known["devices"]) if known.get("devices") else None,
-            devices=known.get("devices"),
-            group_size=known.get("replicas"),
-            sparse_bytes=known.get("sparse_bytes"),
-            gather_bytes=known.get("gather_bytes"),
-        )
+        try:
+            breakdown = analyze_trace(
+                trace,
+                allreduce_bytes=args.allreduce_bytes or known.get("allreduce_bytes"),
+                replicas=len(known["devices"]) if known.get("devices") else None,
+                devices=known.get("devices"),
+                group_size=known.get("replicas"),
+                sparse_bytes=known.get("sparse_bytes"),
+                gather_bytes=known.get("gather_bytes"),
+            )
+        except ValueError as error:  # a partial capture (killed while writing) costs only itself
+            print(f"skipped {trace}: {error}", file=sys.stderr, flush=True)
+            continue
         frame = breakdown.replicas if args.per_replica else breakdown.steps
         frames.append(frame.assign(trace=str(trace)))
+    if not frames:
+        raise ValueError(f"none of the {len(traces)} trace(s) under {args.source} could be read")
     table = pd.concat(frames, ignore_index=True)
     if table.empty:
         raise ValueError(
@@ -256,6 +309,21 @@ def run_analyze_command(args: argparse.Namespace) -> int:
         with pd.option_context("display.width", 200, "display.max_columns", 40):
             print(table.drop(columns="trace").round(3).to_string(index=False))
     return 0
+
+
+def _interrupted_windows(source: Path) -> list[str]:
+    """Profiler windows the records say were cut short: they have no capture to analyse."""
+    if not source.is_dir():
+        return []
+    try:
+        windows = keras_dp_tools.Report.load(source).windows
+    except (FileNotFoundError, ValueError):
+        return []
+    return [
+        f"skipped window {int(row.window)} of run {row.run} worker {row.worker} (from step "
+        f"{row.start_step}): {row.reason}"
+        for row in windows[windows["status"] == "interrupted"].itertuples()
+    ]
 
 
 def _recorded_context(source: Path) -> dict[Path, dict]:
@@ -298,10 +366,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # "keras-dp sweep SCRIPT --replicas 1,2 -- ARGS": ARGS belong to the script, untouched.
     script_args = []
-    if "--" in argv and "sweep" in argv[: argv.index("--")]:
+    if "--" in argv and {"sweep", "launch"} & set(argv[: argv.index("--")]):
         argv, script_args = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     args = build_parser().parse_args(argv)
-    if args.command == "sweep":
+    if args.command in ("sweep", "launch"):
         args.script_args = [*args.script_args, *script_args]
     try:
         return args.handler(args)
