@@ -1,15 +1,14 @@
-"""A script for ``keras-dp tune-allreduce`` and ``keras-dp find-batch``.
+"""A script for ``keras-dp tune-allreduce`` (and ``kdt.find_per_replica_batch``).
 
-The commands import this file in each trial process and call its functions:
+Their trial processes import this file and call its functions:
 
 * ``build_model()``: a compiled Keras model; called inside the strategy's scope.
 * ``make_dataset(global_batch)``: a ``tf.data.Dataset`` of batches of ``global_batch``
   examples. ``keras-dp tune-allreduce`` asks for ``PER_REPLICA_BATCH`` per replica.
 
-Nothing runs at import; run the commands instead:
+Nothing runs at import; run the command instead:
 
     keras-dp tune-allreduce examples/tune_allreduce_script.py --replicas 2 --steps 12
-    keras-dp find-batch examples/tune_allreduce_script.py --replicas 2 --max-memory-mb 400
 """
 
 import keras
