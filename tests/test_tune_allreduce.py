@@ -9,7 +9,7 @@ from tests.conftest import REPO
 SCRIPT = REPO / "examples" / "tune_allreduce_script.py"
 
 
-def test_function_references_name_importable_functions():
+def test_function_references_name_importable_functions(tf):
     reference = function_reference(tune_allreduce)
     assert reference == "keras_dp_tools.tuning.allreduce:tune_allreduce"
     assert load_function(reference) is tune_allreduce
@@ -94,3 +94,10 @@ def test_tune_allreduce_measures_candidates_in_turns_and_skips_gpu_only_ones(tmp
 )
 def test_each_candidates_code_builds_a_mirrored_strategy_with_its_ops(name, expected, tf):
     assert _strategy_from(CANDIDATES[name].code("kdt.configure_devices(2)")) == expected
+
+
+def test_the_command_refuses_a_missing_script_with_a_clear_error(tmp_path, capsys):
+    from keras_dp_tools.cli import main
+
+    assert main(["tune-allreduce", str(tmp_path / "missing.py")]) == 2
+    assert "Expected a .py script" in capsys.readouterr().err
