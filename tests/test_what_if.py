@@ -93,6 +93,18 @@ def test_more_replicas_cost_the_ring_factor_and_compute_follows_the_batch():
     assert one["replicas"] == 2  # workers keep the replicas per worker
 
 
+def test_logical_cpu_replicas_share_the_cores_so_compute_follows_the_examples_per_worker():
+    report = _report(allreduce_ms=130.0)
+    cpus = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(2)]
+    report.runs = pd.DataFrame({"run": ["r"], "devices": [cpus]})
+    row = what_if(report, replicas=4, measured_bandwidth_gbps=0.025).iloc[0]
+    assert row["compute_ms"] == pytest.approx(20 * 2)  # twice the examples, same cores
+    gpus = [name.replace("CPU", "GPU") for name in cpus]
+    report.runs = pd.DataFrame({"run": ["r"], "devices": [gpus]})
+    row = what_if(report, replicas=4, measured_bandwidth_gbps=0.025).iloc[0]
+    assert row["compute_ms"] == pytest.approx(20)  # a device each
+
+
 def test_hidden_all_reduce_stays_hidden_up_to_the_compute_time():
     report = _report(compute_ms=50.0, allreduce_ms=60.0, exposed_ms=20.0)  # 40 ms hidden
     row = what_if(report, bandwidth_gbps=0.0125, measured_bandwidth_gbps=0.025).iloc[0]

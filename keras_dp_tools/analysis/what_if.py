@@ -2,7 +2,9 @@
 
 The model (docs/tuning.md has its derivation and its measured error):
 
-* compute per replica scales with the per-replica batch: ``compute_ms * b' / b``;
+* compute per replica scales with the per-replica batch: ``compute_ms * b' / b``; when
+  the replicas are logical devices of one CPU they share its cores, so compute scales
+  with the examples per worker instead: ``compute_ms * (n' b') / (n b)``;
 * the all-reduce of ``S`` gradient bytes over ``n`` replicas on a ring whose slowest
   link carries ``B`` bytes/s takes ``latency + 2(n-1)/n * S / B``; ``latency`` is
   fitted from the run as what the measured all-reduce took beyond that ring transfer
@@ -86,6 +88,15 @@ def _measured(steps: pd.DataFrame) -> dict:
     }
 
 
+def _shares_cpu(runs, run_id) -> bool:
+    """Whether the run's replicas were logical devices of the workers' CPUs."""
+    if runs is None or "devices" not in runs or runs.empty:
+        return False
+    devices = runs.loc[runs["run"] == run_id, "devices"].dropna()
+    names = [str(name) for listed in devices for name in listed]
+    return bool(names) and all("CPU" in name.upper() for name in names)
+
+
 def _predict(run: dict, bandwidth_gbps, measured_bandwidth_gbps, replicas, workers, batch):
     n = run["replicas"]
     per_worker = n // run["workers"] if n % run["workers"] == 0 else None
@@ -110,6 +121,9 @@ def _predict(run: dict, bandwidth_gbps, measured_bandwidth_gbps, replicas, worke
     if link_new is None:
         raise ValueError(f"Run {run['run']!r} measured no transfer time: give bandwidth_gbps.")
     compute = run["compute_ms"] * scale
+    if run["shares_cpu"]:  # the same cores run every replica of a worker
+        workers_new = workers or run["workers"]
+        compute *= (n_new / workers_new) / (n / run["workers"])
     hidden = min(run["allreduce_ms"] - run["exposed_allreduce_ms"], compute)
     other = max(0.0, run["step_ms"] - run["compute_ms"] - run["exposed_allreduce_ms"])
     if n_new > 1:
@@ -129,6 +143,8 @@ def _predict(run: dict, bandwidth_gbps, measured_bandwidth_gbps, replicas, worke
     }
     limit, limit_ms = max(parts.items(), key=lambda item: item[1])
     sentence = f"{limit}: {limit_ms:.1f} of {step:.1f} ms per step ({limit_ms / step:.0%})"
+    if run["shares_cpu"] and limit == "compute":
+        sentence += "; the replicas share one CPU's cores, so more replicas add compute"
     if limit.startswith("the link"):
         sentence += (
             f"; {ring_factor(n_new) * size / 1e6:.2f} MB per replica at {link_new / 1e9:.4g} GB/s"
@@ -146,7 +162,7 @@ def _predict(run: dict, bandwidth_gbps, measured_bandwidth_gbps, replicas, worke
         "exposed_allreduce_ms": exposed,
         "other_ms": other,
         "examples_per_s": examples_per_s,
-        "scaling_efficiency": (compute + other) / step,
+        "scaling_efficiency": (run["compute_ms"] * scale + other) / step,
         "limited_by": sentence,
     }
 
@@ -174,8 +190,9 @@ def what_if(
     ```
 
     Args:
-        report: a ``kdt.Report`` (anything with its ``steps`` DataFrame) whose runs
-            have 2 or more replicas and a profiled window (``DataParallelProfiler``).
+        report: a ``kdt.Report`` whose runs have 2 or more replicas and a profiled
+            window (``DataParallelProfiler``): its ``steps``, and its ``runs`` for the
+            devices (logical CPU devices share cores).
         bandwidth_gbps: the link to predict for, in GB/s (1e9 bytes/s, as
             ``busbw_gbps``; 1 Gbit/s is 0.125). None: the measured run's.
         replicas: total replicas to predict for (None: as measured).
@@ -206,15 +223,16 @@ def what_if(
     steps = report.steps
     if steps.empty:
         raise ValueError("The report has no steps: load a log dir written by kdt callbacks.")
+    runs = getattr(report, "runs", None)
     rows = [
         _predict(
-            _measured(run_steps),
+            {**_measured(run_steps), "shares_cpu": _shares_cpu(runs, run_id)},
             bandwidth_gbps,
             measured_bandwidth_gbps,
             replicas,
             workers,
             per_replica_batch,
         )
-        for _, run_steps in steps.groupby("run", sort=False)
+        for run_id, run_steps in steps.groupby("run", sort=False)
     ]
     return pd.DataFrame(rows, columns=WHAT_IF_COLUMNS)
