@@ -101,3 +101,13 @@ def test_the_command_refuses_a_missing_script_with_a_clear_error(tmp_path, capsy
 
     assert main(["tune-allreduce", str(tmp_path / "missing.py")]) == 2
     assert "Expected a .py script" in capsys.readouterr().err
+
+
+def test_devices_become_code_that_creates_them():
+    from keras_dp_tools.tuning.allreduce import _devices_expression
+
+    assert _devices_expression(2) == "kdt.configure_devices(2)"
+    assert _devices_expression(["/cpu:0", "/cpu:1"]) == "kdt.configure_devices(2)"
+    assert _devices_expression(["/gpu:0", "/gpu:1"]) == "['/gpu:0', '/gpu:1']"
+    with pytest.raises(ValueError, match="/cpu:0"):
+        _devices_expression(["/cpu:1", "/cpu:3"])

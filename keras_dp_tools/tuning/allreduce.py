@@ -10,6 +10,7 @@ a ratio of medians of block medians from the same rounds.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import statistics
 import tempfile
@@ -164,17 +165,24 @@ class AllReduceTuning:
         return "\n".join(parts)
 
 
-def _devices_expression(devices) -> tuple[str, int | None]:
+def _devices_expression(devices) -> str:
+    """The expression for the strategy's devices in ``.code``. Logical CPU devices only
+    exist once the CPU is split, so CPU lists become ``kdt.configure_devices(n)``."""
     if devices is None:
-        return "kdt.configure_devices()", None
-    if isinstance(devices, int):
-        count = require_positive_int("devices", devices)
-        return f"kdt.configure_devices({count})", count
+        return "kdt.configure_devices()"
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        return f"kdt.configure_devices({require_positive_int('devices', devices)})"
     if isinstance(devices, (list, tuple)) and devices and all(isinstance(d, str) for d in devices):
-        return repr(list(devices)), len(devices)
+        cpus = [d for d in devices if re.search(r"CPU:\d+$", d, re.IGNORECASE)]
+        if not cpus:
+            return repr(list(devices))
+        expected = [f"/cpu:{index}" for index in range(len(devices))]
+        if [d.lower().replace("device:", "") for d in devices] == expected:
+            return f"kdt.configure_devices({len(devices)})"
     raise ValueError(
         "devices must be None (all GPUs, or the CPU split in KERAS_DP_REPLICAS or 4), a "
-        f"replica count, or a list of device names; received {devices!r}."
+        "replica count, a list of GPU names, or '/cpu:0' ... '/cpu:<n-1>'; received "
+        f"{devices!r}."
     )
 
 
@@ -281,7 +289,7 @@ def tune_allreduce(
         "build_model": function_reference(build_model),
         "dataset": function_reference(dataset),
     }
-    devices_code, _ = _devices_expression(devices)
+    devices_code = _devices_expression(devices)
     temporary = log_dir is None
     root = Path(tempfile.mkdtemp(prefix="kdt-tune-") if temporary else log_dir)
     gpus = _have_gpus()
