@@ -261,7 +261,8 @@ def tune_allreduce(
             ``per_replica_batch * replicas`` (the ``make_dataset(global_batch)`` form
             that ``find_per_replica_batch`` uses too).
         devices: None (all GPUs, or the CPU split into ``KERAS_DP_REPLICAS`` or 4
-            logical devices), a replica count, or a list of device names.
+            logical devices), a replica count, a list of GPU names, or
+            ``["/cpu:0", ..., "/cpu:<n-1>"]``.
         steps: measured steps per candidate, spread over ``rounds`` blocks.
         candidates: names from ``CANDIDATES`` (default: all of them).
         rounds: blocks of steps per candidate, taken in turns with the others.
