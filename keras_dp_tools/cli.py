@@ -172,6 +172,27 @@ def build_parser() -> argparse.ArgumentParser:
         "script_args", nargs="*", help="after --: the command, e.g. python train.py"
     )
     launch.set_defaults(handler=run_launch_command)
+    tune = commands.add_parser(
+        "tune-allreduce",
+        help="measure each all-reduce implementation on your model and pick the fastest",
+        description="Import SCRIPT in one process per candidate cross-device implementation "
+        "(MirroredStrategy's collective default, packings, ReductionToOneDevice, NCCL and "
+        "hierarchical copy on GPUs), train its build_model() on make_dataset(global_batch) "
+        "in interleaved rounds, and print the table, the decision and the code that builds "
+        "the fastest strategy. See docs/tuning.md and examples/tune_allreduce_script.py.",
+    )
+    tune.add_argument("script", type=Path, help="a .py file with build_model and make_dataset")
+    tune.add_argument(
+        "--replicas", type=positive_int, default=None, help="GPUs, or logical CPU devices"
+    )
+    tune.add_argument(
+        "--per-replica-batch", type=positive_int, default=32, help="examples per replica (32)"
+    )
+    tune.add_argument("--steps", type=positive_int, default=20, help="timed steps each (20)")
+    tune.add_argument("--rounds", type=positive_int, default=3, help="interleaved rounds (3)")
+    tune.add_argument("--candidates", default=None, help="comma-separated names (default: all)")
+    tune.add_argument("--log-dir", type=Path, default=None, help="keep records and logs here")
+    tune.set_defaults(handler=run_tune_allreduce_command)
     return parser
 
 
@@ -247,6 +268,33 @@ def run_launch_command(args: argparse.Namespace) -> int:
     return launch(
         args.script_args, addresses, run_id=args.run_id, log_dir=args.log_dir, grace_s=args.grace
     )
+
+
+def run_tune_allreduce_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.tuning.allreduce import tune_allreduce
+
+    script = _script_path(args.script)
+    candidates = args.candidates.split(",") if args.candidates else None
+    result = tune_allreduce(
+        f"{script}:build_model",
+        f"{script}:make_dataset",
+        devices=args.replicas,
+        steps=args.steps,
+        rounds=args.rounds,
+        per_replica_batch=args.per_replica_batch,
+        candidates=[name.strip() for name in candidates] if candidates else None,
+        log_dir=args.log_dir,
+        progress=lambda line: print(line, flush=True),
+    )
+    print()
+    print(result)
+    return 0 if result.best else 1
+
+
+def _script_path(script: Path) -> Path:
+    if not script.is_file() or script.suffix != ".py":
+        raise FileNotFoundError(f"Expected a .py script, received {script}.")
+    return script.resolve()
 
 
 def run_lint_command(args: argparse.Namespace) -> int:
