@@ -42,6 +42,9 @@ _EXPORTS = {
     "ScalingPlan": "keras_dp_tools.scaling",
     "plan_scaling": "keras_dp_tools.scaling",
     "warmup_schedule": "keras_dp_tools.schedules",
+    "tune_allreduce": "keras_dp_tools.tuning.allreduce",
+    "find_per_replica_batch": "keras_dp_tools.tuning.batch_finder",
+    "what_if": "keras_dp_tools.analysis.what_if",
 }
 __all__ = ["__version__", *sorted(_EXPORTS)]
 __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)

@@ -138,6 +138,61 @@ def build_parser() -> argparse.ArgumentParser:
         "--no-profile", action="store_true", help="skip the profiled matmul (CUPTI check)"
     )
     doctor.set_defaults(handler=run_doctor_command)
+    launch = commands.add_parser(
+        "launch",
+        help="start the workers of a MultiWorkerMirroredStrategy job (TF_CONFIG each)",
+        description="Run COMMAND once per worker with its own TF_CONFIG and one "
+        "KERAS_DP_RUN_ID for the job: --workers N starts N workers on this machine on free "
+        "loopback ports; --host-list names every worker's host[:port] (2222 by default) "
+        "and starts the ones on this machine (run the same command on each host). Output "
+        "is prefixed with [worker i]; when a worker fails the others are stopped and the "
+        "exit status is the failed worker's (128 + signal when it was killed).",
+    )
+    launch.add_argument("--workers", type=positive_int, default=None, help="local workers")
+    launch.add_argument(
+        "--host-list", default=None, help="comma-separated host[:port] of every worker"
+    )
+    launch.add_argument(
+        "--run-id", default=None, help="the job's run id (KERAS_DP_RUN_ID; default: new)"
+    )
+    launch.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help="the job's log dir: given to the workers as KERAS_DP_LOG_DIR, and where the "
+        "launcher records how each worker ended (keras_dp/launcher.jsonl)",
+    )
+    launch.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="seconds a stopped worker gets to exit after SIGINT before SIGKILL (10)",
+    )
+    launch.add_argument(
+        "script_args", nargs="*", help="after --: the command, e.g. python train.py"
+    )
+    launch.set_defaults(handler=run_launch_command)
+    tune = commands.add_parser(
+        "tune-allreduce",
+        help="measure each all-reduce implementation on your model and pick the fastest",
+        description="Import SCRIPT in one process per candidate cross-device implementation "
+        "(MirroredStrategy's collective default, packings, ReductionToOneDevice, NCCL and "
+        "hierarchical copy on GPUs), train its build_model() on make_dataset(global_batch) "
+        "in interleaved rounds, and print the table, the decision and the code that builds "
+        "the fastest strategy. See docs/tuning.md and examples/tune_allreduce_script.py.",
+    )
+    tune.add_argument("script", type=Path, help="a .py file with build_model and make_dataset")
+    tune.add_argument(
+        "--replicas", type=positive_int, default=None, help="GPUs, or logical CPU devices"
+    )
+    tune.add_argument(
+        "--per-replica-batch", type=positive_int, default=32, help="examples per replica (32)"
+    )
+    tune.add_argument("--steps", type=positive_int, default=20, help="timed steps each (20)")
+    tune.add_argument("--rounds", type=positive_int, default=3, help="interleaved rounds (3)")
+    tune.add_argument("--candidates", default=None, help="comma-separated names (default: all)")
+    tune.add_argument("--log-dir", type=Path, default=None, help="keep records and logs here")
+    tune.set_defaults(handler=run_tune_allreduce_command)
     return parser
 
 
@@ -173,6 +228,8 @@ def run_demo_command(args: argparse.Namespace) -> int:
 def run_report_command(args: argparse.Namespace) -> int:
     report = keras_dp_tools.Report.load(args.log_dir)
     print(report.text())
+    if report.steps.empty:  # "no steps yet": nothing to draw
+        return 0
     if args.html:
         from keras_dp_tools.html_report import write_html
 
@@ -204,6 +261,42 @@ def run_sweep_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_launch_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.launch import cluster_addresses, launch
+
+    addresses = cluster_addresses(args.workers, args.host_list)
+    return launch(
+        args.script_args, addresses, run_id=args.run_id, log_dir=args.log_dir, grace_s=args.grace
+    )
+
+
+def run_tune_allreduce_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.tuning.allreduce import tune_allreduce
+
+    script = _script_path(args.script)
+    candidates = args.candidates.split(",") if args.candidates else None
+    result = tune_allreduce(
+        f"{script}:build_model",
+        f"{script}:make_dataset",
+        devices=args.replicas,
+        steps=args.steps,
+        rounds=args.rounds,
+        per_replica_batch=args.per_replica_batch,
+        candidates=[name.strip() for name in candidates] if candidates else None,
+        log_dir=args.log_dir,
+        progress=lambda line: print(line, flush=True),
+    )
+    print()
+    print(result)
+    return 0 if result.best else 1
+
+
+def _script_path(script: Path) -> Path:
+    if not script.is_file() or script.suffix != ".py":
+        raise FileNotFoundError(f"Expected a .py script, received {script}.")
+    return script.resolve()
+
+
 def run_lint_command(args: argparse.Namespace) -> int:
     import json
 
@@ -227,23 +320,31 @@ def run_analyze_command(args: argparse.Namespace) -> int:
     from keras_dp_tools.analysis import analyze_trace, find_traces
     from keras_dp_tools.contract import STEP_EVENT_NAME
 
+    for line in _interrupted_windows(args.source):
+        print(line, file=sys.stderr, flush=True)
     traces = find_traces(args.source)
     context = _recorded_context(args.source)
     frames = []
     for number, trace in enumerate(traces, 1):
         print(f"analysing {trace} ({number}/{len(traces)})", file=sys.stderr, flush=True)
         known = context.get(trace.resolve(), {})
-        breakdown = analyze_trace(
-            trace,
-            allreduce_bytes=args.allreduce_bytes or known.get("allreduce_bytes"),
-            replicas=len(known["devices"]) if known.get("devices") else None,
-            devices=known.get("devices"),
-            group_size=known.get("replicas"),
-            sparse_bytes=known.get("sparse_bytes"),
-            gather_bytes=known.get("gather_bytes"),
-        )
+        try:
+            breakdown = analyze_trace(
+                trace,
+                allreduce_bytes=args.allreduce_bytes or known.get("allreduce_bytes"),
+                replicas=len(known["devices"]) if known.get("devices") else None,
+                devices=known.get("devices"),
+                group_size=known.get("replicas"),
+                sparse_bytes=known.get("sparse_bytes"),
+                gather_bytes=known.get("gather_bytes"),
+            )
+        except ValueError as error:  # a partial capture (killed while writing) costs only itself
+            print(f"skipped {trace}: {error}", file=sys.stderr, flush=True)
+            continue
         frame = breakdown.replicas if args.per_replica else breakdown.steps
         frames.append(frame.assign(trace=str(trace)))
+    if not frames:
+        raise ValueError(f"none of the {len(traces)} trace(s) under {args.source} could be read")
     table = pd.concat(frames, ignore_index=True)
     if table.empty:
         raise ValueError(
@@ -257,6 +358,21 @@ def run_analyze_command(args: argparse.Namespace) -> int:
         with pd.option_context("display.width", 200, "display.max_columns", 40):
             print(table.drop(columns="trace").round(3).to_string(index=False))
     return 0
+
+
+def _interrupted_windows(source: Path) -> list[str]:
+    """Profiler windows the records say were cut short: they have no capture to analyse."""
+    if not source.is_dir():
+        return []
+    try:
+        windows = keras_dp_tools.Report.load(source).windows
+    except (FileNotFoundError, ValueError):
+        return []
+    return [
+        f"skipped window {int(row.window)} of run {row.run} worker {row.worker} (from step "
+        f"{row.start_step}): {row.reason}"
+        for row in windows[windows["status"] == "interrupted"].itertuples()
+    ]
 
 
 def _recorded_context(source: Path) -> dict[Path, dict]:
@@ -299,10 +415,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # "keras-dp sweep SCRIPT --replicas 1,2 -- ARGS": ARGS belong to the script, untouched.
     script_args = []
-    if "--" in argv and "sweep" in argv[: argv.index("--")]:
+    if "--" in argv and {"sweep", "launch"} & set(argv[: argv.index("--")]):
         argv, script_args = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
     args = build_parser().parse_args(argv)
-    if args.command == "sweep":
+    if args.command in ("sweep", "launch"):
         args.script_args = [*args.script_args, *script_args]
     try:
         return args.handler(args)

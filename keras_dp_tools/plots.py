@@ -461,3 +461,20 @@ def summary_table(report) -> pd.DataFrame:
     table.index.name = "field"
     table.columns.name = None
     return table
+
+
+def worker_wait(report, run: str | None = None) -> Figure | Omitted:
+    """Per step, how long each worker waited for the last worker to enter the step
+    (multi-worker runs; clocks aligned at the step ends, see ``Report.workers``)."""
+    run, part = _run(report, run)
+    title = f"Waiting for other workers: run {run}"
+    steps = part.steps.dropna(subset=["worker_wait_ms"])
+    if steps.empty:
+        return Omitted(title, "no cross-worker waits (needs 2+ workers with kdt.StepTimer)")
+    figure = Figure(figsize=(8, 3), layout="constrained")
+    axes = figure.subplots()
+    for worker, rows in steps.groupby("worker"):
+        axes.plot(rows["step"], rows["worker_wait_ms"], label=f"worker {worker}", linewidth=0.8)
+    axes.set(title=title, xlabel="global step", ylabel="ms")
+    axes.legend()
+    return figure

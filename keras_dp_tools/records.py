@@ -18,6 +18,7 @@ import math
 import os
 import re
 import threading
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -42,6 +43,8 @@ RECORD_TYPES = (
     "cpu_sample",
     "batching_finding",
     "scaling_plan",
+    "fit_end",  # StepTimer at the end of a fit (status finished) or at exit inside one
+    "worker_exit",  # keras-dp launch: how each worker process ended (launcher.jsonl)
 )
 
 # Field name -> Arrow type, per record type. Unknown fields (written by a newer
@@ -83,7 +86,9 @@ WINDOW_FIELDS: dict[str, pa.DataType] = {
     "window": pa.int64(),  # index of the window within the callback's life; null if skipped
     "start_step": pa.int64(),
     "end_step": pa.int64(),  # first step after the window
-    "status": pa.string(),  # analysed, skipped, failed, or foreign (another profiler)
+    # window: open, analysed, skipped, failed, foreign (another profiler); fit_end:
+    # finished, exited
+    "status": pa.string(),
     "reason": pa.string(),
     "steps_analysed": pa.int64(),
     "stop_ms": pa.float64(),  # training-thread time spent stopping the profiler
@@ -92,6 +97,7 @@ WINDOW_FIELDS: dict[str, pa.DataType] = {
     "profile_run": pa.string(),  # the capture's name in TensorBoard's Profile tab
     "attribution": pa.string(),  # null: replicas read off the trace; else why not
     "sparse_bytes": pa.int64(),  # embedding tables: all-gathered, not all-reduced
+    "exit_code": pa.int64(),  # worker_exit: the process's status (negative: killed by signal)
 }
 # replica_step and step_breakdown records: the columns of keras_dp_tools.schema.
 _ARROW_TYPES = {int: pa.int64(), float: pa.float64(), str: pa.string()}
@@ -136,6 +142,9 @@ FIELDS = {
     **MONITOR_FIELDS,
     **SCALING_FIELDS,
 }
+
+
+LAUNCHER_RECORDS = "launcher.jsonl"  # keras-dp launch --log-dir: how each worker ended
 
 
 def records_dir(log_dir: str | os.PathLike) -> Path:
@@ -217,9 +226,10 @@ def find_record_files(sources: str | os.PathLike | Iterable[str | os.PathLike]) 
         if path.is_file():
             found.append(path)
         elif path.is_dir():
-            found.extend(sorted(path.glob(f"**/{RECORDS_DIRNAME}/worker-*.jsonl")))
-            if path.name == RECORDS_DIRNAME:
-                found.extend(sorted(path.glob("worker-*.jsonl")))
+            for name in ("worker-*.jsonl", LAUNCHER_RECORDS):
+                found.extend(sorted(path.glob(f"**/{RECORDS_DIRNAME}/{name}")))
+                if path.name == RECORDS_DIRNAME:
+                    found.extend(sorted(path.glob(name)))
         else:
             raise FileNotFoundError(f"No such file or directory: {path}")
     found = sorted(set(found))
@@ -278,6 +288,35 @@ def _conform(table: pa.Table, path: Path) -> pa.Table:
     return table
 
 
+def _only_records(table: pa.Table, path: Path) -> pa.Table:
+    """Keeps the lines that are records (a string ``type``, ``run`` and ``worker``); a
+    file with content and no such line is not ours and raises."""
+    if "type" not in table.column_names:
+        ours = pa.array([False] * len(table))
+    else:
+        ours = pc.is_valid(table.column("type"))
+        for name in ("run", "worker"):
+            present = name in table.column_names
+            ours = pc.and_(ours, pc.is_valid(table.column(name)) if present else False)
+    kept = pc.sum(ours).as_py() or 0
+    if kept == 0:
+        raise _not_records(
+            path, f"none of its {len(table)} JSON line(s) has a type, run and worker"
+        )
+    if kept < len(table):
+        warn(f"{path}: skipped {len(table) - kept} line(s) without a type, run and worker.")
+        table = table.filter(ours)
+    return table
+
+
+def _not_records(path: Path, why: str) -> ValueError:
+    return ValueError(
+        f"{path} is not keras_dp_tools records: {why}. Records are JSON Lines written by "
+        "kdt.callbacks(log_dir) into <log_dir>/keras_dp/worker-<i>.jsonl; give Report.load "
+        "that log dir or file."
+    )
+
+
 def _wrong_types(path: Path, error: Exception) -> ValueError:
     return ValueError(
         f"{path} holds records whose fields have the wrong types ({error}). "
@@ -295,12 +334,19 @@ def _is_json(line: bytes) -> bool:
 
 def _read_table(path: Path) -> pa.Table:
     """The records of one file as an Arrow table; a torn last line is ignored, and a
-    header of a newer schema warns."""
+    header of a newer schema warns. A file with content but no record raises."""
     data = path.read_bytes()
     end = data.rfind(b"\n") + 1  # whatever follows the last newline is a torn line
     if _PRINTABLE.search(data, 0, end) is None:  # stops at the first printable byte
+        if end == 0 and len(data) > 4096:  # not one line: no records writer wrote this
+            raise _not_records(path, "it has no line break in its first 4 KiB or more")
         return _SCHEMA.empty_table()
-    table = _parse_lines(pa.py_buffer(data).slice(0, end), path)
+    with warnings.catch_warnings(record=True) as damaged:
+        warnings.simplefilter("always")
+        table = _parse_lines(pa.py_buffer(data).slice(0, end), path)
+    table = _only_records(table, path)
+    for warning in damaged:  # only now: a file that is not records raises instead
+        warn(str(warning.message), warning.category)
     if "schema" in table.column_names:
         schema = pc.max(table.column("schema")).as_py()
         if schema is not None and schema > SCHEMA_VERSION:

@@ -14,6 +14,7 @@ import numpy as np
 import pandas as pd
 
 from keras_dp_tools import schema
+from keras_dp_tools.analysis import workers as worker_analysis
 from keras_dp_tools.records import find_record_files, read_records_by_type
 
 GPU_STATUS_COLUMNS = ["gpu_available", "gpu_reason", "gpu_names"]
@@ -52,6 +53,13 @@ STEP_COLUMNS = [
     "warmup",
     "profiled",
     "time",
+]
+# Restarts and cross-worker waiting (keras_dp_tools.analysis.workers), after the rest.
+WORKER_STEP_COLUMNS = [
+    "attempt",  # the process that recorded the step: 0, then 1 after a restart, ...
+    "redone",  # a later attempt ran this step again (it resumed from an earlier checkpoint)
+    "worker_wait_ms",  # multi-worker: waited for the last worker to enter the step
+    "last_worker",  # multi-worker: the worker that entered the step last
 ]
 # What the profiler's step_breakdown records add to each step ("trace_step_ms" is the
 # step as the trace marks it; "step_ms" stays the host wall time of StepTimer).
@@ -121,6 +129,12 @@ class Report:
         cpu: host CPU usage readings (``CPU_COLUMNS``; 100% = one core).
         batching: findings of the batching check before the first step (severity,
             code, message, fix), from ``BatchScalingCheck``.
+        workers: one row per run, worker and attempt (``worker_analysis.WORKER_COLUMNS``): steps
+            recorded, how its fit ended (``finished``, ``exited``, or empty: killed or
+            still running), clock offset and alignment residual, median wait for other
+            workers, and how often it entered a step last (the straggler view).
+        restarts: one row per restart of a worker under the same run id (e.g. after
+            ``BackupAndRestore``): where it resumed and how many steps it ran again.
 
     Example:
 
@@ -142,6 +156,8 @@ class Report:
         gpu: pd.DataFrame | None = None,
         cpu: pd.DataFrame | None = None,
         batching: pd.DataFrame | None = None,
+        workers: pd.DataFrame | None = None,
+        restarts: pd.DataFrame | None = None,
     ):
         def frame(given, columns):
             return pd.DataFrame(columns=columns) if given is None else given
@@ -153,6 +169,8 @@ class Report:
         self.gpu = frame(gpu, GPU_COLUMNS)
         self.cpu = frame(cpu, CPU_COLUMNS)
         self.batching = frame(batching, BATCHING_COLUMNS)
+        self.workers = frame(workers, worker_analysis.WORKER_COLUMNS)
+        self.restarts = frame(restarts, worker_analysis.RESTART_COLUMNS)
 
     def __repr__(self) -> str:
         return (
@@ -178,7 +196,14 @@ class Report:
         }
         gpu = _of_type(records, "gpu_sample", GPU_COLUMNS).sort_values(["run", "worker", "time"])
         windows = _windows(records)
+        starts = worker_analysis.attempts(
+            _of_type(records, "header", ["run", "worker", "time", "pid", "hostname"])
+        )
         steps = _with_gpu_utilization(_mark_profiled(_steps(records), windows), gpu)
+        steps = worker_analysis.assign_attempts(steps, starts)
+        sync = worker_analysis.cross_worker_sync(steps)
+        steps = _with_worker_wait(steps, sync)
+        fit_ends = _of_type(records, "fit_end", ["run", "worker", "time", "step", "status"])
         return cls(
             _runs(records),
             steps,
@@ -187,6 +212,14 @@ class Report:
             gpu.reset_index(drop=True),
             _of_type(records, "cpu_sample", CPU_COLUMNS).reset_index(drop=True),
             _of_type(records, "batching_finding", BATCHING_COLUMNS).reset_index(drop=True),
+            worker_analysis.worker_view(
+                steps,
+                starts,
+                fit_ends,
+                sync,
+                _of_type(records, "worker_exit", ["run", "worker", "time", "exit_code", "reason"]),
+            ),
+            worker_analysis.restarts(steps, starts),
         )
 
     def gpu_by_epoch(self) -> pd.DataFrame:
@@ -213,7 +246,10 @@ class Report:
         profiler window analysed. ``advice`` lists the titles of ``advice()`` for the
         run (``advice=False`` leaves it out).
         """
+        if self.steps.empty:
+            return pd.DataFrame(columns=["start", "workers", "replicas", "steps"])
         steps = self.steps[~self.steps["warmup"].fillna(False).astype(bool)]
+        steps = steps[~steps["redone"].astype(bool)]  # a restart ran them again: count once
         grouped = steps.groupby("run", sort=False)
         measured = steps[~steps["profiled"]]
         timed = measured.groupby("run", sort=False)
@@ -253,6 +289,8 @@ class Report:
     def text(self) -> str:
         """The summary (a column per run), the scaling table when the runs differ in
         replicas, and the advice, as plain text for terminals and logs."""
+        if self.steps.empty:
+            return self._no_steps_text()
         summary = self.summary(advice=False)
         numbers = summary.select_dtypes("number").columns
         summary[numbers] = summary[numbers].round(3)
@@ -262,10 +300,55 @@ class Report:
             parts.append(summary.T.to_string())
             if self.steps["replicas"].nunique() > 1:
                 parts += ["", "Scaling:", self.compare().round(3).to_string(index=False)]
+        parts += self._worker_text()
         advice = self.advice()
         parts += ["", "Advice:" if advice else "Advice: nothing stands out in the numbers."]
         parts += [str(item) for item in advice]
         return "\n".join(parts)
+
+    def _no_steps_text(self) -> str:
+        if self.runs.empty:
+            return (
+                "No runs recorded yet: the records file(s) are empty. The job stopped (or "
+                "is still starting) before keras_dp_tools wrote its run header."
+            )
+        runs = ", ".join(self.runs["run"].drop_duplicates())
+        return (
+            f"Run {runs} has no steps yet: the job stopped (or is still starting) before "
+            f"its first training step finished ({len(self.runs)} worker header(s) recorded)."
+        )
+
+    def _worker_text(self) -> list[str]:
+        """Workers that stopped, restarts, and the straggler view, where there are any."""
+        parts = []
+        stopped = worker_analysis.stopped_workers(self.workers)
+        if stopped:
+            parts += ["", "Workers that stopped before the end of fit:", *stopped]
+        for row in self.restarts.itertuples():
+            parts += [
+                "",
+                f"Restart: run {row.run} worker {row.worker} attempt {row.attempt} resumed "
+                f"at step {row.resumed_at_step} (the previous attempt recorded up to step "
+                f"{row.previous_last_step}; {row.redone_steps} step(s) ran again).",
+            ]
+        timed = self.workers.dropna(subset=["median_worker_wait_ms"])
+        if not timed.empty:
+            columns = [
+                "run",
+                "worker",
+                "median_worker_wait_ms",
+                "last_to_enter_share",
+                "median_host_gap_ms",
+                "clock_offset_ms",
+                "clock_residual_ms",
+            ]
+            parts += [
+                "",
+                "Workers (wait for the last worker to enter a step, on clocks aligned at "
+                "the step ends):",
+                timed[columns].round(3).to_string(index=False),
+            ]
+        return parts
 
     def for_run(self, run: str) -> Report:
         """The part of this report that belongs to one run id."""
@@ -284,6 +367,8 @@ class Report:
             "gpu": self.gpu,
             "cpu": self.cpu,
             "batching": self.batching,
+            "workers": self.workers,
+            "restarts": self.restarts,
         }
 
     def compare(self) -> pd.DataFrame:
@@ -462,4 +547,50 @@ def _replicas(records: dict) -> pd.DataFrame:
 
 def _windows(records: dict) -> pd.DataFrame:
     rows = _of_type(records, "window", WINDOW_COLUMNS)
+    # A window records "open" when it starts and its outcome when it closes; one that
+    # never closed was cut short with its process (the capture was never written).
+    numbered = rows["window"].notna()
+    closed = numbered & rows.duplicated(["run", "worker", "window", "start_step"], keep="last")
+    rows = rows[~closed]
+    open_ = rows["status"] == "open"
+    if open_.any():
+        rows = rows.assign(
+            status=rows["status"].where(~open_, "interrupted"),
+            reason=rows["reason"]
+            .astype(object)
+            .where(
+                ~open_, "the process ended inside the window, before the profiler wrote its capture"
+            ),
+        )
     return rows.sort_values(["run", "worker", "time"]).reset_index(drop=True)
+
+
+def _with_worker_wait(steps: pd.DataFrame, sync: pd.DataFrame) -> pd.DataFrame:
+    """Adds each step's wait for other workers and, in profiled steps, moves it from
+    ``transfer_ms`` (where a worker's own trace shows it) to ``sync_wait_ms``."""
+    if sync.empty:
+        return steps.assign(worker_wait_ms=float("nan"), last_worker=pd.NA)
+    steps = steps.drop(columns=["worker_wait_ms", "last_worker"], errors="ignore").merge(
+        sync[["run", "worker", "step", "worker_wait_ms", "last_worker"]],
+        on=["run", "worker", "step"],
+        how="left",
+    )
+    steps["last_worker"] = steps["last_worker"].astype("Int64")
+    wait = steps["worker_wait_ms"].fillna(0.0)
+    old_transfer = steps["transfer_ms"].astype("float64")
+    for total, waited in (
+        ("transfer_ms", "sync_wait_ms"),
+        ("exposed_transfer_ms", "exposed_sync_wait_ms"),
+    ):
+        moved = np.minimum(wait, steps[total].astype("float64")).where(steps[total].notna())
+        steps[total] = steps[total] - moved.fillna(0.0)
+        steps[waited] = steps[waited] + moved.fillna(0.0)
+        if total == "transfer_ms":  # every local replica waited that long for the worker
+            steps["max_sync_wait_ms"] = steps["max_sync_wait_ms"] + moved.fillna(0.0)
+    profiled = steps["trace_step_ms"]
+    steps["comm_share"] = (steps["exposed_transfer_ms"] / profiled).where(profiled > 0)
+    steps["wait_share"] = (steps["exposed_sync_wait_ms"] / profiled).where(profiled > 0)
+    faster = old_transfer / steps["transfer_ms"].astype("float64")  # bandwidth ~ 1 / time
+    for name in ("algbw_gbps", "busbw_gbps"):
+        steps[name] = (steps[name] * faster).where(steps["transfer_ms"] > 0)
+    return steps

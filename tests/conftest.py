@@ -9,13 +9,18 @@ formats (XPlane traces, NVML structures). ``KERAS_DP_TEST_GPUS=1`` leaves GPUs v
 
 from __future__ import annotations
 
+import gzip
+import json
 import os
-import socket
 import subprocess
 import sys
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
+
+from keras_dp_tools.launch import free_ports
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if not os.environ.get("KERAS_DP_TEST_GPUS"):
@@ -81,18 +86,6 @@ def nvml_works() -> bool:
     return True
 
 
-def free_ports(count: int) -> list[int]:
-    """Distinct loopback ports that are free now (held open together while picked)."""
-    sockets = [socket.socket() for _ in range(count)]
-    try:
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-    finally:
-        for sock in sockets:
-            sock.close()
-
-
 def run_cli(*args: str, env: dict | None = None, timeout: float = 300):
     """Runs ``python -m keras_dp_tools ARGS`` in a fresh process (own TF devices)."""
     return subprocess.run(
@@ -114,3 +107,51 @@ def demo_run(tmp_path_factory):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return log_dir, result
+
+
+def get_json(url: str, timeout: float = 30):
+    """A JSON answer of a local server (TensorBoard's profile plugin gzips its own)."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        body = response.read()
+        if response.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        return json.loads(body)
+
+
+@pytest.fixture(scope="session")
+def demo_tensorboard(demo_run):
+    """A real ``tensorboard --logdir`` on the demo's log dir, on a free loopback port,
+    once all its plugins are up and our scalars are loaded: (base URL, log dir)."""
+    log_dir, _ = demo_run
+    (port,) = free_ports(1)
+    tensorboard = Path(sys.executable).with_name("tensorboard")
+    server = subprocess.Popen(
+        [str(tensorboard), "--logdir", str(log_dir), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def ready() -> bool:
+        try:
+            listing = get_json(f"{base}/data/plugins_listing", timeout=5)
+            tags = get_json(f"{base}/data/plugin/scalars/tags", timeout=5)
+        except OSError:
+            return False
+        return bool(listing.get("data_parallel", {}).get("enabled")) and (
+            "keras_dp/worker-0" in tags
+        )
+
+    try:
+        deadline = time.monotonic() + 120
+        while not ready():
+            if server.poll() is not None:
+                pytest.fail(f"tensorboard exited: {server.stderr.read()[-2000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail("tensorboard did not serve the demo's log dir within 120 s")
+            time.sleep(1)
+        yield base, log_dir
+    finally:
+        server.terminate()
+        server.wait(timeout=30)

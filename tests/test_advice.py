@@ -108,7 +108,10 @@ def test_exports_every_frame(tmp_path):
     parquets = report.to_parquet(tmp_path / "parquet")
 
     names = {path.stem for path in csvs}
-    assert names == {"runs", "steps", "replicas", "windows", "gpu", "cpu", "batching", "summary"}
+    assert names == {
+        *("runs", "steps", "replicas", "windows", "gpu", "cpu", "batching", "summary"),
+        *("workers", "restarts"),
+    }
     steps = pd.read_parquet(next(p for p in parquets if p.stem == "steps"))
     assert len(steps) == 30 and steps["compute_ms"].notna().sum() == 5
     assert pd.read_csv(next(p for p in csvs if p.stem == "summary"))["replicas"].tolist() == [4]

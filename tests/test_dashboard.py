@@ -8,9 +8,6 @@ import math
 import os
 import shutil
 import subprocess
-import sys
-import time
-import urllib.request
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -20,7 +17,7 @@ import keras_dp_tools as kdt
 from keras_dp_tools.records import SCHEMA_VERSION, RecordWriter, worker_records_path
 from keras_dp_tools.tensorboard_plugin import data as dashboard
 
-from .conftest import free_ports
+from .conftest import get_json
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
@@ -200,47 +197,14 @@ def headless(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def get_json(url: str):
-    with urllib.request.urlopen(url, timeout=30) as response:
-        return json.loads(response.read())
-
-
-@pytest.fixture
-def tensorboard_server(demo_run):
-    log_dir, _ = demo_run
-    (port,) = free_ports(1)
-    tensorboard = Path(sys.executable).with_name("tensorboard")
-    server = subprocess.Popen(
-        [str(tensorboard), "--logdir", str(log_dir), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 90
-        listing = {}
-        while time.monotonic() < deadline and not listing.get("data_parallel", {}).get("enabled"):
-            time.sleep(1)
-            if server.poll() is not None:
-                pytest.fail(f"tensorboard exited: {server.stderr.read()[-2000:]}")
-            try:
-                listing = get_json(f"{base}/data/plugins_listing")
-            except OSError:
-                continue
-        yield base, log_dir, listing
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
-
-
 @pytest.mark.slow
 @pytest.mark.skipif(
     browser() is None,
     reason="needs Chromium for the browser test (apt-get install chromium; .ci/run does)",
 )
-def test_dashboard_renders_in_chromium(tensorboard_server, tmp_path):
-    base, log_dir, listing = tensorboard_server
+def test_dashboard_renders_in_chromium(demo_tensorboard, tmp_path):
+    base, log_dir = demo_tensorboard
+    listing = get_json(f"{base}/data/plugins_listing")
     assert listing["data_parallel"]["enabled"], listing.get("data_parallel")
     assert listing["data_parallel"]["tab_name"] == "Data parallel"
     # TensorBoard's own iframe document for the plugin: the page as users see it in the tab.

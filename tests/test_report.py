@@ -7,7 +7,12 @@ import pytest
 
 from keras_dp_tools import Report
 from keras_dp_tools.records import RecordWriter, worker_records_path
-from keras_dp_tools.report import BREAKDOWN_COLUMNS, MONITOR_COLUMNS, STEP_COLUMNS
+from keras_dp_tools.report import (
+    BREAKDOWN_COLUMNS,
+    MONITOR_COLUMNS,
+    STEP_COLUMNS,
+    WORKER_STEP_COLUMNS,
+)
 
 from .test_records import header, step
 
@@ -26,7 +31,9 @@ def test_steps_have_one_row_per_worker_and_step_with_header_columns(tmp_path):
 
     report = Report.load(tmp_path)
 
-    assert list(report.steps.columns) == STEP_COLUMNS + BREAKDOWN_COLUMNS + MONITOR_COLUMNS
+    assert list(report.steps.columns) == (
+        STEP_COLUMNS + BREAKDOWN_COLUMNS + MONITOR_COLUMNS + WORKER_STEP_COLUMNS
+    )
     assert report.steps["compute_ms"].isna().all()  # nothing was profiled
     assert len(report.steps) == 6
     assert report.steps[["worker", "step"]].values.tolist() == [

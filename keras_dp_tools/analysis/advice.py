@@ -18,6 +18,8 @@ COMM_SHARE_HIGH = 0.20  # exposed all-reduce transfer over step time
 WAIT_SHARE_HIGH = 0.15  # exposed waiting for the slowest replica over step time
 INPUT_SHARE_HIGH = 0.10  # exposed input wait over step time
 STRAGGLER_SHARE = 0.6  # one replica last to arrive in this share of profiled steps
+WORKER_WAIT_SHARE = 0.10  # other workers' median wait for the last worker over step time
+WORKER_MIN_STEPS = 10  # timed steps every worker recorded, before naming a slow worker
 GPU_UTIL_LOW = 50.0  # percent
 SCALING_EFFICIENCY_LOW = 0.7
 JITTER_RATIO = 1.5  # p90 over median step time
@@ -50,13 +52,14 @@ class Advice:
 @dataclass(frozen=True)
 class AdvisorFrames:
     """The frames the advisor reads, as ``Report`` names them (``Report.runs``,
-    ``.steps``, ``.gpu``, ``.cpu``, ``.batching``)."""
+    ``.steps``, ``.gpu``, ``.cpu``, ``.batching``, ``.workers``)."""
 
     runs: pd.DataFrame
     steps: pd.DataFrame
     gpu: pd.DataFrame
     cpu: pd.DataFrame
     batching: pd.DataFrame
+    workers: pd.DataFrame
 
     @classmethod
     def of(cls, source) -> AdvisorFrames:
@@ -392,12 +395,53 @@ def _shared_cpu_cores(report, run) -> int | None:
     return int(counts.max()) if len(counts) else 0
 
 
+def _workers(report) -> list[Advice]:
+    """Multi-worker runs: the worker the others wait for (``analysis.workers``)."""
+    from keras_dp_tools.analysis.workers import straggler
+
+    if "median_worker_wait_ms" not in report.workers:
+        return []
+    found = straggler(report.workers, report.steps)
+    if found is None:
+        return []
+    steps = report.steps[~report.steps["warmup"].astype("boolean").fillna(False)]
+    share = found["others_wait_ms"] / steps["step_ms"].median()
+    timed = steps.dropna(subset=["worker_wait_ms"])["step"].nunique()
+    # The wait must stand out of the clocks' disagreement, over enough steps.
+    clear = found["others_wait_ms"] > 3 * found["clock_residual_ms"]
+    if not (share >= WORKER_WAIT_SHARE and clear and timed >= WORKER_MIN_STEPS):
+        return []
+    if found["last_share"] < STRAGGLER_SHARE:
+        return []
+    fixes = {
+        "host": "Move the extra work out of that worker's step loop (callbacks, logging, "
+        "Python-side preprocessing), or find what else runs on its machine.",
+        "input": "Speed up that worker's input pipeline: prefetch(tf.data.AUTOTUNE), "
+        "parallel map, data local to the machine.",
+        "compute": "Check that worker's devices: clocks and temperature, other processes, "
+        "a slower GPU model than its peers.",
+        "unknown": "The slowness is inside its train call (input or compute): profile that "
+        "worker too (DataParallelProfiler(all_workers=True)).",
+    }
+    worker = found["worker"]
+    evidence = (
+        f"worker {worker} entered the step last in {found['last_share']:.0%} of the steps; "
+        f"the other workers waited a median {found['others_wait_ms']:.1f} ms per step for it "
+        f"({share:.0%} of the step); clocks aligned at the step ends within "
+        f"{found['clock_residual_ms']:.2f} ms"
+        + (f"; {found['detail']}" if found["detail"] else "")
+        + "."
+    )
+    return [Advice("high", f"Worker {worker} is a straggler", evidence, fixes[found["why"]])]
+
+
 def _run_advice(report) -> list[Advice]:
     profiled = _profiled(report)
     advice = []
     if not profiled.empty:
         advice += _communication(profiled, report) + _embeddings(profiled, report)
         advice += _waiting(profiled, report) + _input(profiled) + _other(profiled)
+    advice += _workers(report)
     return advice + _gpu(report) + _cpu(report) + _batching(report) + _steps(report)
 
 

@@ -296,6 +296,14 @@ class DataParallelProfiler(DataParallelCallback):
         }
         self.windows_taken += 1
         _open_windows.add(self)
+        # A killed process never writes the capture: this record lets the report say so.
+        self._recorder.write(
+            "window",
+            time=self._window["started"],
+            window=self._window["window"],
+            start_step=step,
+            status="open",
+        )
         logger.info("profiling %d steps from step %d into %s", self.window, step, directory)
 
     def _close_window(self) -> None:

@@ -14,9 +14,11 @@ import os
 import threading
 import time
 import uuid
+import warnings
 from pathlib import Path
 from typing import ClassVar
 
+from keras_dp_tools.capture.base import MeasurementWarning
 from keras_dp_tools.capture.scalar_writer import ScalarWriter
 from keras_dp_tools.contract import RUN_ID_ENV
 from keras_dp_tools.records import SCHEMA_VERSION, RecordWriter, records_dir, worker_records_path
@@ -54,6 +56,7 @@ class Recorder:
 
     _known: ClassVar[dict[tuple[Path, int], Recorder]] = {}
     _registry_lock = threading.Lock()
+    _explained_keras3_multiworker = False
 
     def __init__(self, log_dir: Path, worker: int):
         self.log_dir = log_dir
@@ -63,6 +66,7 @@ class Recorder:
         self._users = 0
         self._records: RecordWriter | None = None
         self._scalars: ScalarWriter | None = None
+        self.write_error: Exception | None = None  # set once writing failed: recording stopped
 
     @classmethod
     def acquire(cls, log_dir: str | os.PathLike, worker: int) -> Recorder:
@@ -73,6 +77,7 @@ class Recorder:
                 recorder = cls(*key)
             if recorder._users == 0:
                 recorder._records = RecordWriter(worker_records_path(*key))
+                recorder.write_error = None  # a new fit tries again (the disk may have room)
             cls._known[key] = recorder
             recorder._users += 1
             return recorder
@@ -83,8 +88,16 @@ class Recorder:
     ) -> Recorder:
         """Acquires the recorder of the worker that trains ``model`` and starts (or
         continues) its run: what every callback does in ``on_train_begin``."""
-        from keras_dp_tools.capture.run_info import describe_run, worker_index
+        from keras_dp_tools.capture.run_info import (
+            describe_run,
+            keras3_multiworker_problem,
+            worker_index,
+        )
 
+        problem = keras3_multiworker_problem(model)
+        if problem is not None and not cls._explained_keras3_multiworker:
+            cls._explained_keras3_multiworker = True  # once per process, not per callback
+            warnings.warn(problem, UserWarning, stacklevel=4)
         recorder = cls.acquire(log_dir, worker_index(model.distribute_strategy)[0])
         try:
             recorder.start_run(describe_run(model, global_batch))
@@ -103,10 +116,13 @@ class Recorder:
             self._users -= 1
             if self._users > 0:
                 return
-            self._records.close()
-            if self._scalars is not None:
-                self._scalars.close()
-                self._scalars = None
+            scalars, self._scalars = self._scalars, None
+            for close in (self._records.close, scalars.close if scalars else None):
+                try:
+                    if close is not None:
+                        close()
+                except Exception as error:  # buffered bytes the full disk still refuses
+                    self._stop_recording(error)
 
     def start_run(self, header: dict) -> str:
         """Writes a header unless the current run already has the same identity.
@@ -125,7 +141,7 @@ class Recorder:
                 }
                 if additions:
                     self._header = {**self._header, **additions}
-                    self._records.write(self._header)  # readers keep a run's last header
+                    self._append(self._header)  # readers keep a run's last header
                 return self.run_id
         self.run_id = new_run_id(previous=self.run_id)
         self._header = {
@@ -136,35 +152,63 @@ class Recorder:
             "time": time.time(),
             **header,
         }
-        self._records.write(self._header)
+        self._append(self._header)
         return self.run_id
 
     def write(self, record_type: str, **fields) -> None:
         """Appends one record of ``record_type`` to the current run."""
         if self.run_id is None:
             raise RuntimeError("Recorder.start_run() must be called before write().")
-        self._records.write(
-            {"type": record_type, "run": self.run_id, "worker": self.worker, **fields}
-        )
+        self._append({"type": record_type, "run": self.run_id, "worker": self.worker, **fields})
 
-    def _summaries(self) -> ScalarWriter:
-        if self._scalars is None:
-            self._scalars = ScalarWriter(str(records_dir(self.log_dir) / f"worker-{self.worker}"))
-        return self._scalars
+    def _append(self, record: dict) -> None:
+        # A full disk (or a lost mount) stops the recording, never the training: one
+        # warning for all callbacks sharing this recorder, then writes are dropped.
+        if self.write_error is not None:
+            return
+        try:
+            self._records.write(record)
+        except OSError as error:
+            self._stop_recording(error)
+
+    def _stop_recording(self, error: Exception) -> None:
+        if self.write_error is None:
+            self.write_error = error
+            warnings.warn(
+                f"keras_dp_tools stopped recording to {self._records.path}: {error}. "
+                "Training continues; records up to here are kept. Free space (or choose "
+                "another log_dir) to record the next run.",
+                MeasurementWarning,
+                stacklevel=5,
+            )
+
+    def _summaries(self, write) -> None:
+        """Runs ``write(scalar_writer)``; a failure (a full disk, TensorFlow's
+        "Could not initialize events writer") stops the recording like a failed record."""
+        if self.write_error is not None:  # the disk that refused records refuses events too
+            return
+        try:
+            if self._scalars is None:
+                self._scalars = ScalarWriter(
+                    str(records_dir(self.log_dir) / f"worker-{self.worker}")
+                )
+            write(self._scalars)
+        except Exception as error:  # TensorFlow raises its own OpError, not OSError
+            self._stop_recording(error)
 
     def scalars(self, step: int, values: dict[str, float | None]) -> None:
         """Adds TensorBoard scalars (tags as given, e.g. ``dp/step_ms``) at ``step``;
         they are written in batches (see ``ScalarWriter``)."""
-        self._summaries().add(step, values)
+        self._summaries(lambda writer: writer.add(step, values))
 
     def text(self, tag: str, markdown: str, step: int = 0) -> None:
         """Writes markdown to TensorBoard's Text tab at once."""
-        self._summaries().write_text(tag, markdown, step)
+        self._summaries(lambda writer: writer.write_text(tag, markdown, step))
 
     def flush(self) -> None:
         """Writes buffered TensorBoard scalars (records are never buffered)."""
         if self._scalars is not None:
-            self._scalars.flush()
+            self._summaries(ScalarWriter.flush)
 
     @classmethod
     def flush_all(cls) -> None:

@@ -201,3 +201,22 @@ def gradient_bytes(model) -> int | None:
     except Exception as error:  # exotic variables; bandwidths stay empty
         logger.info("could not size the trainable variables (%s)", error)
         return None
+
+
+def keras3_multiworker_problem(model) -> str | None:
+    """Why this fit is expected to fail, when a Keras 3 model trains under
+    MultiWorkerMirroredStrategy (keras-team/keras#20585), else None."""
+    import tensorflow as tf
+
+    strategy = getattr(model, "distribute_strategy", None)
+    multi_worker = isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy)
+    if keras_package(model) != "keras" or not multi_worker:
+        return None
+    return (
+        "Keras 3 fit fails under MultiWorkerMirroredStrategy with more than one worker "
+        '("Attempt to convert a value (PerReplica...)", keras-team/keras#20585, '
+        "tensorflow/tensorflow#72388). Train with "
+        "legacy tf_keras instead: pip install tf-keras (or keras_dp_tools[multiworker]), "
+        "set TF_USE_LEGACY_KERAS=1 before importing TensorFlow, and import tf_keras as "
+        "keras; keras_dp_tools callbacks work with both."
+    )

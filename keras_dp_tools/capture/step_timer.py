@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import time
+import weakref
 
 from keras_dp_tools.capture.base import DataParallelCallback
 from keras_dp_tools.capture.data_parallel_profiler import profiling_disturbs
@@ -70,9 +73,10 @@ class StepTimer(DataParallelCallback):
         self._disturbed = False
 
     def on_train_begin(self, logs=None):
-        self._release_recorder()  # a previous fit that raised never reached on_train_end
+        self._end_fit("exited")  # a previous fit that raised never reached on_train_end
         self._recorder = Recorder.for_fit(self.log_dir, self.model, self.global_batch)
         self._steps.start(self.model)
+        _open_fits.add(self)
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
@@ -116,4 +120,26 @@ class StepTimer(DataParallelCallback):
         self._recorder.flush()
 
     def on_train_end(self, logs=None):
+        self._end_fit("finished")
+
+    def _end_fit(self, status: str) -> None:
+        """Records how the fit ended: ``finished``, or ``exited`` when the process left
+        it (an exception) without ``on_train_end``. A killed process records nothing,
+        which is how a report tells the killed worker from the others."""
+        _open_fits.discard(self)
+        if self._recorder is not None:
+            self._recorder.write(
+                "fit_end", time=time.time(), step=self._steps.next_step, status=status
+            )
         self._release_recorder()
+
+
+_open_fits: weakref.WeakSet[StepTimer] = weakref.WeakSet()
+
+
+@atexit.register
+def _end_open_fits() -> None:
+    for timer in list(_open_fits):
+        # At exit, a failed record must not mask the error that ended the process.
+        with contextlib.suppress(Exception):
+            timer._end_fit("exited")

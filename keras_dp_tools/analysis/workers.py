@@ -1,0 +1,329 @@
+"""Workers of a job: restarts, who stopped where, and who kept the others waiting.
+
+Pure functions over the record frames (no TensorFlow). Every worker of a
+multi-worker job records its own steps with host timestamps: ``time`` when the
+train call was entered and ``time + step_ms * steps`` when it returned. Within one
+step all workers leave the all-reduce at nearly the same instant, so the step ends
+are a shared event: the median difference of a worker's step ends from worker 0's is
+its clock offset, and the spread around that median (``clock_residual_ms``) says how
+well the clocks are aligned. On aligned clocks, a worker that entered a step late kept
+the others waiting in the all-reduce for the difference (``worker_wait_ms``).
+
+What the host timestamps cannot see: a worker that entered on time but was slow
+inside the train call (its input pipeline or compute) delays the others just as much,
+yet all workers enter and leave together. Only a profiler trace of that worker shows it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+WORKER_COLUMNS = [
+    "run",
+    "worker",
+    "attempt",
+    "pid",
+    "hostname",
+    "first_step",
+    "last_step",
+    "step_records",
+    "ended",
+    "exit",
+    "clock_offset_ms",
+    "clock_residual_ms",
+    "median_worker_wait_ms",
+    "median_host_gap_ms",
+    "last_to_enter_share",
+]
+RESTART_COLUMNS = [
+    "run",
+    "worker",
+    "attempt",
+    "time",
+    "resumed_at_step",
+    "previous_last_step",
+    "redone_steps",
+]
+SYNC_COLUMNS = [
+    "run",
+    "worker",
+    "step",
+    "worker_wait_ms",
+    "last_worker",
+    "clock_offset_ms",
+    "clock_residual_ms",
+]
+
+
+def attempts(headers: pd.DataFrame) -> pd.DataFrame:
+    """One row per (run, worker, attempt): each process that wrote the run's records
+    (a restart under the same ``KERAS_DP_RUN_ID`` is a new process), by start time.
+
+    ``headers`` needs ``run, worker, time, pid, hostname``.
+    """
+    columns = ["run", "worker", "attempt", "time", "pid", "hostname"]
+    if headers.empty:
+        return pd.DataFrame(columns=columns)
+    started = (
+        headers.groupby(["run", "worker", "hostname", "pid"], dropna=False, sort=False)["time"]
+        .min()
+        .reset_index()
+        .sort_values(["run", "worker", "time"], kind="stable")
+    )
+    started["attempt"] = started.groupby(["run", "worker"]).cumcount()
+    started["worker"] = started["worker"].astype("int64")
+    return started[columns].reset_index(drop=True)
+
+
+def assign_attempts(steps: pd.DataFrame, starts: pd.DataFrame) -> pd.DataFrame:
+    """Adds ``attempt`` (the process that recorded the step) and ``redone`` (a later
+    attempt ran this step again: it restarted from an earlier checkpoint) to steps."""
+    starts = starts.dropna(subset=["time"])
+    if steps.empty or starts.empty:
+        return steps.assign(attempt=0, redone=False)
+    keyed = steps.reset_index(names="_row")
+    timed = keyed.dropna(subset=["time", "worker"]).sort_values("time", kind="stable")
+    timed = timed.astype({"worker": "int64", "time": "float64"})
+    matched = pd.merge_asof(
+        timed[["_row", "run", "worker", "time"]],
+        starts[["run", "worker", "time", "attempt"]]
+        .astype({"time": "float64"})
+        .sort_values("time"),
+        on="time",
+        by=["run", "worker"],
+        direction="backward",
+    )
+    attempt = matched.set_index("_row")["attempt"].reindex(keyed["_row"]).fillna(0)
+    steps = steps.assign(attempt=attempt.astype("int64").to_numpy())
+    first = steps.groupby(["run", "worker", "attempt"])["step"].min().rename("first")
+    later = first.reset_index().rename(columns={"attempt": "later"})
+    later = later.merge(steps[["run", "worker"]].drop_duplicates(), on=["run", "worker"])
+    redone = np.zeros(len(steps), dtype=bool)
+    for row in later.itertuples():
+        redone |= (
+            (steps["run"] == row.run)
+            & (steps["worker"] == row.worker)
+            & (steps["attempt"] < row.later)
+            & (steps["step"] >= row.first)
+        ).to_numpy()
+    return steps.assign(redone=redone)
+
+
+def restarts(steps: pd.DataFrame, starts: pd.DataFrame) -> pd.DataFrame:
+    """One row per restart: where the new attempt resumed, the previous attempt's
+    last recorded step, and how many steps it ran again (``RESTART_COLUMNS``)."""
+    rows = []
+    for (run, worker), group in starts.groupby(["run", "worker"], sort=False):
+        for previous, current in zip(group.itertuples(), group.iloc[1:].itertuples(), strict=False):
+            mine = steps[(steps["run"] == run) & (steps["worker"] == worker)]
+            before = mine[mine["attempt"] == previous.attempt]["step"]
+            after = mine[mine["attempt"] == current.attempt]["step"]
+            resumed = after.min() if len(after) else None
+            rows.append(
+                {
+                    "run": run,
+                    "worker": worker,
+                    "attempt": current.attempt,
+                    "time": current.time,
+                    "resumed_at_step": resumed,
+                    "previous_last_step": before.max() if len(before) else None,
+                    "redone_steps": int((before >= resumed).sum()) if resumed is not None else 0,
+                }
+            )
+    return pd.DataFrame(rows, columns=RESTART_COLUMNS)
+
+
+def cross_worker_sync(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per run, worker and step of multi-worker runs: how long the worker waited for the
+    last worker to enter the step (``worker_wait_ms``, on aligned clocks) and which
+    worker that was (``SYNC_COLUMNS``). Warm-up steps and redone steps are left out."""
+    frames = []
+    for run, group in steps.groupby("run", sort=False):
+        if group["worker"].nunique() < 2:
+            continue
+        frames.append(_run_sync(run, group))
+    if not frames:
+        return pd.DataFrame(columns=SYNC_COLUMNS)
+    return pd.concat(frames, ignore_index=True)[SYNC_COLUMNS]
+
+
+def _warmup(steps: pd.DataFrame) -> pd.Series:
+    return steps["warmup"].astype("boolean").fillna(False).astype(bool)
+
+
+def _usable(steps: pd.DataFrame) -> pd.DataFrame:
+    keep = ~_warmup(steps)
+    if "redone" in steps:
+        keep &= ~steps["redone"].astype(bool)
+    steps = steps[keep & steps["time"].notna() & steps["step_ms"].notna()]
+    return steps.drop_duplicates(["worker", "step"], keep="last")
+
+
+def _run_sync(run: str, steps: pd.DataFrame) -> pd.DataFrame:
+    steps = _usable(steps)
+    start = steps.pivot(index="step", columns="worker", values="time") * 1e3  # ms
+    duration = steps.pivot(index="step", columns="worker", values="step_ms") * steps.pivot(
+        index="step", columns="worker", values="steps"
+    ).astype("float64")
+    start = start.dropna()  # steps every worker recorded
+    end = start + duration.reindex_like(start)
+    reference = end.columns[0]
+    skew = end.sub(end[reference], axis=0)
+    offset = skew.median()
+    residual = skew.sub(offset, axis=1).abs().median()  # per worker, ms
+    aligned = start - offset
+    last_entry = aligned.max(axis=1)
+    wait = aligned.rsub(last_entry, axis=0)
+    last_worker = aligned.idxmax(axis=1)
+    rows = wait.stack().rename("worker_wait_ms").reset_index()
+    rows["run"] = run
+    rows["last_worker"] = rows["step"].map(last_worker).astype("int64")
+    rows["clock_offset_ms"] = rows["worker"].map(offset)
+    rows["clock_residual_ms"] = rows["worker"].map(residual)
+    return rows
+
+
+def worker_view(
+    steps: pd.DataFrame,
+    starts: pd.DataFrame,
+    fit_ends: pd.DataFrame,
+    sync: pd.DataFrame,
+    exits: pd.DataFrame | None = None,
+) -> pd.DataFrame:
+    """One row per run, worker and attempt (``WORKER_COLUMNS``): the steps it recorded,
+    how its fit ended (``finished``; ``exited`` when the process left inside the fit, an
+    exception; empty when it recorded no end: killed, or still running), how its
+    process ended where ``keras-dp launch --log-dir`` recorded it (``exit``), its clock
+    offset and alignment residual, the median time it waited for other workers, its
+    median host time between train calls, and how often it was the last to enter."""
+    if steps.empty and starts.empty:
+        return pd.DataFrame(columns=WORKER_COLUMNS)
+    covered = steps.assign(last=steps["step"] + steps["steps"].fillna(1) - 1)
+    recorded = covered.groupby(["run", "worker", "attempt"]).agg(
+        first_step=("step", "min"),
+        last_step=("last", "max"),
+        step_records=("step", "size"),
+        last_step_time=("time", "max"),
+    )
+    view = starts.set_index(["run", "worker", "attempt"]).join(recorded, how="outer")
+    view = view.reset_index()
+    view["ended"] = _endings(view, fit_ends)
+    if exits is not None and not exits.empty:  # the launcher's word, for the last attempt
+        last = exits.drop_duplicates(["run", "worker"], keep="last")
+        last = last.astype({"worker": "int64"}).rename(columns={"reason": "exit"})
+        latest = ~view.duplicated(["run", "worker"], keep="last")
+        view = view.merge(last[["run", "worker", "exit"]], on=["run", "worker"], how="left")
+        view.loc[~latest.to_numpy(), "exit"] = None
+    view["median_host_gap_ms"] = view.apply(lambda row: _host_gap(steps, row), axis=1)
+    if not sync.empty:
+        per_worker = sync.groupby(["run", "worker"]).agg(
+            clock_offset_ms=("clock_offset_ms", "first"),
+            clock_residual_ms=("clock_residual_ms", "first"),
+            median_worker_wait_ms=("worker_wait_ms", "median"),
+        )
+        last = sync.drop_duplicates(["run", "step"])
+        share = (
+            last.groupby("run")["last_worker"].value_counts(normalize=True).rename("share")
+        ).reset_index()
+        share = share.rename(columns={"last_worker": "worker"}).set_index(["run", "worker"])
+        per_worker = per_worker.join(share["share"].rename("last_to_enter_share"))
+        view = view.merge(per_worker.reset_index(), on=["run", "worker"], how="left")
+    view = view.reindex(columns=WORKER_COLUMNS)
+    view["last_to_enter_share"] = view["last_to_enter_share"].astype("float64")
+    view.loc[view["median_worker_wait_ms"].notna(), "last_to_enter_share"] = view[
+        "last_to_enter_share"
+    ].fillna(0.0)
+    return view.sort_values(["run", "worker", "attempt"]).reset_index(drop=True)
+
+
+def _endings(view: pd.DataFrame, fit_ends: pd.DataFrame) -> list:
+    endings = []
+    following = view.groupby(["run", "worker"])["time"].shift(-1)  # next attempt's start
+    for row, until in zip(view.itertuples(), following, strict=True):
+        ends = fit_ends[(fit_ends["run"] == row.run) & (fit_ends["worker"] == row.worker)]
+        if pd.notna(row.time):  # this attempt's ends: after its start, before the next
+            ends = ends[ends["time"] >= row.time]
+        if pd.notna(until):
+            ends = ends[ends["time"] < until]
+        if pd.notna(row.last_step_time):  # a later fit of the process that never ended
+            ends = ends[ends["time"] >= row.last_step_time]
+        endings.append(ends["status"].iloc[-1] if len(ends) else None)
+    return endings
+
+
+def _host_gap(steps: pd.DataFrame, row) -> float:
+    """Median time between one train call's return and the next call (callbacks,
+    Python-side work of the training loop), in ms."""
+    mine = steps[(steps["run"] == row.run) & (steps["worker"] == row.worker)]
+    mine = mine[(mine["attempt"] == row.attempt) & ~_warmup(mine)]
+    mine = mine.dropna(subset=["time", "step_ms"]).sort_values("step")
+    if len(mine) < 2:
+        return float("nan")
+    end = mine["time"] + mine["step_ms"] * mine["steps"].astype("float64") / 1e3
+    gap = (mine["time"].shift(-1) - end).iloc[:-1] * 1e3
+    return float(gap.median())
+
+
+def stopped_workers(view: pd.DataFrame) -> list[str]:
+    """Sentences naming each worker of a multi-worker run that did not finish its fit."""
+    lines = []
+    for run, group in view.groupby("run", sort=False):
+        latest = group.drop_duplicates("worker", keep="last")
+        if len(latest) < 2 and latest["ended"].eq("finished").all():
+            continue
+        for row in latest.itertuples():
+            if row.ended == "finished":
+                continue
+            if isinstance(row.exit, str):
+                how = row.exit
+            elif row.ended == "exited":
+                how = "its process left the fit (an exception)"
+            else:
+                how = "no end of fit recorded: killed, or still running"
+            at = f"after step {int(row.last_step)}" if pd.notna(row.last_step) else "before step 0"
+            lines.append(f"run {run}: worker {row.worker} stopped {at} ({how})")
+    return lines
+
+
+def straggler(view: pd.DataFrame, steps: pd.DataFrame) -> dict | None:
+    """The worker the others waited for most, with the evidence, or None.
+
+    ``why`` is ``host`` when the worker spends longer between train calls than the
+    others (its callbacks or Python-side work), ``input`` or ``compute`` when its own
+    profiled steps show it, else ``unknown``.
+    """
+    timed = view.dropna(subset=["median_worker_wait_ms"])
+    if timed["worker"].nunique() < 2:
+        return None
+    latest = timed.drop_duplicates(["run", "worker"], keep="last")
+    slow = latest.sort_values("last_to_enter_share").iloc[-1]
+    others = latest[latest["worker"] != slow["worker"]]
+    waited = others["median_worker_wait_ms"].median()
+    result = {
+        "run": slow["run"],
+        "worker": int(slow["worker"]),
+        "last_share": float(slow["last_to_enter_share"]),
+        "others_wait_ms": float(waited),
+        "clock_residual_ms": float(latest["clock_residual_ms"].max()),
+        "why": "unknown",
+        "detail": "",
+    }
+    gap, other_gap = slow["median_host_gap_ms"], others["median_host_gap_ms"].median()
+    if pd.notna(gap) and pd.notna(other_gap) and gap - other_gap > 0.5 * waited:
+        result["why"] = "host"
+        result["detail"] = (
+            f"it spends {gap:.1f} ms between train calls (callbacks, Python-side work) "
+            f"against {other_gap:.1f} ms on the others"
+        )
+        return result
+    mine = steps[(steps["run"] == slow["run"]) & (steps["worker"] == slow["worker"])]
+    theirs = steps[(steps["run"] == slow["run"]) & (steps["worker"] != slow["worker"])]
+    for part in ("input_ms", "compute_ms"):
+        if part in steps and mine[part].notna().any() and theirs[part].notna().any():
+            extra = mine[part].median() - theirs[part].median()
+            if extra > 0.5 * waited:
+                result["why"] = part.removesuffix("_ms")
+                result["detail"] = f"its profiled {part} is {extra:.1f} ms above the others'"
+                return result
+    return result

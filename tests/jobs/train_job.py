@@ -1,0 +1,99 @@
+"""A tiny training job for fault and multi-worker tests: run as a script.
+
+Injects faults for real: ``--kill-at-step`` sends SIGKILL to its own process after that
+step's records are written, ``--slow-ms`` sleeps before every step on ``--slow-worker``.
+Under ``TF_CONFIG`` it trains with MultiWorkerMirroredStrategy (tf_keras).
+"""
+
+import argparse
+import json
+import os
+import signal
+import sys
+import time
+
+parser = argparse.ArgumentParser()
+parser.add_argument("log_dir")
+parser.add_argument("--keras", choices=["keras", "tf_keras"], default="tf_keras")
+parser.add_argument("--epochs", type=int, default=2)
+parser.add_argument("--steps-per-epoch", type=int, default=6)
+parser.add_argument("--kill-at-step", type=int, default=None)
+parser.add_argument("--kill-worker", type=int, default=None)
+parser.add_argument("--slow-worker", type=int, default=None)
+parser.add_argument("--slow-ms", type=float, default=0.0)
+parser.add_argument("--profile-start-step", type=int, default=None)
+parser.add_argument("--profile-every", type=int, default=None)
+parser.add_argument("--backup", default=None)
+parser.add_argument("--mirrored", type=int, default=0, help="MirroredStrategy over N CPUs")
+args = parser.parse_args()
+
+if args.keras == "tf_keras":
+    os.environ["TF_USE_LEGACY_KERAS"] = "1"
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+if args.keras == "tf_keras":
+    import tf_keras as keras
+else:
+    import keras
+
+import keras_dp_tools as kdt  # noqa: E402
+
+if os.environ.get("TF_CONFIG"):
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    worker = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+elif args.mirrored:
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(
+        cpu, [tf.config.LogicalDeviceConfiguration()] * args.mirrored
+    )
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(args.mirrored)])
+    worker = 0
+else:
+    strategy = tf.distribute.get_strategy()
+    worker = 0
+
+
+class Slow(keras.callbacks.Callback):
+    def on_train_batch_begin(self, batch, logs=None):
+        if args.slow_ms and worker == args.slow_worker:
+            time.sleep(args.slow_ms / 1000)
+
+
+class Kill(keras.callbacks.Callback):
+    def on_train_batch_end(self, batch, logs=None):
+        step = int(self.model.optimizer.iterations.numpy()) - 1
+        mine = args.kill_worker is None or args.kill_worker == worker
+        if mine and args.kill_at_step is not None and step >= args.kill_at_step:
+            print(f"worker {worker} killing itself after step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+global_batch = 8 * strategy.num_replicas_in_sync
+with strategy.scope():
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
+    model.compile(optimizer="adam", loss="mse")
+x = np.random.default_rng(0).normal(size=(global_batch * args.steps_per_epoch, 8))
+x = x.astype("float32")
+dataset = tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True)))
+dataset = dataset.batch(global_batch)
+options = tf.data.Options()
+options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
+dataset = dataset.with_options(options)
+
+ours = kdt.callbacks(
+    args.log_dir,
+    global_batch=global_batch,
+    profile=args.profile_start_step is not None,
+    profile_start_step=args.profile_start_step or 0,
+    profile_every=args.profile_every,
+    monitor=False,
+)
+# The slowdown runs before our step timer starts a step; the kill after it recorded one.
+callbacks = [Slow(), *ours, Kill()]
+if args.backup:
+    callbacks.insert(0, keras.callbacks.BackupAndRestore(args.backup))
+model.fit(dataset, epochs=args.epochs, verbose=0, callbacks=callbacks)
+print(f"worker {worker} done", flush=True)
+sys.exit(0)

@@ -1,0 +1,113 @@
+"""tune_allreduce: candidates in their own processes, measured in turns, on 2 logical CPUs."""
+
+import pytest
+
+from keras_dp_tools.tuning.allreduce import CANDIDATES, tune_allreduce
+from keras_dp_tools.tuning.child import function_reference, load_function
+from tests.conftest import REPO
+
+SCRIPT = REPO / "examples" / "tune_allreduce_script.py"
+
+
+def test_function_references_name_importable_functions(tf):
+    reference = function_reference(tune_allreduce)
+    assert reference == "keras_dp_tools.tuning.allreduce:tune_allreduce"
+    assert load_function(reference) is tune_allreduce
+    script_function = load_function(f"{SCRIPT}:build_model")
+    assert script_function.__name__ == "build_model"
+
+
+@pytest.mark.parametrize("function", [lambda: None, "no_colon_here"])
+def test_functions_a_child_cannot_import_are_refused_with_the_way_out(function):
+    with pytest.raises(ValueError, match="module"):
+        function_reference(function)
+
+
+def test_unknown_candidates_are_refused_with_the_known_ones():
+    with pytest.raises(ValueError, match="reduction_to_one_device"):
+        tune_allreduce(f"{SCRIPT}:build_model", f"{SCRIPT}:make_dataset", candidates=["fast"])
+
+
+def _strategy_from(code: str):
+    """Executes the code here (the session's CPUs are already split, so its
+    configure_devices(2) takes two of them) and reports what the strategy holds."""
+    namespace = {}
+    exec(code, namespace)
+    strategy = namespace["strategy"]
+    ops = strategy.extended._cross_device_ops
+    options = getattr(ops, "_options", None)
+    return [
+        type(ops).__name__,
+        strategy.num_replicas_in_sync,
+        getattr(options, "bytes_per_pack", None),
+    ]
+
+
+@pytest.mark.slow
+def test_tune_allreduce_measures_candidates_in_turns_and_skips_gpu_only_ones(tmp_path, tf):
+    lines = []
+    result = tune_allreduce(
+        f"{SCRIPT}:build_model",
+        f"{SCRIPT}:make_dataset",
+        devices=2,
+        steps=6,
+        rounds=2,
+        per_replica_batch=16,
+        candidates=[
+            "collective_pack_1mib",
+            "reduction_to_one_device",
+            "nccl_packs_1",
+            "hierarchical_copy_packs_1",
+        ],
+        log_dir=tmp_path,
+        progress=lines.append,
+    )
+    table = result.table.set_index("candidate")
+    assert table.loc["nccl_packs_1", "status"] == "skipped"
+    assert "needs GPUs" in table.loc["hierarchical_copy_packs_1", "reason"]
+    measured = table[table["status"] == "measured"]
+    assert set(measured.index) == {"collective_pack_1mib", "reduction_to_one_device"}
+    assert (measured["step_ms"] > 0).all() and (measured["allreduce_ms"] > 0).all()
+    # Each child really ran the strategy its code builds (reported from inside it).
+    assert table.loc["reduction_to_one_device", "cross_device_ops"] == "ReductionToOneDevice"
+    assert table.loc["collective_pack_1mib", "cross_device_ops"] == "CollectiveAllReduce"
+    assert result.best == measured["step_ms"].idxmin()
+    assert result.best in result.note and "spread" in result.note
+    assert any(line.startswith("round 2/2") for line in lines)
+    # .code builds a MirroredStrategy with the best candidate's cross-device ops.
+    expected = {
+        "collective_pack_1mib": ["CollectiveAllReduce", 2, 1024 * 1024],
+        "reduction_to_one_device": ["ReductionToOneDevice", 2, None],
+    }[result.best]
+    assert _strategy_from(result.code) == expected
+    assert "tf.distribute.MirroredStrategy(" in result.code
+    assert CANDIDATES[result.best].cross_device_ops in result.code
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("collective", ["CollectiveAllReduce", 2, 0]),
+        ("collective_pack_32mib", ["CollectiveAllReduce", 2, 32 * 1024 * 1024]),
+        ("reduction_to_one_device", ["ReductionToOneDevice", 2, None]),
+    ],
+)
+def test_each_candidates_code_builds_a_mirrored_strategy_with_its_ops(name, expected, tf):
+    assert _strategy_from(CANDIDATES[name].code("kdt.configure_devices(2)")) == expected
+
+
+def test_the_command_refuses_a_missing_script_with_a_clear_error(tmp_path, capsys):
+    from keras_dp_tools.cli import main
+
+    assert main(["tune-allreduce", str(tmp_path / "missing.py")]) == 2
+    assert "Expected a .py script" in capsys.readouterr().err
+
+
+def test_devices_become_code_that_creates_them():
+    from keras_dp_tools.tuning.allreduce import _devices_expression
+
+    assert _devices_expression(2) == "kdt.configure_devices(2)"
+    assert _devices_expression(["/cpu:0", "/cpu:1"]) == "kdt.configure_devices(2)"
+    assert _devices_expression(["/gpu:0", "/gpu:1"]) == "['/gpu:0', '/gpu:1']"
+    with pytest.raises(ValueError, match="/cpu:0"):
+        _devices_expression(["/cpu:1", "/cpu:3"])
