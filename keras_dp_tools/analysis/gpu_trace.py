@@ -99,6 +99,11 @@ def nccl_collective(name: str) -> str | None:
     return "other"
 
 
+def is_cuda_api_call(name: str) -> bool:
+    """Whether a host event of this name is a CUDA API call that starts device work."""
+    return _CUDA_API_CALL.match(name) is not None
+
+
 def stream_events(plane) -> list[TraceEvent]:
     """The CUPTI activity of a GPU plane: events on its ``Stream #`` lines."""
     return [event for event in plane_events(plane) if event.line.startswith(STREAM_LINE_PREFIX)]
@@ -171,7 +176,7 @@ def launch_markers(host_events: list[TraceEvent], markers: list[StepMarker]) -> 
     launches = {}
     for event in host_events:
         correlation = event.stats.get(CORRELATION_STAT)
-        if correlation is None or not _CUDA_API_CALL.match(event.name):
+        if correlation is None or not is_cuda_api_call(event.name):
             continue
         index = bisect.bisect_right(starts, event.start_ps) - 1
         if index >= 0 and event.start_ps < markers[index].end_ps:
