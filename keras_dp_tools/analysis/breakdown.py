@@ -218,35 +218,47 @@ class _Spans:
 
 
 class _SpanColumns:
-    """Collects spans row by row into plain lists, then into ``_Spans``."""
+    """Collects spans row by row into plain lists, then into ``_Spans``. The columns
+    most spans leave at their default (launch link, bandwidth use) are kept sparse."""
 
     def __init__(self, origin_ps: int):
         self.origin_ps = origin_ps
         self.kind, self.replica, self.start, self.end = [], [], [], []
-        self.launched, self.reducing = [], []
+        self.launched: dict[int, int] = {}
+        self.not_reducing: list[int] = []
         self.keys, self.names = {}, {}
 
     def add(self, kind, replica, start, end, launched=-1, reducing=True, key=None, name=""):
+        position = len(self.kind)
         if key is not None:
-            self.keys[len(self.kind)] = key
+            self.keys[position] = key
         if name:
-            self.names[len(self.kind)] = name
+            self.names[position] = name
+        if launched >= 0:
+            self.launched[position] = launched
+        if not reducing:
+            self.not_reducing.append(position)
         self.kind.append(kind)
         self.replica.append(_NO_REPLICA if replica is None else replica)
         self.start.append(start)
         self.end.append(end)
-        self.launched.append(launched)
-        self.reducing.append(reducing)
 
     def build(self) -> _Spans:
+        count = len(self.kind)
+        launched = np.full(count, -1, dtype=np.int64)
+        launched[np.fromiter(self.launched, np.int64)] = np.fromiter(
+            self.launched.values(), np.int64
+        )
+        reducing = np.ones(count, dtype=bool)
+        reducing[self.not_reducing] = False
         return _Spans(
             self.origin_ps,
             np.array(self.kind, dtype=np.int8),
             np.array(self.replica, dtype=np.int64),
             np.array(self.start, dtype=np.int64),
             np.array(self.end, dtype=np.int64),
-            np.array(self.launched, dtype=np.int64),
-            np.array(self.reducing, dtype=bool),
+            launched,
+            reducing,
             self.keys,
             self.names,
         )
@@ -285,37 +297,49 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
     the events whose stats matter (collectives, markers, launches) have them read."""
     markers, launches = [], []
     origin = columns.origin_ps
+    kinds, replicas, starts, ends = columns.kind, columns.replica, columns.start, columns.end
+    names = columns.names
     for plane in host_planes(space):
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
-        roles = {}
+        plain, special = {}, {}  # by metadata id: spans without and with stats to read
         for key, meta in plane.event_metadata.items():
             role = _host_metadata(meta.name, inputs_only)
-            if role is not None:
-                roles[key] = (role, meta.name, _stats(meta.stats, stat_names))
+            if role is None:
+                continue
+            if len(role) == 4 and not role[2]:
+                replica = _NO_REPLICA if role[1] is None else role[1]
+                plain[key] = (role[0], replica, meta.name if role[3] else "")
+            else:
+                special[key] = (role, meta.name, _stats(meta.stats, stat_names))
+        plain_role, special_role = plain.get, special.get
         for line in plane.lines:
             line_name = line.display_name or line.name
             off_python = line_name != "python"  # eager ops and tracing: host overhead
             base = line.timestamp_ns * 1000 - origin
             for event in line.events:
-                entry = roles.get(event.metadata_id)
+                entry = plain_role(event.metadata_id)
+                if entry is not None:  # the common case, kept lean
+                    if off_python:
+                        if entry[2]:
+                            names[len(kinds)] = entry[2]
+                        start = base + event.offset_ps
+                        kinds.append(entry[0])
+                        replicas.append(entry[1])
+                        starts.append(start)
+                        ends.append(start + event.duration_ps)
+                    continue
+                entry = special_role(event.metadata_id)
                 if entry is None:
                     continue
                 role, name, meta_stats = entry
-                if len(role) == 4 and not role[2]:  # the common case: no stats needed
-                    if off_python:
-                        start = base + event.offset_ps
-                        name = name if role[3] else ""
-                        columns.add(role[0], role[1], start, start + event.duration_ps, name=name)
-                    continue
                 if len(role) == 4 and not off_python:
                     continue
-                stats = (
-                    {**meta_stats, **_stats(event.stats, stat_names)} if event.stats else meta_stats
-                )
+                stats = meta_stats
+                if event.stats:
+                    stats = {**meta_stats, **_stats(event.stats, stat_names)}
                 start = base + origin + event.offset_ps
-                traced = TraceEvent(
-                    plane.name, line_name, name, start, start + event.duration_ps, stats
-                )
+                end = start + event.duration_ps
+                traced = TraceEvent(plane.name, line_name, name, start, end, stats)
                 if role[0] == _MARKER:
                     markers.append(traced)
                 elif role[0] == _LAUNCH:
