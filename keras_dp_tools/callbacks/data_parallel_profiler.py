@@ -69,7 +69,7 @@ class DataParallelProfiler(DataParallelCallback):
     ``keras.callbacks.TensorBoard(profile_batch=...)``, which on its own reports "No step
     marker observed" with Keras 3).
 
-    After a window, a background thread reads the trace and computes per step and
+    After a window, a child process reads the trace and computes per step and
     replica: ``compute_ms``, ``allreduce_ms`` = ``sync_wait_ms`` (waiting for the slowest
     peer) + ``transfer_ms``, ``exposed_allreduce_ms`` (not hidden behind compute),
     ``input_ms``, ``other_ms`` (split into ``dispatch_ms``, ``idle_ms``,
