@@ -109,6 +109,14 @@ def stream_events(plane) -> list[TraceEvent]:
     return [event for event in plane_events(plane) if event.line.startswith(STREAM_LINE_PREFIX)]
 
 
+def _has_stream_events(plane) -> bool:
+    """``bool(stream_events(plane))`` without reading the events."""
+    return any(
+        len(line.events) and (line.display_name or line.name).startswith(STREAM_LINE_PREFIX)
+        for line in plane.lines
+    )
+
+
 def choose_gpu_planes(space, devices: Sequence[str] | None) -> list[int] | None:
     """The GPU ordinals whose planes hold the replicas' work, in replica order; None
     for a CPU-device run.
@@ -123,7 +131,7 @@ def choose_gpu_planes(space, devices: Sequence[str] | None) -> list[int] | None:
             named by), or the devices mix GPUs and CPUs.
     """
     planes = gpu_planes(space)
-    busy = {ordinal for ordinal, plane in planes.items() if stream_events(plane)}
+    busy = {ordinal for ordinal, plane in planes.items() if _has_stream_events(plane)}
     ordinals = [gpu_ordinal(device) for device in devices or ()]
     if not ordinals:
         return sorted(busy) or None
