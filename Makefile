@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint format clean
+.PHONY: demo test lint format clean bench
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,10 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Interleaved A/B benchmarks (about 10 minutes) -> benchmarks/RESULTS.md.
+bench: $(STAMP)
+	$(BIN)/python benchmarks/bench.py
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .

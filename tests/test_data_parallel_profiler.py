@@ -1,5 +1,6 @@
 """DataParallelProfiler on real MirroredStrategy training over 4 logical CPU devices."""
 
+import sys
 import threading
 
 import numpy as np
@@ -175,12 +176,12 @@ def test_tf_keras_steps_are_numbered_globally(tmp_path, tf_keras, strategy4):
 
 
 def test_failed_analysis_warns_and_training_goes_on(tmp_path, keras, strategy4, monkeypatch):
-    import keras_dp_tools.analysis as analysis
-
     def broken(*args, **kwargs):
         raise ValueError("trace unreadable")
 
-    monkeypatch.setattr(analysis, "analyze_trace", broken)
+    # The analysis runs in a child process; its launcher here stands in for it.
+    profiler_module = sys.modules[kdt.DataParallelProfiler.__module__]
+    monkeypatch.setattr(profiler_module, "analyze_in_child", broken)
     model = dense_model(keras, strategy4)
     with pytest.warns(kdt.MeasurementWarning, match="could not analyse"):
         fit(model, [profiled(tmp_path, every=4)], epochs=2)
@@ -218,3 +219,27 @@ def test_invalid_arguments_name_the_value(tmp_path):
         kdt.DataParallelProfiler(tmp_path, window=5, every=3)
     with pytest.raises(ValueError, match="start_step must be an integer >= 0, received -1"):
         kdt.DataParallelProfiler(tmp_path, start_step=-1)
+
+
+def test_analysis_child_process_matches_and_raises_like_analyze_trace(tmp_path, tf):
+    from keras_dp_tools.analysis import analyze_trace
+    from tests.xplane_builder import SpaceBuilder
+
+    analyze_in_child = sys.modules[kdt.DataParallelProfiler.__module__].analyze_in_child
+    builder = SpaceBuilder().step(1, 0, 10).step(2, 10, 20)
+    for replica in range(2):
+        scope = f"replica_{replica}/" if replica else ""
+        for start in (0, 10):
+            builder.host().event(
+                f"tf_Compute/{replica}", f"{scope}d/MatMul:MatMul", start + 1, start + 6
+            )
+    trace = builder.write(tmp_path)
+    in_child = analyze_in_child(trace, allreduce_bytes=64)
+    here = analyze_trace(trace, allreduce_bytes=64)
+    assert in_child.replicas.equals(here.replicas) and in_child.steps.equals(here.steps)
+    assert in_child.replicas["compute_ms"].tolist() == pytest.approx([5.0] * 4)
+
+    corrupt = tmp_path / "corrupt.xplane.pb"
+    corrupt.write_bytes(b"not a protobuf")
+    with pytest.raises(ValueError, match="is not an XSpace profile"):
+        analyze_in_child(corrupt)

@@ -1,5 +1,7 @@
 """Interval arithmetic behind the breakdown."""
 
+import numpy as np
+
 from keras_dp_tools.analysis import intervals
 
 
@@ -22,3 +24,14 @@ def test_subtract_leaves_the_uncovered_time():
     assert intervals.subtract(merged, removed) == [(0, 2), (4, 8), (22, 25), (26, 29)]
     assert intervals.subtract(merged, []) == merged
     assert intervals.subtract([], removed) == []
+
+
+def test_union_length_matches_merge_on_random_intervals():
+    rng = np.random.default_rng(0)
+    for size in (0, 1, 2, 5, 50, 500):
+        starts = rng.integers(0, 1000, size)
+        ends = starts + rng.integers(-20, 100, size)  # some empty or inverted
+        expected = intervals.length(
+            intervals.merge(zip(starts.tolist(), ends.tolist(), strict=True))
+        )
+        assert intervals.union_length(starts, ends) == expected

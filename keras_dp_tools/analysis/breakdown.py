@@ -28,11 +28,12 @@ Pure functions over a parsed trace: no TensorFlow session, no training needed.
 from __future__ import annotations
 
 import os
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from keras_dp_tools.analysis import gpu_trace, intervals
@@ -40,18 +41,20 @@ from keras_dp_tools.analysis.classify import (
     PEER_KINDS,
     PER_REPLICA_COPY_TYPES,
     Kind,
-    classify_host_event,
+    classify_host_name,
     copy_number,
     receiving_device,
     scoped_replica,
 )
 from keras_dp_tools.analysis.replicas import packed_replica, peer_replicas
 from keras_dp_tools.analysis.xspace import (
+    STEP_EVENT_NAME,
     StepMarker,
+    TraceEvent,
+    _stats,
     gpu_planes,
     host_planes,
     load_xspace,
-    plane_events,
     step_markers,
 )
 from keras_dp_tools.schema import MEAN_COLUMNS, REPLICA_COLUMNS, STEP_COLUMNS
@@ -139,38 +142,188 @@ def _peer_key(stats) -> tuple | None:
     )
 
 
-def _cpu_spans(space, devices: Sequence[str] | None = None) -> list[_Span]:
-    spans = []
+# Kinds as small integers, for the span columns.
+_KINDS = list(Kind)
+_CODE = {kind: code for code, kind in enumerate(_KINDS)}
+_NO_REPLICA = -1  # a span shared by all replicas
+_MARKER, _LAUNCH = "marker", "launch"  # host events read for their stats, not as spans
+
+
+@dataclass
+class _Spans:
+    """The spans of a trace as columns (one entry per span, in trace order).
+
+    Times are picoseconds from ``origin_ps`` (absolute picoseconds overflow int64).
+    Only the few spans whose replica the op's copies decide carry a ``name``, and only
+    collectives a ``peer_key`` (both by position).
+    """
+
+    origin_ps: int
+    kind: np.ndarray
+    replica: np.ndarray  # _NO_REPLICA: shared by all replicas
+    start: np.ndarray
+    end: np.ndarray
+    launched: np.ndarray  # GPU: index of the marker that launched it; -1: by time
+    reducing: np.ndarray  # counts towards the all-reduce bandwidth (not another NCCL op)
+    keys: dict[int, tuple] = field(default_factory=dict)
+    names: dict[int, str] = field(default_factory=dict)
+
+
+class _SpanColumns:
+    """Collects spans row by row into plain lists, then into ``_Spans``. The columns
+    most spans leave at their default (launch link, bandwidth use) are kept sparse."""
+
+    def __init__(self, origin_ps: int):
+        self.origin_ps = origin_ps
+        self.kind, self.replica, self.start, self.end = [], [], [], []
+        self.launched: dict[int, int] = {}
+        self.not_reducing: list[int] = []
+        self.keys, self.names = {}, {}
+
+    def add(self, kind, replica, start, end, launched=-1, reducing=True, key=None, name=""):
+        position = len(self.kind)
+        if key is not None:
+            self.keys[position] = key
+        if name:
+            self.names[position] = name
+        if launched >= 0:
+            self.launched[position] = launched
+        if not reducing:
+            self.not_reducing.append(position)
+        self.kind.append(kind)
+        self.replica.append(_NO_REPLICA if replica is None else replica)
+        self.start.append(start)
+        self.end.append(end)
+
+    def build(self) -> _Spans:
+        count = len(self.kind)
+        launched = np.full(count, -1, dtype=np.int64)
+        launched[np.fromiter(self.launched, np.int64)] = np.fromiter(
+            self.launched.values(), np.int64
+        )
+        reducing = np.ones(count, dtype=bool)
+        reducing[self.not_reducing] = False
+        return _Spans(
+            self.origin_ps,
+            np.array(self.kind, dtype=np.int8),
+            np.array(self.replica, dtype=np.int64),
+            np.array(self.start, dtype=np.int64),
+            np.array(self.end, dtype=np.int64),
+            launched,
+            reducing,
+            self.keys,
+            self.names,
+        )
+
+
+def _origin_ps(space) -> int:
+    """A time near the trace's events, so relative picoseconds fit int64."""
+    for plane in space.planes:
+        for line in plane.lines:
+            return line.timestamp_ns * 1000
+    return 0
+
+
+def _host_metadata(name: str, inputs_only: bool):
+    """What the engine does with host events of this name, decided once per event
+    metadata: None (skip), (_MARKER | _LAUNCH,) or (kind, replica, needs_stats, copied)."""
+    if name == STEP_EVENT_NAME:
+        return (_MARKER,)
+    if gpu_trace.is_cuda_api_call(name):
+        return (_LAUNCH,)
+    classified = classify_host_name(name)
+    if classified is None or (inputs_only and classified[0] is not Kind.INPUT):
+        return None
+    kind, replica = classified
+    if inputs_only:
+        return _CODE[kind], replica, False, False
+    receiver = kind is Kind.COPY and replica is not None and scoped_replica(name) is None
+    copied = kind in PEER_KINDS or _op_type(name) in PER_REPLICA_COPY_TYPES
+    return _CODE[kind], replica, receiver or kind in PEER_KINDS, copied
+
+
+def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
+    """One pass over the host planes: the spans of classified events (into ``columns``;
+    only input waits if ``inputs_only``), and the step markers and CUDA launches as
+    ``TraceEvent`` (few events). Events are classified by their metadata, once; only
+    the events whose stats matter (collectives, markers, launches) have them read."""
+    markers, launches = [], []
+    origin = columns.origin_ps
+    kinds, replicas, starts, ends = columns.kind, columns.replica, columns.start, columns.end
+    names = columns.names
     for plane in host_planes(space):
-        for event in plane_events(plane):
-            classified = classify_host_event(event)
-            if classified is not None:
-                kind, replica = classified
-                if kind is Kind.COPY and replica is not None and scoped_replica(event.name) is None:
-                    # An unscoped transfer (e.g. feeding replica 3's collective from
-                    # /cpu:0) serves the replica that receives it.
-                    replica = _device_replica(receiving_device(event), devices, replica)
-                key = _peer_key(event.stats) if kind in PEER_KINDS else None
-                copied = kind in PEER_KINDS or _op_type(event.name) in PER_REPLICA_COPY_TYPES
-                name = event.name if copied else ""
-                spans.append(_Span(kind, replica, event.start_ps, event.end_ps, key, name))
-    return spans
+        stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
+        plain, special = {}, {}  # by metadata id: spans without and with stats to read
+        for key, meta in plane.event_metadata.items():
+            role = _host_metadata(meta.name, inputs_only)
+            if role is None:
+                continue
+            if len(role) == 4 and not role[2]:
+                replica = _NO_REPLICA if role[1] is None else role[1]
+                plain[key] = (role[0], replica, meta.name if role[3] else "")
+            else:
+                special[key] = (role, meta.name, _stats(meta.stats, stat_names))
+        plain_role, special_role = plain.get, special.get
+        for line in plane.lines:
+            line_name = line.display_name or line.name
+            off_python = line_name != "python"  # eager ops and tracing: host overhead
+            base = line.timestamp_ns * 1000 - origin
+            for event in line.events:
+                entry = plain_role(event.metadata_id)
+                if entry is not None:  # the common case, kept lean
+                    if off_python:
+                        if entry[2]:
+                            names[len(kinds)] = entry[2]
+                        start = base + event.offset_ps
+                        kinds.append(entry[0])
+                        replicas.append(entry[1])
+                        starts.append(start)
+                        ends.append(start + event.duration_ps)
+                    continue
+                entry = special_role(event.metadata_id)
+                if entry is None:
+                    continue
+                role, name, meta_stats = entry
+                if len(role) == 4 and not off_python:
+                    continue
+                stats = meta_stats
+                if event.stats:
+                    stats = {**meta_stats, **_stats(event.stats, stat_names)}
+                start = base + origin + event.offset_ps
+                end = start + event.duration_ps
+                traced = TraceEvent(plane.name, line_name, name, start, end, stats)
+                if role[0] == _MARKER:
+                    markers.append(traced)
+                elif role[0] == _LAUNCH:
+                    launches.append(traced)
+                else:
+                    _add_host_span(columns, role, traced, devices)
+    return step_markers(markers), launches
 
 
-def _attribute_cpu_replicas(
-    spans: list[_Span], replica_count: int
-) -> tuple[list[_Span], str | None]:
+def _add_host_span(columns: _SpanColumns, role, event: TraceEvent, devices) -> None:
+    kind_code, replica, _, copied = role
+    kind = _KINDS[kind_code]
+    if kind is Kind.COPY and replica is not None and scoped_replica(event.name) is None:
+        # An unscoped transfer (e.g. feeding replica 3's collective from /cpu:0) serves
+        # the replica that receives it.
+        replica = _device_replica(receiving_device(event), devices, replica)
+    key = _peer_key(event.stats) if kind in PEER_KINDS else None
+    start, end = event.start_ps - columns.origin_ps, event.end_ps - columns.origin_ps
+    columns.add(kind_code, replica, start, end, key=key, name=event.name if copied else "")
+
+
+def _attribute_cpu_replicas(spans: _Spans, replica_count: int) -> tuple[_Spans, str | None]:
     """Gives the per-replica copies of collectives and packing ops their replica (see
     ``keras_dp_tools.analysis.replicas``); returns the spans and why some could not be
     attributed (None if all could)."""
     peers: dict[object, list[int]] = defaultdict(list)
-    for position, span in enumerate(spans):
-        if span.peer_key is not None:
-            peers[span.peer_key].append(position)
+    for position, key in spans.keys.items():
+        peers[key].append(position)
     replica_of: dict[int, int] = {}
     reasons = []
     for positions in peers.values():
-        names = [spans[p].name.rsplit(":", 1)[0] for p in positions]
+        names = [spans.names[p].rsplit(":", 1)[0] for p in positions]
         if all(scoped_replica(name) is not None for name in names):
             continue  # replica scopes say it
         replicas, reason = peer_replicas(names, replica_count)
@@ -179,30 +332,28 @@ def _attribute_cpu_replicas(
             continue
         replica_of.update(zip(positions, replicas, strict=True))
     copies: dict[str, set[int]] = defaultdict(set)
-    for span in spans:
-        if span.peer_key is None and span.name:
-            base, number = copy_number(span.name)
-            copies[base].add(number)
-    resolved = []
-    for position, span in enumerate(spans):
-        replica = replica_of.get(position)
-        if (
-            replica is None
-            and span.peer_key is None
-            and span.name
-            and scoped_replica(span.name) is None
-        ):
-            base, number = copy_number(span.name)
-            replica = packed_replica(number, copies[base], replica_count)
-            if replica is None and len(copies[base]) == 1:
-                replica = 0  # one unscoped copy: replica 0's op
-            elif replica is None:
-                reasons.append(f"{len(copies[base])} copies of {base} for {replica_count} replicas")
-        if replica is None and span.replica is not None and span.replica >= replica_count:
-            replica = span.replica % replica_count  # a guess, and said so in reasons
-        resolved.append(span if replica is None else replace(span, replica=replica))
+    unkeyed = {p: name for p, name in spans.names.items() if p not in spans.keys}
+    for name in unkeyed.values():
+        base, number = copy_number(name)
+        copies[base].add(number)
+    for position, name in unkeyed.items():
+        if position in replica_of or scoped_replica(name) is not None:
+            continue
+        base, number = copy_number(name)
+        replica = packed_replica(number, copies[base], replica_count)
+        if replica is None and len(copies[base]) == 1:
+            replica = 0  # one unscoped copy: replica 0's op
+        elif replica is None:
+            reasons.append(f"{len(copies[base])} copies of {base} for {replica_count} replicas")
+        if replica is not None:
+            replica_of[position] = replica
+    resolved = spans.replica.copy()
+    beyond = resolved >= replica_count  # a guess, for spans the copies do not place
+    resolved[beyond] %= replica_count
+    if replica_of:
+        resolved[np.fromiter(replica_of, np.int64)] = np.fromiter(replica_of.values(), np.int64)
     reason = "; ".join(sorted(set(reasons))) or None
-    return resolved, reason
+    return replace(spans, replica=resolved), reason
 
 
 def _device_replica(device: str | None, devices: Sequence[str] | None, default: int) -> int:
@@ -222,25 +373,15 @@ def _op_type(name: str) -> str:
     return name.rpartition(":")[2]
 
 
-def _gpu_spans(space, ordinals: Sequence[int], host_events, markers) -> list[_Span]:
-    launches = gpu_trace.launch_markers(host_events, markers)
-    spans = [
-        _Span(
-            s.kind,
-            s.replica,
-            s.start_ps,
-            s.end_ps,
-            launched_in=s.launched_in,
-            collective=s.collective,
+def _add_gpu_spans(space, ordinals: Sequence[int], columns: _SpanColumns, launches, markers):
+    marker_index = {(marker.step, marker.start_ps): i for i, marker in enumerate(markers)}
+    origin = columns.origin_ps
+    for s in gpu_trace.device_spans(space, ordinals, gpu_trace.launch_markers(launches, markers)):
+        launched = -1 if s.launched_in is None else marker_index[s.launched_in]
+        reducing = s.collective in (None, "all_reduce")
+        columns.add(
+            _CODE[s.kind], s.replica, s.start_ps - origin, s.end_ps - origin, launched, reducing
         )
-        for s in gpu_trace.device_spans(space, ordinals, launches)
-    ]
-    for plane in host_planes(space):  # input waits happen on the host
-        for event in plane_events(plane):
-            classified = classify_host_event(event)
-            if classified is not None and classified[0] is Kind.INPUT:
-                spans.append(_Span(Kind.INPUT, classified[1], event.start_ps, event.end_ps))
-    return spans
 
 
 def _sync_waits(collectives: list[_Span]) -> dict[int, list[intervals.Interval]]:
@@ -288,118 +429,184 @@ def _missing_bandwidth(bytes_known: bool, ranks, reduce_transfer_ms) -> str | No
     return None
 
 
-def _step_spans(marker: StepMarker, spans: list[_Span]) -> tuple[list[_Span], int]:
-    """The spans of a step, clipped to it, and the step's end. A device event launched
-    inside the marker belongs to it whenever it ran; the step then lasts until its last
-    launched event ends. Events without that link count by time within the marker."""
-    start, key = marker.start_ps, (marker.step, marker.start_ps)
-    launched = [s for s in spans if s.launched_in == key]
-    end = max([marker.end_ps, *(s.end_ps for s in launched)])
-    by_time = [
-        s
-        for s in spans
-        if s.launched_in is None and s.start_ps < marker.end_ps and s.end_ps > start
-    ]
-    clip_ends = [(s, end) for s in launched] + [(s, marker.end_ps) for s in by_time]
-    inside = [
-        replace(s, start_ps=max(s.start_ps, start), end_ps=min(s.end_ps, stop))
-        for s, stop in clip_ends
-    ]
-    return inside, end
+class _StepIndex:
+    """Finds each marker's spans without scanning them all: spans launched by a marker
+    are grouped by marker; the others are sorted by start, with the running maximum of
+    their ends, so two binary searches bound the candidates of a time window."""
+
+    def __init__(self, spans: _Spans):
+        order = np.argsort(spans.launched, kind="stable")
+        launched = spans.launched[order]
+        first = np.searchsorted(launched, 0)
+        self.unlinked = order[:first]
+        bounds = np.flatnonzero(np.diff(launched[first:])) + 1
+        self.by_marker = {
+            int(group[0]): order[first:][start:stop]
+            for start, stop, group in (
+                (a, b, launched[first:][a:b])
+                for a, b in zip(
+                    [0, *bounds.tolist()], [*bounds.tolist(), len(launched) - first], strict=True
+                )
+            )
+            if len(group)
+        }
+        by_start = np.argsort(spans.start[self.unlinked], kind="stable")
+        self.unlinked = self.unlinked[by_start]
+        self.unlinked_starts = spans.start[self.unlinked]
+        self.reached = (
+            np.maximum.accumulate(spans.end[self.unlinked]) if len(by_start) else by_start
+        )
+
+    def window(self, spans: _Spans, start: int, end: int) -> np.ndarray:
+        """Positions (in trace order) of unlinked spans overlapping ``(start, end)``."""
+        low = np.searchsorted(self.reached, start, side="right")
+        high = np.searchsorted(self.unlinked_starts, end, side="left")
+        candidates = self.unlinked[low:high]
+        return np.sort(candidates[spans.end[candidates] > start])
 
 
-def _iterations(inside: list[_Span]) -> int:
+def _step_spans(index: int, marker: StepMarker, spans: _Spans, steps: _StepIndex):
+    """The spans of a step (positions, clipped starts and ends) and the step's end. A
+    device event launched inside the marker belongs to it whenever it ran; the step then
+    lasts until its last launched event ends. Events without that link count by time
+    within the marker."""
+    start, marker_end = marker.start_ps - spans.origin_ps, marker.end_ps - spans.origin_ps
+    launched = steps.by_marker.get(index, np.empty(0, np.int64))
+    end = max(marker_end, int(spans.end[launched].max())) if len(launched) else marker_end
+    by_time = steps.window(spans, start, marker_end)
+    positions = np.concatenate([launched, by_time])
+    stops = np.concatenate(
+        [np.full(len(launched), end, np.int64), np.full(len(by_time), marker_end, np.int64)]
+    )
+    starts = np.maximum(spans.start[positions], start)
+    ends = np.minimum(spans.end[positions], stops)
+    return positions, starts, ends, start, end
+
+
+def _peer_spans(kind: Kind, spans: _Spans, positions, starts, ends) -> list[_Span]:
+    """The step's collectives of one kind, in step order, as ``_Span`` for ``_sync_waits``."""
+    chosen = np.flatnonzero(spans.kind[positions] == _CODE[kind])
+    return [
+        _Span(
+            kind,
+            None if replica == _NO_REPLICA else replica,
+            span_start,
+            span_end,
+            spans.keys.get(position),
+        )
+        for position, replica, span_start, span_end in zip(
+            positions[chosen].tolist(),
+            spans.replica[positions[chosen]].tolist(),
+            starts[chosen].tolist(),
+            ends[chosen].tolist(),
+            strict=True,
+        )
+    ]
+
+
+def _iterations(keys: list) -> int:
     """Steps of one call as its collectives count them (distinct ``iter_id``)."""
-    iterations = {span.peer_key[-1] for span in inside if isinstance(span.peer_key, tuple)}
+    iterations = {key[-1] for key in keys if isinstance(key, tuple)}
     return len(iterations - {None}) or 1
 
 
 def _replica_rows(
+    index: int,
     marker: StepMarker,
-    spans: list[_Span],
+    spans: _Spans,
+    steps_index: _StepIndex,
     replica_ids,
     devices,
     facts: RunFacts,
     peak_gbps: float | None = None,
 ):
-    start = marker.start_ps
-    inside, end = _step_spans(marker, spans)
-    steps = facts.steps_covered.get(marker.step) or _iterations(inside)
-    waits = _sync_waits([s for s in inside if s.kind is Kind.COLLECTIVE])
-    for replica, parts in _sync_waits([s for s in inside if s.kind is Kind.GATHER]).items():
+    positions, starts, ends, start, end = _step_spans(index, marker, spans, steps_index)
+    collectives = _peer_spans(Kind.COLLECTIVE, spans, positions, starts, ends)
+    gathers = _peer_spans(Kind.GATHER, spans, positions, starts, ends)
+    steps = facts.steps_covered.get(marker.step) or _iterations(
+        [span.peer_key for span in (*collectives, *gathers)]
+    )
+    waits = _sync_waits(collectives)
+    for replica, parts in _sync_waits(gathers).items():
         waits[replica] += parts
-    # Time any replica runs anything, and the host's time around the train function.
-    active = intervals.merge((s.start_ps, s.end_ps) for s in inside)
-    first, last = (active[0][0], active[-1][1]) if active else (end, end)
-    around_function = intervals.merge([(start, first), (last, end)])
-    idle = intervals.subtract([(first, last)], active)
-    has_gathers = any(s.kind is Kind.GATHER for s in inside)
+    # Time any replica runs anything, and the host's time around the train function:
+    # every replica's busy time lies inside it, so what is left of the step before the
+    # first and after the last span is dispatch, and gaps between spans are idle.
+    ran = ends > starts
+    if ran.any():
+        first, last = int(starts[ran].min()), int(ends[ran].max())
+        idle_here = last - first - intervals.union_length(starts, ends)
+    else:
+        first = last = end
+        idle_here = 0
+    dispatch = (first - start) + (end - last)
+    has_gathers = bool(gathers)
     reduce_bytes = facts.allreduce_bytes
     if has_gathers and reduce_bytes and facts.sparse_bytes:
         reduce_bytes -= facts.sparse_bytes
     ranks = facts.group_size
     to_ms = 1e-9 / steps  # picoseconds of the call to milliseconds per step
+    kinds = spans.kind[positions]
+    owners = spans.replica[positions]
+    reducing = spans.reducing[positions]
+    compute_kind = kinds == _CODE[Kind.COMPUTE]
+    reduce_kind = (kinds == _CODE[Kind.COLLECTIVE]) | (kinds == _CODE[Kind.COPY])
+    gather_kind = kinds == _CODE[Kind.GATHER]
+    input_kind = kinds == _CODE[Kind.INPUT]
+    reducing_kind = (kinds == _CODE[Kind.COLLECTIVE]) & reducing
     rows = []
     for replica in replica_ids:
+        mine = (owners == replica) | (owners == _NO_REPLICA)
+        wait = np.array(waits.get(replica, []), dtype=np.int64).reshape(-1, 2)
 
-        def union(*kinds, replica=replica):
-            return intervals.merge(
-                (s.start_ps, s.end_ps)
-                for s in inside
-                if s.kind in kinds and (s.replica == replica or s.replica is None)
-            )
+        def covered(*masks, wait_too=False, mine=mine, wait=wait):
+            """Length of the union of the spans of ``masks`` (and the waits)."""
+            chosen = mine & np.logical_or.reduce(masks) if masks else np.zeros_like(mine)
+            if wait_too:
+                return intervals.union_length(
+                    np.concatenate([starts[chosen], wait[:, 0]]),
+                    np.concatenate([ends[chosen], wait[:, 1]]),
+                )
+            return intervals.union_length(starts[chosen], ends[chosen])
 
-        compute = union(Kind.COMPUTE)
-        reduce = union(Kind.COLLECTIVE, Kind.COPY)
-        gather = union(Kind.GATHER)
-        comm = intervals.merge(reduce + gather)
-        wait = intervals.merge(waits.get(replica, []))  # inside comm
-        busy = intervals.merge(compute + comm)
-        input_exposed = intervals.subtract(union(Kind.INPUT), busy)
-        other = intervals.subtract(intervals.subtract([(start, end)], busy), input_exposed)
-        exposed_comm = intervals.length(comm) - intervals.overlap_length(comm, compute)
-        exposed_wait = intervals.length(wait) - intervals.overlap_length(wait, compute)
-        transfer = intervals.length(comm) - intervals.length(wait)
-        # Each collective's bandwidth uses its own time: all-reduces and all-gathers
-        # can run at once, and then both moved their bytes in that time. Only the
-        # all-reduce collectives carry the gradients' bytes: copies (peer copies, the
-        # sends around a collective) would turn their tiny times into huge bandwidths.
-        reducing = intervals.merge(
-            (s.start_ps, s.end_ps)
-            for s in inside
-            if s.kind is Kind.COLLECTIVE
-            and s.collective in (None, "all_reduce")
-            and (s.replica == replica or s.replica is None)
-        )
-        reduce_transfer = intervals.length(intervals.subtract(reducing, wait))
-        dispatch = intervals.overlap_length(other, around_function)
-        idle_here = intervals.overlap_length(other, idle)
+        compute = covered(compute_kind)
+        comm = covered(reduce_kind, gather_kind)
+        gather = covered(gather_kind)
+        wait_length = covered(wait_too=True)
+        busy = covered(compute_kind, reduce_kind, gather_kind)
+        busy_or_input = covered(compute_kind, reduce_kind, gather_kind, input_kind)
+        # Set algebra on lengths: |A - B| = |A + B| - |B|, |A & B| = |A| + |B| - |A + B|.
+        exposed_comm = busy - compute
+        exposed_wait = covered(compute_kind, wait_too=True) - compute
+        transfer = comm - wait_length
+        other = (end - start) - busy_or_input
+        reduce_transfer = covered(reducing_kind, wait_too=True) - wait_length
         row = {
             "step": marker.step,
             "replica": replica,
             "device": devices[replica] if devices and replica < len(devices) else None,
             "steps": steps,
             "step_ms": (end - start) * to_ms,
-            "compute_ms": intervals.length(compute) * to_ms,
-            "allreduce_ms": intervals.length(comm) * to_ms,
-            "sync_wait_ms": intervals.length(wait) * to_ms,
+            "compute_ms": compute * to_ms,
+            "allreduce_ms": comm * to_ms,
+            "sync_wait_ms": wait_length * to_ms,
             "transfer_ms": transfer * to_ms,
-            "gather_ms": intervals.length(gather) * to_ms,
-            "gather_transfer_ms": intervals.length(intervals.subtract(gather, wait)) * to_ms,
+            "gather_ms": gather * to_ms,
+            "gather_transfer_ms": (covered(gather_kind, wait_too=True) - wait_length) * to_ms,
             "exposed_allreduce_ms": exposed_comm * to_ms,
             "exposed_sync_wait_ms": exposed_wait * to_ms,
             "exposed_transfer_ms": (exposed_comm - exposed_wait) * to_ms,
-            "input_ms": intervals.length(input_exposed) * to_ms,
-            "other_ms": intervals.length(other) * to_ms,
+            "input_ms": (busy_or_input - busy) * to_ms,
+            "other_ms": other * to_ms,
             "dispatch_ms": dispatch * to_ms,
             "idle_ms": idle_here * to_ms,
-            "scheduling_ms": (intervals.length(other) - dispatch - idle_here) * to_ms,
+            "scheduling_ms": (other - dispatch - idle_here) * to_ms,
         }
         step_ms = row["step_ms"]
         row["comm_share"] = row["exposed_transfer_ms"] / step_ms if step_ms else None
         row["wait_share"] = row["exposed_sync_wait_ms"] / step_ms if step_ms else None
         row["reduce_transfer_ms"] = reduce_transfer * to_ms  # not a column: for bandwidth
-        row["reduce_ms"] = intervals.length(reduce) * to_ms
+        row["reduce_ms"] = covered(reduce_kind) * to_ms
         row.update(_bytes_and_bandwidths(row, reduce_bytes, facts.gather_bytes, ranks, peak_gbps))
         rows.append(row)
     return rows
@@ -520,17 +727,19 @@ def analyze_xspace(
         gpu_trace.UnusableTraceError: the replicas run on GPUs but a replica's GPU has
             no device events in the trace (the message says why).
     """
-    host_events = [event for plane in host_planes(space) for event in plane_events(plane)]
-    markers = step_markers(host_events)
-    attribution = None
+    origin = _origin_ps(space)
+    columns = _SpanColumns(origin)
     # The strategy's devices choose the path; a CPU strategy ignores GPU planes.
     ordinals = gpu_trace.choose_gpu_planes(space, devices)
+    markers, launches = _read_host(space, devices, columns, inputs_only=ordinals is not None)
+    attribution = None
     if ordinals is not None:
-        spans = _gpu_spans(space, ordinals, host_events, markers)
+        _add_gpu_spans(space, ordinals, columns, launches, markers)
+        spans = columns.build()
         replica_count = replicas or len(ordinals)
         link_peak_gbps = link_peak_gbps or gpu_trace.DEFAULT_GPU_PEAK_GBPS
     else:
-        spans = _cpu_spans(space, devices)
+        spans = columns.build()
         replica_count = replicas or _cpu_replica_count(spans)
         spans, attribution = _attribute_cpu_replicas(spans, replica_count)
     facts = RunFacts(
@@ -540,11 +749,12 @@ def analyze_xspace(
         steps_covered=dict(steps_covered or {}),
         group_size=group_size or replica_count,
     )
+    steps_index = _StepIndex(spans)
     rows = [
         row
-        for marker in markers
+        for index, marker in enumerate(markers)
         for row in _replica_rows(
-            marker, spans, range(replica_count), devices, facts, link_peak_gbps
+            index, marker, spans, steps_index, range(replica_count), devices, facts, link_peak_gbps
         )
     ]
     replica_frame = pd.DataFrame(rows, columns=[*REPLICA_COLUMNS, *_BANDWIDTH_TIMES])
@@ -553,14 +763,13 @@ def analyze_xspace(
     return Breakdown(replica_frame[REPLICA_COLUMNS], steps, attribution=attribution)
 
 
-def _cpu_replica_count(spans: list[_Span]) -> int:
+def _cpu_replica_count(spans: _Spans) -> int:
     """Peers of the largest collective (one op per replica), else the replica scopes."""
-    peers: dict[object, int] = defaultdict(int)
-    for span in spans:
-        if span.peer_key is not None:
-            peers[span.peer_key] += 1
-    scoped = 1 + max((s.replica for s in spans if s.replica is not None and not s.name), default=0)
-    return max(peers.values(), default=0) or scoped
+    peers = Counter(spans.keys.values())
+    unnamed = np.ones(len(spans.replica), dtype=bool)
+    unnamed[list(spans.names)] = False
+    scoped = spans.replica[unnamed & (spans.replica != _NO_REPLICA)]
+    return max(peers.values(), default=0) or 1 + max(int(scoped.max()) if len(scoped) else 0, 0)
 
 
 def analyze_trace(

@@ -114,9 +114,15 @@ def classify_host_event(event: TraceEvent) -> tuple[Kind, int | None] | None:
     None means the event serves every replica (shared input)."""
     if event.line == "python":  # eager ops and tracing: host overhead, not device work
         return None
-    op = _TF_OP.match(event.name)
+    return classify_host_name(event.name)
+
+
+def classify_host_name(name: str) -> tuple[Kind, int | None] | None:
+    """``classify_host_event`` of an event named ``name`` off the ``python`` line. It
+    depends on the name alone, so a trace classifies each event metadata once."""
+    op = _TF_OP.match(name)
     if op is None:
-        waits = _INPUT_EVENT.match(event.name)
+        waits = _INPUT_EVENT.match(name)
         if waits is None:
             return None
         shard = waits.group("shard")

@@ -99,9 +99,22 @@ def nccl_collective(name: str) -> str | None:
     return "other"
 
 
+def is_cuda_api_call(name: str) -> bool:
+    """Whether a host event of this name is a CUDA API call that starts device work."""
+    return _CUDA_API_CALL.match(name) is not None
+
+
 def stream_events(plane) -> list[TraceEvent]:
     """The CUPTI activity of a GPU plane: events on its ``Stream #`` lines."""
     return [event for event in plane_events(plane) if event.line.startswith(STREAM_LINE_PREFIX)]
+
+
+def _has_stream_events(plane) -> bool:
+    """``bool(stream_events(plane))`` without reading the events."""
+    return any(
+        len(line.events) and (line.display_name or line.name).startswith(STREAM_LINE_PREFIX)
+        for line in plane.lines
+    )
 
 
 def choose_gpu_planes(space, devices: Sequence[str] | None) -> list[int] | None:
@@ -118,7 +131,7 @@ def choose_gpu_planes(space, devices: Sequence[str] | None) -> list[int] | None:
             named by), or the devices mix GPUs and CPUs.
     """
     planes = gpu_planes(space)
-    busy = {ordinal for ordinal, plane in planes.items() if stream_events(plane)}
+    busy = {ordinal for ordinal, plane in planes.items() if _has_stream_events(plane)}
     ordinals = [gpu_ordinal(device) for device in devices or ()]
     if not ordinals:
         return sorted(busy) or None
@@ -171,7 +184,7 @@ def launch_markers(host_events: list[TraceEvent], markers: list[StepMarker]) -> 
     launches = {}
     for event in host_events:
         correlation = event.stats.get(CORRELATION_STAT)
-        if correlation is None or not _CUDA_API_CALL.match(event.name):
+        if correlation is None or not is_cuda_api_call(event.name):
             continue
         index = bisect.bisect_right(starts, event.start_ps) - 1
         if index >= 0 and event.start_ps < markers[index].end_ps:

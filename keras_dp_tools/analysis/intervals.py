@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+import numpy as np
+
 Interval = tuple[int, int]
 
 
@@ -68,3 +70,16 @@ def subtract(merged: list[Interval], removed: list[Interval]) -> list[Interval]:
         if start < end:
             left.append((start, end))
     return left
+
+
+def union_length(starts: np.ndarray, ends: np.ndarray) -> int:
+    """``length(merge(zip(starts, ends)))`` for integer arrays, vectorised: sorted by
+    start, each interval adds what it reaches past all earlier ones' ends."""
+    if len(starts) == 0:
+        return 0
+    order = np.argsort(starts, kind="stable")
+    starts, ends = starts[order], ends[order]
+    reached = np.maximum.accumulate(ends)
+    floor = np.maximum(starts[1:], reached[:-1])
+    first = max(int(ends[0] - starts[0]), 0)
+    return first + int(np.clip(ends[1:] - floor, 0, None).sum())

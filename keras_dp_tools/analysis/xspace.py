@@ -44,10 +44,9 @@ class StepMarker:
 def load_xspace(path: str | os.PathLike):
     """Parses one ``.xplane.pb`` file; raises ValueError naming the file if it is not one."""
     from google.protobuf.message import DecodeError
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
     path = Path(path)
-    space = xplane_pb2.XSpace()
+    space = _xplane_pb2().XSpace()
     try:
         space.ParseFromString(path.read_bytes())
     except DecodeError as error:
@@ -55,6 +54,34 @@ def load_xspace(path: str | os.PathLike):
     if not space.planes:
         raise ValueError(f"{path} holds no trace planes: the profiler captured nothing.")
     return space
+
+
+def _xplane_pb2():
+    """TensorFlow's ``xplane_pb2``. Where TensorFlow is not imported yet (the analysis
+    process), its generated module is loaded on its own: it needs only protobuf, while
+    importing TensorFlow takes seconds of CPU."""
+    import sys
+
+    if "tensorflow" not in sys.modules:
+        if _STANDALONE not in sys.modules:
+            import importlib.util
+
+            package = importlib.util.find_spec("tensorflow")
+            folder = Path(package.origin).parent if package and package.origin else None
+            source = folder / "tsl" / "profiler" / "protobuf" / "xplane_pb2.py" if folder else None
+            if source is not None and source.exists():
+                spec = importlib.util.spec_from_file_location(_STANDALONE, source)
+                module = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(module)
+                sys.modules[_STANDALONE] = module
+        if _STANDALONE in sys.modules:
+            return sys.modules[_STANDALONE]
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    return xplane_pb2
+
+
+_STANDALONE = "keras_dp_tools._xplane_pb2"
 
 
 def _stat_value(stat, stat_names: Mapping[int, str]):

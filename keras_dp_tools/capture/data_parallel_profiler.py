@@ -58,7 +58,7 @@ class DataParallelProfiler(DataParallelCallback):
     ``keras.callbacks.TensorBoard(profile_batch=...)``, which on its own reports "No step
     marker observed" with Keras 3).
 
-    After a window, a background thread reads the trace and computes per step and
+    After a window, a child process reads the trace and computes per step and
     replica: ``compute_ms``, ``allreduce_ms`` = ``sync_wait_ms`` (waiting for the slowest
     peer) + ``transfer_ms``, ``exposed_allreduce_ms`` (not hidden behind compute),
     ``input_ms``, ``other_ms`` (split into ``dispatch_ms``, ``idle_ms``,
@@ -343,10 +343,8 @@ class DataParallelProfiler(DataParallelCallback):
         self._pending.append((record, analysis))
 
     def _analyze(self, trace: Path, record: dict, steps_covered: dict):
-        from keras_dp_tools.analysis import analyze_trace
-
         try:
-            return analyze_trace(
+            return analyze_in_child(
                 trace,
                 allreduce_bytes=self._run_facts["allreduce_bytes"],
                 replicas=self._run_facts["replicas"],
@@ -357,8 +355,8 @@ class DataParallelProfiler(DataParallelCallback):
                 steps_covered=steps_covered,
             )
         finally:
-            # Until then, this thread competes with training for the GIL and the CPU:
-            # steps up to here are marked as disturbed by profiling.
+            # Until then the analysis process competes with training for the CPU (at a
+            # lower priority): steps up to here are marked as disturbed by profiling.
             record["analysis_end"] = time.time()
 
     def _collect(self, wait: bool) -> None:
@@ -523,3 +521,64 @@ def _sibling_profile_calls(callback) -> list[tuple[int, int]]:
         ]
 
     return find_in_fit(profiled_calls) or []
+
+
+# The analysis runs in a child process: in this process's thread it held the GIL and
+# slowed the next steps about twofold. The child imports only the analysis (not
+# TensorFlow) and lowers its priority; a thread here just waits for it.
+_CHILD = """
+import os, pickle, sys
+try:
+    os.nice(%d)
+except (AttributeError, OSError):
+    pass
+from keras_dp_tools.analysis.breakdown import analyze_trace
+with open(sys.argv[1], "rb") as file:
+    trace, arguments = pickle.load(file)
+try:
+    result = analyze_trace(trace, **arguments)
+except Exception as error:
+    try:
+        pickle.dumps(error)
+    except Exception:
+        error = RuntimeError(f"{type(error).__name__}: {error}")
+    result = error
+with open(sys.argv[2], "wb") as file:
+    pickle.dump(result, file)
+"""
+
+
+def analyze_in_child(trace: Path, **arguments):
+    """``analyze_trace(trace, **arguments)`` in a child Python process; raises what it
+    raised. Falls back to this process if no child can be started."""
+    import os
+    import pickle
+    import subprocess
+    import sys
+    import tempfile
+
+    import keras_dp_tools
+    from keras_dp_tools.monitor.background import NICE
+
+    root = str(Path(keras_dp_tools.__file__).resolve().parent.parent)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
+    with tempfile.TemporaryDirectory(prefix="keras_dp_analysis_") as folder:
+        request, answer = Path(folder) / "request.pkl", Path(folder) / "answer.pkl"
+        request.write_bytes(pickle.dumps((str(trace), arguments)))
+        command = [sys.executable, "-c", _CHILD % NICE, str(request), str(answer)]
+        try:
+            child = subprocess.run(command, env=env, capture_output=True, text=True)
+        except OSError as error:  # no child processes here: analyse in this one
+            logger.debug("analysis process could not start (%s); analysing here", error)
+            from keras_dp_tools.analysis import analyze_trace
+
+            return analyze_trace(trace, **arguments)
+        if not answer.exists():
+            last = (child.stderr or "").strip().splitlines()[-3:]
+            raise RuntimeError(
+                f"the analysis process exited with status {child.returncode}: {' '.join(last)}"
+            )
+        result = pickle.loads(answer.read_bytes())
+    if isinstance(result, BaseException):
+        raise result
+    return result

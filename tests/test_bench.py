@@ -1,0 +1,32 @@
+"""The benchmark script keeps working: a smoke run (seconds) writes its table. Its
+numbers are not checked: timings belong in `make bench`, not in assertions."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.slow
+def test_bench_smoke_run_writes_the_results_table(tmp_path):
+    output = tmp_path / "RESULTS.md"
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "bench.py"), "--smoke", "--output", str(output)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    table = output.read_text()
+    for section in (
+        "Training overhead",
+        "Steps after a window",
+        "XProf's `input_pipeline_analyzer`",
+        "Synthetic traces",
+        "`Report.load`",
+    ):
+        assert section in table
+    assert "| tiny |" in table and "| 2,000 |" in table and "| 1,000 |" in table
