@@ -179,8 +179,9 @@ def test_failed_analysis_warns_and_training_goes_on(tmp_path, keras, strategy4, 
     def broken(*args, **kwargs):
         raise ValueError("trace unreadable")
 
-    # The analysis runs in a child process; its launcher here stands in for it.
+    # Every window goes to the child process, whose launcher here stands in for it.
     profiler_module = sys.modules[kdt.DataParallelProfiler.__module__]
+    monkeypatch.setattr(profiler_module, "CHILD_PROCESS_MIN_BYTES", 0)
     monkeypatch.setattr(profiler_module, "analyze_in_child", broken)
     model = dense_model(keras, strategy4)
     with pytest.warns(kdt.MeasurementWarning, match="could not analyse"):

@@ -554,6 +554,10 @@ def _replica_rows(
     gather_kind = kinds == _CODE[Kind.GATHER]
     input_kind = kinds == _CODE[Kind.INPUT]
     reducing_kind = (kinds == _CODE[Kind.COLLECTIVE]) & reducing
+    if not ranks or ranks <= 1:
+        # One rank has nothing to exchange: its sends (the step's results going back to
+        # the host, seen with OneDeviceStrategy off /cpu:0) are not communication.
+        reduce_kind = gather_kind = reducing_kind = np.zeros_like(compute_kind)
     rows = []
     for replica in replica_ids:
         mine = (owners == replica) | (owners == _NO_REPLICA)

@@ -58,7 +58,8 @@ class DataParallelProfiler(DataParallelCallback):
     ``keras.callbacks.TensorBoard(profile_batch=...)``, which on its own reports "No step
     marker observed" with Keras 3).
 
-    After a window, a child process reads the trace and computes per step and
+    After a window, a background thread (a child process for traces of
+    ``CHILD_PROCESS_MIN_BYTES`` or more) reads the trace and computes per step and
     replica: ``compute_ms``, ``allreduce_ms`` = ``sync_wait_ms`` (waiting for the slowest
     peer) + ``transfer_ms``, ``exposed_allreduce_ms`` (not hidden behind compute),
     ``input_ms``, ``other_ms`` (split into ``dispatch_ms``, ``idle_ms``,
@@ -343,8 +344,13 @@ class DataParallelProfiler(DataParallelCallback):
         self._pending.append((record, analysis))
 
     def _analyze(self, trace: Path, record: dict, steps_covered: dict):
+        large = trace.stat().st_size >= CHILD_PROCESS_MIN_BYTES
+        if large:
+            analyze = analyze_in_child
+        else:
+            from keras_dp_tools.analysis import analyze_trace as analyze
         try:
-            return analyze_in_child(
+            return analyze(
                 trace,
                 allreduce_bytes=self._run_facts["allreduce_bytes"],
                 replicas=self._run_facts["replicas"],
@@ -523,9 +529,13 @@ def _sibling_profile_calls(callback) -> list[tuple[int, int]]:
     return find_in_fit(profiled_calls) or []
 
 
-# The analysis runs in a child process: in this process's thread it held the GIL and
-# slowed the next steps about twofold. The child imports only the analysis (not
-# TensorFlow) and lowers its priority; a thread here just waits for it.
+# Where a window is analysed, by measurement (benchmarks/RESULTS.md): in a thread of the
+# training process, the analysis holds the GIL while it runs; a child process costs
+# about 1 s of CPU in start-up imports. With 0.66 s for a 10 MB window, the thread
+# disturbed the next steps less (0.98x against 1.09x); a trace several times larger
+# holds the GIL for seconds, so it goes to a child, which imports only the analysis
+# (not TensorFlow) and lowers its priority while a thread here waits for it.
+CHILD_PROCESS_MIN_BYTES = 32 * 2**20
 _CHILD = """
 import os, pickle, sys
 try:
