@@ -7,6 +7,7 @@ TensorFlow when training starts.
 """
 
 from keras_dp_tools._lazy import lazy_exports
+from keras_dp_tools.capture import _EXPORTS as CAPTURE_EXPORTS  # a light import
 
 __version__ = "0.1.0"
 
@@ -23,16 +24,9 @@ _EXPORTS = {
     "lint_paths": "keras_dp_tools.lint.runner",
     "plots": "keras_dp_tools.plots",
     "Severity": "keras_dp_tools.severity",
-    "BatchScalingCheck": "keras_dp_tools.capture.batch_scaling_check",
+    **CAPTURE_EXPORTS,
     "BatchScalingWarning": "keras_dp_tools.batching",
     "check_batching": "keras_dp_tools.batching",
-    "DataParallelCallback": "keras_dp_tools.capture.base",
-    "MeasurementWarning": "keras_dp_tools.capture.base",
-    "StrategyWarning": "keras_dp_tools.capture.base",
-    "DataParallelProfiler": "keras_dp_tools.capture.data_parallel_profiler",
-    "GpuMonitor": "keras_dp_tools.capture.gpu_monitor",
-    "RunAdvisor": "keras_dp_tools.capture.run_advisor",
-    "StepTimer": "keras_dp_tools.capture.step_timer",
     "configure_devices": "keras_dp_tools.devices",
     "mirrored_strategy": "keras_dp_tools.devices",
     "Report": "keras_dp_tools.report",
