@@ -43,6 +43,7 @@ REPLICA_FIELDS: dict[str, type] = {
     "bandwidth_note": str,  # why the bandwidths are empty, if they are
 }
 REPLICA_COLUMNS = list(REPLICA_FIELDS)
+_SIZES = REPLICA_COLUMNS.index("allreduce_bytes")  # sizes and bandwidths from here on
 MEAN_COLUMNS = REPLICA_COLUMNS[
     REPLICA_COLUMNS.index("compute_ms") : REPLICA_COLUMNS.index("wait_share") + 1
 ]
@@ -57,13 +58,8 @@ STEP_FIELDS: dict[str, type] = {
     **{name: REPLICA_FIELDS[name] for name in MEAN_COLUMNS},
     "max_sync_wait_ms": float,
     "straggler_replica": int,
-    "allreduce_bytes": int,
-    "gather_bytes": int,
-    "row_bytes": int,
-    "algbw_gbps": float,
-    "busbw_gbps": float,
-    "gather_busbw_gbps": float,
-    "bandwidth_note": str,
+    # The replica rows' sizes and bandwidths, for the step as a whole.
+    **{name: REPLICA_FIELDS[name] for name in REPLICA_COLUMNS[_SIZES:]},
 }
 STEP_COLUMNS = list(STEP_FIELDS)
 
