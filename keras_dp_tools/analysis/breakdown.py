@@ -27,6 +27,8 @@ Pure functions over a parsed trace: no TensorFlow session, no training needed.
 
 from __future__ import annotations
 
+import itertools
+import operator
 import os
 from collections import Counter, defaultdict
 from collections.abc import Mapping, Sequence
@@ -71,19 +73,6 @@ _BUS_FACTORS = {
     "allreduce": lambda ranks: 2 * (ranks - 1) / ranks,
     "allgather": lambda ranks: (ranks - 1) / ranks,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class _Span:
-    kind: Kind
-    replica: int | None  # None: shared by all replicas (e.g. one input pipeline)
-    start_ps: int
-    end_ps: int
-    peer_key: object = None  # collectives with one key are the same operation on peers
-    name: str = ""  # the op's name on CPU traces: its copy number tells the replica
-    # GPU: (step, marker start) of the marker that launched it; None: by time.
-    launched_in: tuple[int, int] | None = None
-    collective: str | None = None  # NCCL's operation (all_reduce, all_gather, ...)
 
 
 @dataclass(frozen=True)
@@ -170,18 +159,21 @@ class _Spans:
 
 
 class _SpanColumns:
-    """Collects spans row by row into plain lists, then into ``_Spans``. The columns
-    most spans leave at their default (launch link, bandwidth use) are kept sparse."""
+    """Collects spans into ``_Spans``: whole lines at once as arrays (``extend``), or
+    row by row (``add``). The columns most spans leave at their default (launch link,
+    bandwidth use) are kept sparse."""
 
     def __init__(self, origin_ps: int):
         self.origin_ps = origin_ps
-        self.kind, self.replica, self.start, self.end = [], [], [], []
+        self.count = 0
+        self.chunks: list[tuple[np.ndarray, ...]] = []  # (kind, replica, start, end)
+        self.rows: list[tuple[int, int, int, int]] = []  # added one by one, not yet chunked
         self.launched: dict[int, int] = {}
         self.not_reducing: list[int] = []
         self.keys, self.names = {}, {}
 
     def add(self, kind, replica, start, end, launched=-1, reducing=True, key=None, name=""):
-        position = len(self.kind)
+        position = self.count
         if key is not None:
             self.keys[position] = key
         if name:
@@ -190,29 +182,40 @@ class _SpanColumns:
             self.launched[position] = launched
         if not reducing:
             self.not_reducing.append(position)
-        self.kind.append(kind)
-        self.replica.append(_NO_REPLICA if replica is None else replica)
-        self.start.append(start)
-        self.end.append(end)
+        self.rows.append((kind, _NO_REPLICA if replica is None else replica, start, end))
+        self.count += 1
+
+    def extend(self, kind, replica, start, end, keys=None, names=None) -> None:
+        """Appends spans given as arrays; ``keys`` and ``names`` by index in them."""
+        self._chunk_rows()
+        for index, key in sorted((keys or {}).items()):  # in trace order, as ``add``
+            self.keys[self.count + index] = key
+        for index, name in sorted((names or {}).items()):
+            self.names[self.count + index] = name
+        self.chunks.append((kind, replica, start, end))
+        self.count += len(kind)
+
+    def _chunk_rows(self) -> None:
+        if self.rows:
+            self.chunks.append(tuple(np.array(self.rows, dtype=np.int64).T))
+            self.rows = []
 
     def build(self) -> _Spans:
-        count = len(self.kind)
-        launched = np.full(count, -1, dtype=np.int64)
+        self._chunk_rows()
+        kind, replica, start, end = (
+            np.concatenate([chunk[column] for chunk in self.chunks]).astype(dtype)
+            if self.chunks
+            else np.empty(0, dtype)
+            for column, dtype in enumerate((np.int8, np.int64, np.int64, np.int64))
+        )
+        launched = np.full(self.count, -1, dtype=np.int64)
         launched[np.fromiter(self.launched, np.int64)] = np.fromiter(
             self.launched.values(), np.int64
         )
-        reducing = np.ones(count, dtype=bool)
+        reducing = np.ones(self.count, dtype=bool)
         reducing[self.not_reducing] = False
         return _Spans(
-            self.origin_ps,
-            np.array(self.kind, dtype=np.int8),
-            np.array(self.replica, dtype=np.int64),
-            np.array(self.start, dtype=np.int64),
-            np.array(self.end, dtype=np.int64),
-            launched,
-            reducing,
-            self.keys,
-            self.names,
+            self.origin_ps, kind, replica, start, end, launched, reducing, self.keys, self.names
         )
 
 
@@ -242,15 +245,44 @@ def _host_metadata(name: str, inputs_only: bool):
     return _CODE[kind], replica, receiver or kind in PEER_KINDS, copied
 
 
+_EVENT_FIELDS = operator.attrgetter("metadata_id", "offset_ps", "duration_ps")
+
+
+def _event_columns(events) -> np.ndarray:
+    """Metadata id, offset and duration of every event of a line, as an (n, 3) array:
+    the only step taken per event in Python (the attribute reads run in C)."""
+    flat = itertools.chain.from_iterable(map(_EVENT_FIELDS, events))
+    return np.fromiter(flat, np.int64, 3 * len(events)).reshape(-1, 3)
+
+
+class _PlainRoles:
+    """The spans' kind, replica and name of the event metadata whose events need no
+    stats read, as arrays sorted by metadata id (looked up per line with searchsorted)."""
+
+    def __init__(self, plain: dict[int, tuple[int, int, str]]):
+        ids = sorted(plain)
+        self.ids = np.array(ids, dtype=np.int64)
+        self.kind = np.array([plain[key][0] for key in ids], dtype=np.int8)
+        self.replica = np.array([plain[key][1] for key in ids], dtype=np.int64)
+        self.names = [plain[key][2] for key in ids]
+        self.named = np.array([bool(name) for name in self.names], dtype=bool)
+
+    def find(self, metadata_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Which events have a plain role, and the index of their role."""
+        if not len(self.ids):
+            return np.zeros(len(metadata_ids), bool), np.zeros(len(metadata_ids), np.int64)
+        index = np.minimum(np.searchsorted(self.ids, metadata_ids), len(self.ids) - 1)
+        return self.ids[index] == metadata_ids, index
+
+
 def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
     """One pass over the host planes: the spans of classified events (into ``columns``;
     only input waits if ``inputs_only``), and the step markers and CUDA launches as
-    ``TraceEvent`` (few events). Events are classified by their metadata, once; only
-    the events whose stats matter (collectives, markers, launches) have them read."""
+    ``TraceEvent`` (few events). Events are classified by their metadata, once, and
+    read line by line into arrays; only the events whose stats matter (collectives,
+    markers, launches) are read one by one."""
     markers, launches = [], []
     origin = columns.origin_ps
-    kinds, replicas, starts, ends = columns.kind, columns.replica, columns.start, columns.end
-    names = columns.names
     for plane in host_planes(space):
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
         plain, special = {}, {}  # by metadata id: spans without and with stats to read
@@ -263,45 +295,72 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
                 plain[key] = (role[0], replica, meta.name if role[3] else "")
             else:
                 special[key] = (role, meta.name, _stats(meta.stats, stat_names))
-        plain_role, special_role = plain.get, special.get
+        roles = _PlainRoles(plain)
+        special_ids = np.array(sorted(special), dtype=np.int64)
         for line in plane.lines:
+            if not len(line.events):
+                continue
             line_name = line.display_name or line.name
             off_python = line_name != "python"  # eager ops and tracing: host overhead
             base = line.timestamp_ns * 1000 - origin
-            for event in line.events:
-                entry = plain_role(event.metadata_id)
-                if entry is not None:  # the common case, kept lean
-                    if off_python:
-                        if entry[2]:
-                            names[len(kinds)] = entry[2]
-                        start = base + event.offset_ps
-                        kinds.append(entry[0])
-                        replicas.append(entry[1])
-                        starts.append(start)
-                        ends.append(start + event.duration_ps)
-                    continue
-                entry = special_role(event.metadata_id)
-                if entry is None:
-                    continue
-                role, name, meta_stats = entry
+            events = _event_columns(line.events)
+            metadata_ids = events[:, 0]
+            rows = []  # spans of events read one by one: (event index, span)
+            for index in np.flatnonzero(np.isin(metadata_ids, special_ids)).tolist():
+                role, name, meta_stats = special[int(metadata_ids[index])]
                 if len(role) == 4 and not off_python:
                     continue
+                event = line.events[index]
                 stats = meta_stats
                 if event.stats:
                     stats = {**meta_stats, **_stats(event.stats, stat_names)}
                 start = base + origin + event.offset_ps
-                end = start + event.duration_ps
-                traced = TraceEvent(plane.name, line_name, name, start, end, stats)
+                traced = TraceEvent(
+                    plane.name, line_name, name, start, start + event.duration_ps, stats
+                )
                 if role[0] == _MARKER:
                     markers.append(traced)
                 elif role[0] == _LAUNCH:
                     launches.append(traced)
                 else:
-                    _add_host_span(columns, role, traced, devices)
+                    rows.append((index, _host_span(role, traced, devices, origin)))
+            if off_python:
+                _extend_line(columns, roles, events, base, rows)
     return step_markers(markers), launches
 
 
-def _add_host_span(columns: _SpanColumns, role, event: TraceEvent, devices) -> None:
+def _extend_line(columns: _SpanColumns, roles: _PlainRoles, events, base: int, rows) -> None:
+    """Adds a line's spans in event order: the plain ones (arrays) and ``rows``."""
+    found, role = roles.find(events[:, 0])
+    plain = np.flatnonzero(found)
+    role = role[plain]
+    index = np.concatenate([plain, np.array([row[0] for row in rows], dtype=np.int64)])
+    if not len(index):
+        return
+    special = np.array([row[1][:4] for row in rows], dtype=np.int64).reshape(-1, 4)
+    kind = np.concatenate([roles.kind[role], special[:, 0].astype(np.int8)])
+    replica = np.concatenate([roles.replica[role], special[:, 1]])
+    start = np.concatenate([base + events[plain, 1], special[:, 2]])
+    end = np.concatenate([base + events[plain, 1] + events[plain, 2], special[:, 3]])
+    order = np.argsort(index, kind="stable")
+    at = np.empty(len(order), dtype=np.int64)
+    at[order] = np.arange(len(order))  # where each span lands in event order
+    named = np.flatnonzero(roles.named[role])
+    names = {
+        int(at[i]): roles.names[r]
+        for i, r in zip(named.tolist(), role[named].tolist(), strict=True)
+    }
+    keys = {}
+    for offset, (_, (_, _, _, _, key, name)) in enumerate(rows, start=len(plain)):
+        if key is not None:
+            keys[int(at[offset])] = key
+        if name:
+            names[int(at[offset])] = name
+    columns.extend(kind[order], replica[order], start[order], end[order], keys, names)
+
+
+def _host_span(role, event: TraceEvent, devices, origin: int) -> tuple:
+    """(kind, replica, start, end, peer key, name) of a host event read with its stats."""
     kind_code, replica, _, copied = role
     kind = _KINDS[kind_code]
     if kind is Kind.COPY and replica is not None and scoped_replica(event.name) is None:
@@ -309,8 +368,9 @@ def _add_host_span(columns: _SpanColumns, role, event: TraceEvent, devices) -> N
         # the replica that receives it.
         replica = _device_replica(receiving_device(event), devices, replica)
     key = _peer_key(event.stats) if kind in PEER_KINDS else None
-    start, end = event.start_ps - columns.origin_ps, event.end_ps - columns.origin_ps
-    columns.add(kind_code, replica, start, end, key=key, name=event.name if copied else "")
+    replica = _NO_REPLICA if replica is None else replica
+    name = event.name if copied else ""
+    return kind_code, replica, event.start_ps - origin, event.end_ps - origin, key, name
 
 
 def _attribute_cpu_replicas(spans: _Spans, replica_count: int) -> tuple[_Spans, str | None]:
@@ -384,268 +444,360 @@ def _add_gpu_spans(space, ordinals: Sequence[int], columns: _SpanColumns, launch
         )
 
 
-def _sync_waits(collectives: list[_Span]) -> dict[int, list[intervals.Interval]]:
-    """Per replica, the time spent in collectives before the last peer arrived.
-
-    Peers share an ``instance_key``; without one (NCCL kernels) the i-th collective of
-    each replica in a step is the same operation, as NCCL requires the same order on
-    every rank.
-    """
-    by_replica: dict[int | None, list[_Span]] = defaultdict(list)
-    for span in sorted(collectives, key=lambda span: span.start_ps):
-        by_replica[span.replica].append(span)
-    keyed: dict[object, list[_Span]] = defaultdict(list)
-    for spans in by_replica.values():
-        for ordinal, span in enumerate(spans):
-            key = ("instance", span.peer_key) if span.peer_key is not None else ("nth", ordinal)
-            keyed[key].append(span)
-    waits: dict[int, list[intervals.Interval]] = defaultdict(list)
-    for peers in keyed.values():
-        if len(peers) < 2:
-            continue
-        last_arrival = max(span.start_ps for span in peers)
-        for span in peers:
-            if span.start_ps < last_arrival:
-                waits[span.replica].append((span.start_ps, min(last_arrival, span.end_ps)))
-    return waits
+def _bus_bandwidth(nbytes, transfer_ms, ranks, collective="allreduce"):
+    """nccl-tests' (algbw, busbw) in GB/s for ``nbytes`` moved in ``transfer_ms``
+    (arrays; NaN where no bytes moved, no transfer time or no ranks)."""
+    nbytes = np.asarray(nbytes, dtype=float)
+    transfer_ms = np.asarray(transfer_ms, dtype=float)
+    shown = (nbytes != 0) & ~np.isnan(nbytes) & (transfer_ms > 0) & bool(ranks)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        algbw = np.where(shown, nbytes / (transfer_ms / 1e3) / 1e9, np.nan)
+    return algbw, algbw * _BUS_FACTORS[collective](ranks) if ranks else algbw
 
 
 def _bandwidths(nbytes, transfer_ms, ranks, collective="allreduce"):
-    """nccl-tests' (algbw, busbw) in GB/s for ``nbytes`` moved in ``transfer_ms``."""
-    if not nbytes or not transfer_ms or transfer_ms <= 0 or not ranks:
+    """``_bus_bandwidth`` of one row: (algbw, busbw), or (None, None)."""
+    algbw, busbw = _bus_bandwidth(nbytes or 0, transfer_ms or 0, ranks, collective)
+    if np.isnan(algbw):
         return None, None
-    algbw = nbytes / (transfer_ms / 1e3) / 1e9
-    return algbw, algbw * _BUS_FACTORS[collective](ranks)
+    return float(algbw), float(busbw)
 
 
-def _missing_bandwidth(bytes_known: bool, ranks, reduce_transfer_ms) -> str | None:
-    """Why a row has no all-reduce bandwidth, or None if it has one."""
-    if not ranks or ranks <= 1:
-        return "one replica: nothing to all-reduce"
-    if not bytes_known:
-        return "all-reduce bytes unknown (pass allreduce_bytes)"
-    if not reduce_transfer_ms or reduce_transfer_ms <= 0:
-        return "no all-reduce collective ran in this step"
-    return None
+def _sizes_and_bandwidths(
+    times: Mapping[str, np.ndarray], reduce_bytes, gather_bytes, bytes_known, ranks, peak_gbps
+) -> dict[str, list]:
+    """Per row: bytes of its all-reduce and all-gather (None where it has none, or with
+    one rank), its total over the steps it covers, and each one's bandwidth from its own
+    bytes and transfer time; a bandwidth above ``peak_gbps`` is left out and
+    ``bandwidth_note`` says why the all-reduce bandwidth is empty.
 
-
-class _StepIndex:
-    """Finds each marker's spans without scanning them all: spans launched by a marker
-    are grouped by marker; the others are sorted by start, with the running maximum of
-    their ends, so two binary searches bound the candidates of a time window."""
-
-    def __init__(self, spans: _Spans):
-        order = np.argsort(spans.launched, kind="stable")
-        launched = spans.launched[order]
-        first = np.searchsorted(launched, 0)
-        self.unlinked = order[:first]
-        bounds = np.flatnonzero(np.diff(launched[first:])) + 1
-        self.by_marker = {
-            int(group[0]): order[first:][start:stop]
-            for start, stop, group in (
-                (a, b, launched[first:][a:b])
-                for a, b in zip(
-                    [0, *bounds.tolist()], [*bounds.tolist(), len(launched) - first], strict=True
-                )
-            )
-            if len(group)
-        }
-        by_start = np.argsort(spans.start[self.unlinked], kind="stable")
-        self.unlinked = self.unlinked[by_start]
-        self.unlinked_starts = spans.start[self.unlinked]
-        self.reached = (
-            np.maximum.accumulate(spans.end[self.unlinked]) if len(by_start) else by_start
-        )
-
-    def window(self, spans: _Spans, start: int, end: int) -> np.ndarray:
-        """Positions (in trace order) of unlinked spans overlapping ``(start, end)``."""
-        low = np.searchsorted(self.reached, start, side="right")
-        high = np.searchsorted(self.unlinked_starts, end, side="left")
-        candidates = self.unlinked[low:high]
-        return np.sort(candidates[spans.end[candidates] > start])
-
-
-def _step_spans(index: int, marker: StepMarker, spans: _Spans, steps: _StepIndex):
-    """The spans of a step (positions, clipped starts and ends) and the step's end. A
-    device event launched inside the marker belongs to it whenever it ran; the step then
-    lasts until its last launched event ends. Events without that link count by time
-    within the marker."""
-    start, marker_end = marker.start_ps - spans.origin_ps, marker.end_ps - spans.origin_ps
-    launched = steps.by_marker.get(index, np.empty(0, np.int64))
-    end = max(marker_end, int(spans.end[launched].max())) if len(launched) else marker_end
-    by_time = steps.window(spans, start, marker_end)
-    positions = np.concatenate([launched, by_time])
-    stops = np.concatenate(
-        [np.full(len(launched), end, np.int64), np.full(len(by_time), marker_end, np.int64)]
+    ``times``: ``reduce_ms``, ``gather_ms``, ``reduce_transfer_ms``,
+    ``gather_transfer_ms`` and ``steps`` per row; ``reduce_bytes``, ``gather_bytes``,
+    ``bytes_known``: per row (None: unknown). Columns come out as lists with None, for
+    pandas to type as it types records.
+    """
+    multi = bool(ranks and ranks > 1)
+    reduce_present = _known(reduce_bytes) & (times["reduce_ms"] > 0) & multi
+    gather_present = _known(gather_bytes) & (times["gather_ms"] > 0) & multi
+    reduce_values = np.where(reduce_present, _values(reduce_bytes), 0)
+    gather_values = np.where(gather_present, _values(gather_bytes), 0)
+    algbw, busbw = _bus_bandwidth(reduce_values, times["reduce_transfer_ms"], ranks)
+    too_fast = ~np.isnan(busbw) & (peak_gbps is not None) & (busbw > (peak_gbps or 0))
+    shown = ~np.isnan(busbw) & ~too_fast
+    gather_busbw = _bus_bandwidth(gather_values, times["gather_transfer_ms"], ranks, "allgather")[1]
+    gather_busbw[gather_busbw > (peak_gbps if peak_gbps is not None else np.inf)] = np.nan
+    notes = np.full(len(shown), None, dtype=object)
+    for row in np.flatnonzero(too_fast):
+        notes[row] = gpu_trace.check_bandwidth(float(busbw[row]), peak_gbps)
+    transfer = times["reduce_transfer_ms"]
+    missing = np.select(
+        [np.full(len(shown), not multi), ~np.asarray(bytes_known, dtype=bool), ~(transfer > 0)],
+        [_NO_RANKS, _NO_BYTES, _NO_REDUCE],
+        None,
     )
-    starts = np.maximum(spans.start[positions], start)
-    ends = np.minimum(spans.end[positions], stops)
-    return positions, starts, ends, start, end
+    notes = np.where(~shown & ~too_fast, missing, notes)
+    total = (reduce_values + gather_values) * np.asarray(times["steps"], dtype=np.int64)
+    return {
+        "allreduce_bytes": _nullable(reduce_values, reduce_present),
+        "gather_bytes": _nullable(gather_values, gather_present),
+        "row_bytes": _nullable(total, total != 0),
+        "algbw_gbps": _nullable(algbw, shown),
+        "busbw_gbps": _nullable(busbw, shown),
+        "gather_busbw_gbps": _nullable(gather_busbw, ~np.isnan(gather_busbw)),
+        "bandwidth_note": notes.tolist(),
+    }
 
 
-def _peer_spans(kind: Kind, spans: _Spans, positions, starts, ends) -> list[_Span]:
-    """The step's collectives of one kind, in step order, as ``_Span`` for ``_sync_waits``."""
-    chosen = np.flatnonzero(spans.kind[positions] == _CODE[kind])
+_NO_RANKS = "one replica: nothing to all-reduce"
+_NO_BYTES = "all-reduce bytes unknown (pass allreduce_bytes)"
+_NO_REDUCE = "no all-reduce collective ran in this step"
+
+
+def _known(values) -> np.ndarray:
+    return np.array([value is not None for value in values], dtype=bool)
+
+
+def _values(values) -> np.ndarray:
+    """Python numbers (None: 0) as an array of their own type (int or float)."""
+    return np.array([0 if value is None else value for value in values])
+
+
+def _nullable(values: np.ndarray, present: np.ndarray) -> list:
+    """``values`` as Python numbers, None where not ``present``."""
     return [
-        _Span(
-            kind,
-            None if replica == _NO_REPLICA else replica,
-            span_start,
-            span_end,
-            spans.keys.get(position),
-        )
-        for position, replica, span_start, span_end in zip(
-            positions[chosen].tolist(),
-            spans.replica[positions[chosen]].tolist(),
-            starts[chosen].tolist(),
-            ends[chosen].tolist(),
-            strict=True,
-        )
+        value if keep else None
+        for value, keep in zip(values.tolist(), present.tolist(), strict=True)
     ]
 
 
-def _iterations(keys: list) -> int:
-    """Steps of one call as its collectives count them (distinct ``iter_id``)."""
-    iterations = {key[-1] for key in keys if isinstance(key, tuple)}
-    return len(iterations - {None}) or 1
+# Bits of the things a step's union lengths are taken over.
+_COMPUTE, _REDUCE, _GATHER, _INPUT, _REDUCING, _WAIT = (1 << bit for bit in range(6))
 
 
-def _replica_rows(
-    index: int,
-    marker: StepMarker,
-    spans: _Spans,
-    steps_index: _StepIndex,
-    replica_ids,
-    devices,
-    facts: RunFacts,
-    peak_gbps: float | None = None,
-):
-    positions, starts, ends, start, end = _step_spans(index, marker, spans, steps_index)
-    collectives = _peer_spans(Kind.COLLECTIVE, spans, positions, starts, ends)
-    gathers = _peer_spans(Kind.GATHER, spans, positions, starts, ends)
-    steps = facts.steps_covered.get(marker.step) or _iterations(
-        [span.peer_key for span in (*collectives, *gathers)]
+def _step_pairs(markers: Sequence[StepMarker], spans: _Spans):
+    """Which spans each step holds, clipped to the step, as parallel arrays: marker
+    index, span position, start, end, and whether the span counts by time; plus each
+    step's start and end.
+
+    A device event launched inside a marker belongs to it whenever it ran; the step then
+    lasts until its last launched event ends. Events without that link belong to every
+    marker they overlap, clipped to each.
+    """
+    count = len(markers)
+    origin = spans.origin_ps
+    starts = np.fromiter((m.start_ps - origin for m in markers), np.int64, count)
+    marker_ends = np.fromiter((m.end_ps - origin for m in markers), np.int64, count)
+    launched = np.flatnonzero(spans.launched >= 0)
+    launcher = spans.launched[launched]
+    ends = marker_ends.copy()
+    np.maximum.at(ends, launcher, spans.end[launched])
+    # By time: markers are sorted by start; the running maximum of their ends bounds
+    # the first marker a span can overlap, the starts the last.
+    unlinked = np.flatnonzero(spans.launched < 0)
+    low = np.searchsorted(np.maximum.accumulate(marker_ends), spans.start[unlinked], "right")
+    high = np.searchsorted(starts, spans.end[unlinked], "left")
+    candidates = np.maximum(high - low, 0)
+    positions = np.repeat(unlinked, candidates)
+    firsts = np.cumsum(candidates) - candidates
+    owners = np.repeat(low - firsts, candidates) + np.arange(len(positions))
+    overlap = marker_ends[owners] > spans.start[positions]
+    positions, owners = positions[overlap], owners[overlap]
+    marker = np.concatenate([launcher, owners])
+    position = np.concatenate([launched, positions])
+    stop = np.concatenate([ends[launcher], marker_ends[owners]])
+    pair_start = np.maximum(spans.start[position], starts[marker])
+    pair_end = np.minimum(spans.end[position], stop)
+    by_time = np.arange(len(position)) >= len(launched)
+    return marker, position, pair_start, pair_end, by_time, starts, ends
+
+
+def _sync_waits(marker, position, start, end, by_time, spans: _Spans, key_ids):
+    """The time each collective spent before the last peer of the same collective
+    started, as (marker, replica, start, end) arrays: what better balance would save.
+
+    Peers share a peer key (``instance_key`` ...); without one (NCCL kernels) the i-th
+    collective of each replica in a step (by start) is the same operation, as NCCL
+    requires the same order on every rank. All-reduces and all-gathers wait apart.
+    """
+    kind = spans.kind[position].astype(np.int64)
+    peer = np.flatnonzero((kind == _CODE[Kind.COLLECTIVE]) | (kind == _CODE[Kind.GATHER]))
+    marker, position, kind = marker[peer], position[peer], kind[peer]
+    start, end, by_time = start[peer], end[peer], by_time[peer]
+    replica, key = spans.replica[position], key_ids[position]
+    # Each replica's collectives of a step in order: by start, then as the step lists them.
+    order = np.lexsort((position, by_time, start, replica, kind, marker))
+    ordinal = np.empty(len(order), dtype=np.int64)
+    ordinal[order] = _rank_in_group(marker[order], kind[order], replica[order])
+    keyed = key >= 0
+    order = np.lexsort((np.where(keyed, key, ordinal), keyed, kind, marker))
+    heads = _group_heads(
+        marker[order], kind[order], keyed[order], np.where(keyed, key, ordinal)[order]
     )
-    waits = _sync_waits(collectives)
-    for replica, parts in _sync_waits(gathers).items():
-        waits[replica] += parts
-    # Time any replica runs anything, and the host's time around the train function:
-    # every replica's busy time lies inside it, so what is left of the step before the
-    # first and after the last span is dispatch, and gaps between spans are idle.
-    ran = ends > starts
-    if ran.any():
-        first, last = int(starts[ran].min()), int(ends[ran].max())
-        idle_here = last - first - intervals.union_length(starts, ends)
-    else:
-        first = last = end
-        idle_here = 0
-    dispatch = (first - start) + (end - last)
-    has_gathers = bool(gathers)
-    reduce_bytes = facts.allreduce_bytes
-    if has_gathers and reduce_bytes and facts.sparse_bytes:
-        reduce_bytes -= facts.sparse_bytes
+    size = np.diff(np.append(heads, len(order)))
+    last = np.repeat(np.maximum.reduceat(start[order], heads), size) if len(order) else start
+    waiting = order[(np.repeat(size, size) > 1) & (start[order] < last)]
+    last_of = np.empty(len(order), dtype=np.int64)
+    last_of[order] = last
+    return (
+        marker[waiting],
+        replica[waiting],
+        start[waiting],
+        np.minimum(last_of[waiting], end[waiting]),
+    )
+
+
+def _group_heads(*columns) -> np.ndarray:
+    """Where each run of equal rows of the (sorted) ``columns`` starts."""
+    if not len(columns[0]):
+        return np.empty(0, dtype=np.int64)
+    change = np.zeros(len(columns[0]), dtype=bool)
+    change[0] = True
+    for column in columns:
+        change[1:] |= column[1:] != column[:-1]
+    return np.flatnonzero(change)
+
+
+def _rank_in_group(*columns) -> np.ndarray:
+    """Each row's position within its run of equal rows of the (sorted) ``columns``."""
+    heads = _group_heads(*columns)
+    sizes = np.diff(np.append(heads, len(columns[0])))
+    return np.arange(len(columns[0])) - np.repeat(heads, sizes)
+
+
+def _key_ids(spans: _Spans):
+    """Peer keys as integers per span (-1: none) and each key's ``iter_id`` as an
+    integer (-1: none)."""
+    ids: dict[tuple, int] = {}
+    key_ids = np.full(len(spans.kind), -1, dtype=np.int64)
+    for position, key in spans.keys.items():
+        key_ids[position] = ids.setdefault(key, len(ids))
+    iterations: dict[object, int] = {}
+    iteration_ids = np.array(
+        [-1 if key[-1] is None else iterations.setdefault(key[-1], len(iterations)) for key in ids],
+        dtype=np.int64,
+    )
+    return key_ids, iteration_ids
+
+
+def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFacts, peak_gbps):
+    """One row per step and replica (``REPLICA_COLUMNS`` and ``_BANDWIDTH_TIMES``), all
+    steps in one vectorised pass: each span is assigned to its steps once, then the
+    union lengths of every (step, replica) group come from one sort."""
+    columns = [*REPLICA_COLUMNS, *_BANDWIDTH_TIMES]
+    if not markers:
+        return pd.DataFrame([], columns=columns)
+    count = len(markers)
+    marker, position, start, end, by_time, step_start, step_end = _step_pairs(markers, spans)
+    key_ids, iteration_ids = _key_ids(spans)
+    kind = spans.kind[position]
+    owner = spans.replica[position]
+    # The time any replica runs anything; every replica's busy time lies inside it, so
+    # what is left of the step before the first and after the last span is dispatch,
+    # and gaps between spans are idle.
+    ran = end > start
+    first = step_end.copy()
+    np.minimum.at(first, marker[ran], start[ran])
+    last = np.full(count, np.iinfo(np.int64).min)
+    np.maximum.at(last, marker[ran], end[ran])
+    any_ran = np.bincount(marker[ran], minlength=count) > 0
+    last = np.where(any_ran, last, step_end)
+    order = np.lexsort((start, marker))
+    busy_any = intervals.union_lengths(marker[order], start[order], end[order], count)
+    idle = np.where(any_ran, last - first - busy_any, 0)
+    dispatch = (first - step_start) + (step_end - last)
+    # Steps each call covers: given, else the iterations its collectives count.
+    peers = (kind == _CODE[Kind.COLLECTIVE]) | (kind == _CODE[Kind.GATHER])
+    keyed = peers & (key_ids[position] >= 0)
+    iteration = iteration_ids[key_ids[position[keyed]]]
+    counted = np.unique(
+        np.stack([marker[keyed][iteration >= 0], iteration[iteration >= 0]]), axis=1
+    )
+    iterations = np.maximum(np.bincount(counted[0], minlength=count), 1)
+    steps = np.array(
+        [
+            facts.steps_covered.get(m.step) or int(n)
+            for m, n in zip(markers, iterations, strict=True)
+        ],
+        dtype=np.int64,
+    )
+    has_gathers = np.bincount(marker[kind == _CODE[Kind.GATHER]], minlength=count) > 0
+    # What each span counts towards; one rank has nothing to exchange (its sends, seen
+    # with OneDeviceStrategy off /cpu:0, are the step's results going back to the host).
     ranks = facts.group_size
-    to_ms = 1e-9 / steps  # picoseconds of the call to milliseconds per step
-    kinds = spans.kind[positions]
-    owners = spans.replica[positions]
-    reducing = spans.reducing[positions]
-    compute_kind = kinds == _CODE[Kind.COMPUTE]
-    reduce_kind = (kinds == _CODE[Kind.COLLECTIVE]) | (kinds == _CODE[Kind.COPY])
-    gather_kind = kinds == _CODE[Kind.GATHER]
-    input_kind = kinds == _CODE[Kind.INPUT]
-    reducing_kind = (kinds == _CODE[Kind.COLLECTIVE]) & reducing
-    if not ranks or ranks <= 1:
-        # One rank has nothing to exchange: its sends (the step's results going back to
-        # the host, seen with OneDeviceStrategy off /cpu:0) are not communication.
-        reduce_kind = gather_kind = reducing_kind = np.zeros_like(compute_kind)
-    rows = []
-    for replica in replica_ids:
-        mine = (owners == replica) | (owners == _NO_REPLICA)
-        wait = np.array(waits.get(replica, []), dtype=np.int64).reshape(-1, 2)
+    multi = bool(ranks and ranks > 1)
+    flags = np.zeros(len(kind), dtype=np.int64)
+    flags[kind == _CODE[Kind.COMPUTE]] = _COMPUTE
+    flags[kind == _CODE[Kind.INPUT]] = _INPUT
+    if multi:
+        flags[(kind == _CODE[Kind.COLLECTIVE]) | (kind == _CODE[Kind.COPY])] = _REDUCE
+        flags[kind == _CODE[Kind.GATHER]] = _GATHER
+        flags[(kind == _CODE[Kind.COLLECTIVE]) & spans.reducing[position]] |= _REDUCING
+    wait_marker, wait_replica, wait_start, wait_end = _sync_waits(
+        marker, position, start, end, by_time, spans, key_ids
+    )
+    # Each replica's items: its own spans, the shared ones (copied to every replica),
+    # and its waits; grouped by (step, replica).
+    own = (owner >= 0) & (owner < replica_count)
+    shared = np.flatnonzero(owner == _NO_REPLICA)
+    waits = (wait_replica >= 0) & (wait_replica < replica_count)
+    replicas = np.arange(replica_count)
+    group = np.concatenate(
+        [
+            marker[own] * replica_count + owner[own],
+            (marker[shared, None] * replica_count + replicas).ravel(),
+            wait_marker[waits] * replica_count + wait_replica[waits],
+        ]
+    )
+    item_start = np.concatenate(
+        [start[own], np.repeat(start[shared], replica_count), wait_start[waits]]
+    )
+    item_end = np.concatenate([end[own], np.repeat(end[shared], replica_count), wait_end[waits]])
+    item_flags = np.concatenate(
+        [flags[own], np.repeat(flags[shared], replica_count), np.full(waits.sum(), _WAIT)]
+    )
+    order = np.lexsort((item_start, group))
+    group, item_start, item_end, item_flags = (
+        group[order],
+        item_start[order],
+        item_end[order],
+        item_flags[order],
+    )
+    rows = count * replica_count
 
-        def covered(*masks, wait_too=False, mine=mine, wait=wait):
-            """Length of the union of the spans of ``masks`` (and the waits)."""
-            chosen = mine & np.logical_or.reduce(masks) if masks else np.zeros_like(mine)
-            if wait_too:
-                return intervals.union_length(
-                    np.concatenate([starts[chosen], wait[:, 0]]),
-                    np.concatenate([ends[chosen], wait[:, 1]]),
-                )
-            return intervals.union_length(starts[chosen], ends[chosen])
+    def covered(bits: int) -> np.ndarray:
+        """Per (step, replica): length of the union of the items with any of ``bits``."""
+        chosen = (item_flags & bits) != 0
+        return intervals.union_lengths(group[chosen], item_start[chosen], item_end[chosen], rows)
 
-        compute = covered(compute_kind)
-        comm = covered(reduce_kind, gather_kind)
-        gather = covered(gather_kind)
-        wait_length = covered(wait_too=True)
-        busy = covered(compute_kind, reduce_kind, gather_kind)
-        busy_or_input = covered(compute_kind, reduce_kind, gather_kind, input_kind)
-        # Set algebra on lengths: |A - B| = |A + B| - |B|, |A & B| = |A| + |B| - |A + B|.
-        exposed_comm = busy - compute
-        exposed_wait = covered(compute_kind, wait_too=True) - compute
-        transfer = comm - wait_length
-        other = (end - start) - busy_or_input
-        reduce_transfer = covered(reducing_kind, wait_too=True) - wait_length
-        row = {
-            "step": marker.step,
-            "replica": replica,
-            "device": devices[replica] if devices and replica < len(devices) else None,
-            "steps": steps,
-            "step_ms": (end - start) * to_ms,
-            "compute_ms": compute * to_ms,
-            "allreduce_ms": comm * to_ms,
-            "sync_wait_ms": wait_length * to_ms,
-            "transfer_ms": transfer * to_ms,
-            "gather_ms": gather * to_ms,
-            "gather_transfer_ms": (covered(gather_kind, wait_too=True) - wait_length) * to_ms,
-            "exposed_allreduce_ms": exposed_comm * to_ms,
-            "exposed_sync_wait_ms": exposed_wait * to_ms,
-            "exposed_transfer_ms": (exposed_comm - exposed_wait) * to_ms,
-            "input_ms": (busy_or_input - busy) * to_ms,
-            "other_ms": other * to_ms,
-            "dispatch_ms": dispatch * to_ms,
-            "idle_ms": idle_here * to_ms,
-            "scheduling_ms": (other - dispatch - idle_here) * to_ms,
-        }
-        step_ms = row["step_ms"]
-        row["comm_share"] = row["exposed_transfer_ms"] / step_ms if step_ms else None
-        row["wait_share"] = row["exposed_sync_wait_ms"] / step_ms if step_ms else None
-        row["reduce_transfer_ms"] = reduce_transfer * to_ms  # not a column: for bandwidth
-        row["reduce_ms"] = covered(reduce_kind) * to_ms
-        row.update(_bytes_and_bandwidths(row, reduce_bytes, facts.gather_bytes, ranks, peak_gbps))
-        rows.append(row)
-    return rows
-
-
-def _bytes_and_bandwidths(
-    row, reduce_bytes, gather_bytes, ranks, peak_gbps=None, *, bytes_known=None
-) -> dict:
-    """Per-step bytes of the row's all-reduce and all-gather (None where it has none, or
-    with one rank), the row's total, and each one's bandwidth from its own bytes and
-    transfer time; a bandwidth above ``peak_gbps`` is left out and ``bandwidth_note``
-    says why the all-reduce bandwidth is empty."""
-    multi = ranks and ranks > 1
-    bytes_known = bool(reduce_bytes) if bytes_known is None else bytes_known
-    reduce_bytes = reduce_bytes if multi and row["reduce_ms"] > 0 else None
-    gather_bytes = gather_bytes if multi and row["gather_ms"] > 0 else None
-    total = (reduce_bytes or 0) + (gather_bytes or 0)
-    algbw, busbw = _bandwidths(reduce_bytes, row["reduce_transfer_ms"], ranks)
-    note = gpu_trace.check_bandwidth(busbw, peak_gbps)
-    if note is not None:
-        algbw = busbw = None
-    elif busbw is None:
-        note = _missing_bandwidth(bytes_known, ranks, row["reduce_transfer_ms"])
-    gather_busbw = _bandwidths(gather_bytes, row["gather_transfer_ms"], ranks, "allgather")[1]
-    if gpu_trace.check_bandwidth(gather_busbw, peak_gbps) is not None:
-        gather_busbw = None
-    return {
-        "allreduce_bytes": reduce_bytes,
-        "gather_bytes": gather_bytes,
-        "row_bytes": total * int(row["steps"]) or None,
-        "algbw_gbps": algbw,
-        "busbw_gbps": busbw,
-        "gather_busbw_gbps": gather_busbw,
-        "bandwidth_note": note,
+    compute = covered(_COMPUTE)
+    comm = covered(_REDUCE | _GATHER)
+    wait = covered(_WAIT)
+    busy = covered(_COMPUTE | _REDUCE | _GATHER)
+    busy_or_input = covered(_COMPUTE | _REDUCE | _GATHER | _INPUT)
+    # Set algebra on lengths: |A - B| = |A + B| - |B|, |A & B| = |A| + |B| - |A + B|.
+    exposed_comm = busy - compute
+    exposed_wait = covered(_COMPUTE | _WAIT) - compute
+    per_row = np.repeat  # a step's value on each of its replicas' rows
+    length = per_row(step_end - step_start, replica_count)
+    other = length - busy_or_input
+    to_ms = per_row(1e-9 / steps, replica_count)  # picoseconds of a call to ms per step
+    row_dispatch, row_idle = per_row(dispatch, replica_count), per_row(idle, replica_count)
+    step_ms = length * to_ms
+    exposed_transfer_ms = (exposed_comm - exposed_wait) * to_ms
+    exposed_sync_wait_ms = exposed_wait * to_ms
+    nonzero = step_ms != 0
+    with np.errstate(divide="ignore", invalid="ignore"):
+        comm_share = _nullable(exposed_transfer_ms / step_ms, nonzero)
+        wait_share = _nullable(exposed_sync_wait_ms / step_ms, nonzero)
+    row_replica = np.tile(replicas, count)
+    frame = {
+        "step": per_row(np.array([m.step for m in markers], dtype=np.int64), replica_count),
+        "replica": row_replica,
+        "device": [
+            devices[replica] if devices and replica < len(devices) else None
+            for replica in row_replica.tolist()
+        ],
+        "steps": per_row(steps, replica_count),
+        "step_ms": step_ms,
+        "compute_ms": compute * to_ms,
+        "allreduce_ms": comm * to_ms,
+        "sync_wait_ms": wait * to_ms,
+        "transfer_ms": (comm - wait) * to_ms,
+        "gather_ms": covered(_GATHER) * to_ms,
+        "gather_transfer_ms": (covered(_GATHER | _WAIT) - wait) * to_ms,
+        "exposed_allreduce_ms": exposed_comm * to_ms,
+        "exposed_sync_wait_ms": exposed_sync_wait_ms,
+        "exposed_transfer_ms": exposed_transfer_ms,
+        "input_ms": (busy_or_input - busy) * to_ms,
+        "other_ms": other * to_ms,
+        "dispatch_ms": row_dispatch * to_ms,
+        "idle_ms": row_idle * to_ms,
+        "scheduling_ms": (other - row_dispatch - row_idle) * to_ms,
+        "comm_share": comm_share,
+        "wait_share": wait_share,
+        "reduce_transfer_ms": (covered(_REDUCING | _WAIT) - wait) * to_ms,
+        "reduce_ms": covered(_REDUCE) * to_ms,
     }
+    # The all-reduce moves less in a step with gathers: the sparse gradients go there.
+    reduce_bytes = facts.allreduce_bytes
+    step_bytes = [
+        reduce_bytes - facts.sparse_bytes
+        if gathers and reduce_bytes and facts.sparse_bytes
+        else reduce_bytes
+        for gathers in has_gathers.tolist()
+    ]
+    row_bytes = [value for value in step_bytes for _ in range(replica_count)]
+    frame.update(
+        _sizes_and_bandwidths(
+            frame,
+            row_bytes,
+            [facts.gather_bytes] * rows,
+            [bool(value) for value in row_bytes],
+            ranks,
+            peak_gbps,
+        )
+    )
+    return pd.DataFrame(frame)[columns]
 
 
 def _step_rows(
@@ -665,27 +817,32 @@ def _step_rows(
         steps["max_sync_wait_ms"] > 0
     )
     # The step's bandwidth: its bytes over the replicas' mean all-reduce transfer time.
-    byte_rows = [
-        _bytes_and_bandwidths(
-            row,
-            None if pd.isna(reduce_bytes) else reduce_bytes,
-            None if pd.isna(gather_bytes) else gather_bytes,
-            facts.group_size,
-            peak_gbps,
-            bytes_known=bool(facts.allreduce_bytes),
-        )
-        for row, reduce_bytes, gather_bytes in zip(
-            steps.reset_index().to_dict("records"),
-            grouped["allreduce_bytes"].max(),
-            grouped["gather_bytes"].max(),
-            strict=True,
-        )
-    ]
-    for column, values in pd.DataFrame(byte_rows, index=steps.index).items():
+    times = {name: steps[name].to_numpy() for name in steps.columns}
+    sizes = _sizes_and_bandwidths(
+        times,
+        _group_max(replica_frame, grouped, "allreduce_bytes"),
+        _group_max(replica_frame, grouped, "gather_bytes"),
+        [bool(facts.allreduce_bytes)] * len(steps),
+        facts.group_size,
+        peak_gbps,
+    )
+    for column, values in pd.DataFrame(sizes, index=steps.index).items():
         steps[column] = values
     steps = steps.astype(dict.fromkeys(_BANDWIDTHS, float))
     steps["straggler_replica"] = steps["straggler_replica"].astype("Int64")
     return steps.reset_index()[STEP_COLUMNS]
+
+
+def _group_max(frame: pd.DataFrame, grouped, column: str) -> list:
+    """Per group, the largest value of a column of numbers or None, as Python values
+    (None where the group has none); object columns are taken as integers."""
+    values = frame[column]
+    if values.dtype == object:
+        if values.isna().all():
+            return [None] * grouped.ngroups
+        maxima = values.astype("Int64").groupby(frame["step"], sort=True).max()
+        return [None if pd.isna(value) else int(value) for value in maxima.tolist()]
+    return [None if pd.isna(value) else value for value in grouped[column].max().tolist()]
 
 
 def analyze_xspace(
@@ -753,15 +910,7 @@ def analyze_xspace(
         steps_covered=dict(steps_covered or {}),
         group_size=group_size or replica_count,
     )
-    steps_index = _StepIndex(spans)
-    rows = [
-        row
-        for index, marker in enumerate(markers)
-        for row in _replica_rows(
-            index, marker, spans, steps_index, range(replica_count), devices, facts, link_peak_gbps
-        )
-    ]
-    replica_frame = pd.DataFrame(rows, columns=[*REPLICA_COLUMNS, *_BANDWIDTH_TIMES])
+    replica_frame = _replica_frame(markers, spans, replica_count, devices, facts, link_peak_gbps)
     replica_frame = replica_frame.astype(dict.fromkeys(_BANDWIDTHS, float))
     steps = _step_rows(replica_frame, facts, link_peak_gbps)
     return Breakdown(replica_frame[REPLICA_COLUMNS], steps, attribution=attribution)

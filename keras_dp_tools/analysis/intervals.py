@@ -73,13 +73,54 @@ def subtract(merged: list[Interval], removed: list[Interval]) -> list[Interval]:
 
 
 def union_length(starts: np.ndarray, ends: np.ndarray) -> int:
-    """``length(merge(zip(starts, ends)))`` for integer arrays, vectorised: sorted by
-    start, each interval adds what it reaches past all earlier ones' ends."""
-    if len(starts) == 0:
-        return 0
+    """``length(merge(zip(starts, ends)))`` for integer arrays, vectorised."""
     order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
+    groups = np.zeros(len(starts), dtype=np.int64)
+    return int(union_lengths(groups, starts[order], ends[order], 1)[0])
+
+
+# Shifted times stay below this, far from int64's end.
+_SHIFT_LIMIT = 2**62
+
+
+def union_lengths(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray, count: int):
+    """Per group ``0..count-1``, the length of the union of its intervals, for integer
+    arrays sorted by group and, within a group, by start (one pass for all groups).
+
+    Each interval adds what it reaches past the ends of the earlier intervals of its
+    group. To take that running maximum over all groups at once, each group's times
+    are shifted into a range of their own, above the previous group's.
+    """
+    lengths = np.zeros(count, dtype=np.int64)
+    kept = ends > starts  # empty intervals add nothing
+    groups, starts, ends = groups[kept], starts[kept], ends[kept]
+    if not len(groups):
+        return lengths
+    heads = np.flatnonzero(np.concatenate([[True], groups[1:] != groups[:-1]]))
+    base = starts[heads]
+    extent = np.maximum.reduceat(ends, heads) - base + 1
+    if float(extent.sum()) >= _SHIFT_LIMIT:  # split the groups rather than overflow
+        middle = int(heads[len(heads) // 2]) if len(heads) > 1 else None
+        if middle is None:
+            return _union_lengths_unshifted(groups, starts, ends, lengths)
+        for part in (slice(0, middle), slice(middle, None)):
+            lengths += union_lengths(groups[part], starts[part], ends[part], count)
+        return lengths
+    offset = np.cumsum(extent) - extent - base
+    shift = np.repeat(offset, np.diff(np.append(heads, len(groups))))
+    starts, ends = starts + shift, ends + shift
     reached = np.maximum.accumulate(ends)
-    floor = np.maximum(starts[1:], reached[:-1])
-    first = max(int(ends[0] - starts[0]), 0)
-    return first + int(np.clip(ends[1:] - floor, 0, None).sum())
+    floor = starts.copy()
+    np.maximum(starts[1:], reached[:-1], out=floor[1:])
+    gained = np.maximum(ends - floor, 0)
+    lengths[groups[heads]] = np.add.reduceat(gained, heads)
+    return lengths
+
+
+def _union_lengths_unshifted(groups, starts, ends, lengths):
+    """One group, no shift needed."""
+    reached = np.maximum.accumulate(ends)
+    floor = starts.copy()
+    np.maximum(starts[1:], reached[:-1], out=floor[1:])
+    lengths[groups[0]] += int(np.maximum(ends - floor, 0).sum())
+    return lengths
