@@ -203,7 +203,7 @@ class _SpanColumns:
     def build(self) -> _Spans:
         self._chunk_rows()
         kind, replica, start, end = (
-            np.concatenate([chunk[column] for chunk in self.chunks]).astype(dtype)
+            np.concatenate([chunk[column] for chunk in self.chunks]).astype(dtype, copy=False)
             if self.chunks
             else np.empty(0, dtype)
             for column, dtype in enumerate((np.int8, np.int64, np.int64, np.int64))
@@ -214,6 +214,7 @@ class _SpanColumns:
         )
         reducing = np.ones(self.count, dtype=bool)
         reducing[self.not_reducing] = False
+        self.chunks = []  # the spans now live in the columns built here
         return _Spans(
             self.origin_ps, kind, replica, start, end, launched, reducing, self.keys, self.names
         )
@@ -534,32 +535,57 @@ def _nullable(values: np.ndarray, present: np.ndarray) -> list:
 _COMPUTE, _REDUCE, _GATHER, _INPUT, _REDUCING, _WAIT = (1 << bit for bit in range(6))
 
 
-def _step_pairs(markers: Sequence[StepMarker], spans: _Spans):
-    """Which spans each step holds, clipped to the step, as parallel arrays: marker
-    index, span position, start, end, and whether the span counts by time; plus each
-    step's start and end.
+class _StepIndex:
+    """Finds the spans of a run of markers without scanning them all: spans launched by
+    a marker are sorted by marker; the others by start, with the running maximum of
+    their ends, so two binary searches bound the candidates of a time window."""
+
+    def __init__(self, spans: _Spans):
+        by_launch = np.argsort(spans.launched, kind="stable")
+        linked = np.searchsorted(spans.launched[by_launch], 0)
+        self.launched = by_launch[linked:]
+        self.launcher = spans.launched[self.launched]
+        unlinked = by_launch[:linked]
+        self.unlinked = unlinked[np.argsort(spans.start[unlinked], kind="stable")]
+        self.unlinked_starts = spans.start[self.unlinked]
+        self.reached = np.maximum.accumulate(spans.end[self.unlinked])
+        self.ends = spans.end
+
+    def spans(self, first: int, stop: int, start: int, end: int) -> np.ndarray:
+        """Positions of the spans launched by markers ``first..stop-1`` or overlapping
+        ``(start, end)`` (a superset of what the markers hold)."""
+        launched = self.launched[
+            np.searchsorted(self.launcher, first) : np.searchsorted(self.launcher, stop)
+        ]
+        low = np.searchsorted(self.reached, start, side="right")
+        high = np.searchsorted(self.unlinked_starts, end, side="left")
+        candidates = self.unlinked[low:high]
+        return np.concatenate([launched, candidates[self.ends[candidates] > start]])
+
+
+def _step_pairs(starts, marker_ends, spans: _Spans, candidates, first: int):
+    """Which spans each of a run of markers holds, clipped to the step, as parallel
+    arrays: marker index (in the run), span position, start, end, and whether the span
+    counts by time; plus each step's end. ``candidates``: positions of the spans that
+    may belong to the run, whose first marker is marker ``first`` of the trace.
 
     A device event launched inside a marker belongs to it whenever it ran; the step then
     lasts until its last launched event ends. Events without that link belong to every
     marker they overlap, clipped to each.
     """
-    count = len(markers)
-    origin = spans.origin_ps
-    starts = np.fromiter((m.start_ps - origin for m in markers), np.int64, count)
-    marker_ends = np.fromiter((m.end_ps - origin for m in markers), np.int64, count)
-    launched = np.flatnonzero(spans.launched >= 0)
-    launcher = spans.launched[launched]
+    linked = spans.launched[candidates] >= 0
+    launched = candidates[linked]
+    launcher = spans.launched[launched] - first
     ends = marker_ends.copy()
     np.maximum.at(ends, launcher, spans.end[launched])
     # By time: markers are sorted by start; the running maximum of their ends bounds
     # the first marker a span can overlap, the starts the last.
-    unlinked = np.flatnonzero(spans.launched < 0)
+    unlinked = candidates[~linked]
     low = np.searchsorted(np.maximum.accumulate(marker_ends), spans.start[unlinked], "right")
     high = np.searchsorted(starts, spans.end[unlinked], "left")
-    candidates = np.maximum(high - low, 0)
-    positions = np.repeat(unlinked, candidates)
-    firsts = np.cumsum(candidates) - candidates
-    owners = np.repeat(low - firsts, candidates) + np.arange(len(positions))
+    count = np.maximum(high - low, 0)
+    positions = np.repeat(unlinked, count)
+    owners = np.repeat(low - (np.cumsum(count) - count), count) + np.arange(len(positions))
     overlap = marker_ends[owners] > spans.start[positions]
     positions, owners = positions[overlap], owners[overlap]
     marker = np.concatenate([launcher, owners])
@@ -568,7 +594,7 @@ def _step_pairs(markers: Sequence[StepMarker], spans: _Spans):
     pair_start = np.maximum(spans.start[position], starts[marker])
     pair_end = np.minimum(spans.end[position], stop)
     by_time = np.arange(len(position)) >= len(launched)
-    return marker, position, pair_start, pair_end, by_time, starts, ends
+    return marker, position, pair_start, pair_end, by_time, ends
 
 
 def _sync_waits(marker, position, start, end, by_time, spans: _Spans, key_ids):
@@ -639,53 +665,63 @@ def _key_ids(spans: _Spans):
     return key_ids, iteration_ids
 
 
-def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFacts, peak_gbps):
-    """One row per step and replica (``REPLICA_COLUMNS`` and ``_BANDWIDTH_TIMES``), all
-    steps in one vectorised pass: each span is assigned to its steps once, then the
-    union lengths of every (step, replica) group come from one sort."""
-    columns = [*REPLICA_COLUMNS, *_BANDWIDTH_TIMES]
-    if not markers:
-        return pd.DataFrame([], columns=columns)
-    count = len(markers)
-    marker, position, start, end, by_time, step_start, step_end = _step_pairs(markers, spans)
-    key_ids, iteration_ids = _key_ids(spans)
+# The union lengths of each (step, replica): name -> the bits of what it covers.
+_LENGTHS = {
+    "compute": _COMPUTE,
+    "comm": _REDUCE | _GATHER,
+    "wait": _WAIT,
+    "busy": _COMPUTE | _REDUCE | _GATHER,
+    "busy_or_input": _COMPUTE | _REDUCE | _GATHER | _INPUT,
+    "compute_or_wait": _COMPUTE | _WAIT,
+    "gather": _GATHER,
+    "gather_or_wait": _GATHER | _WAIT,
+    "reducing_or_wait": _REDUCING | _WAIT,
+    "reduce": _REDUCE,
+}
+
+
+def _batch_lengths(
+    step_start, marker_ends, spans: _Spans, candidates, first, replica_count, keys, multi
+) -> dict[str, np.ndarray]:
+    """For a run of markers: per marker its end, dispatch and idle time, iterations and
+    whether it all-gathers; per (marker, replica) the ``_LENGTHS``."""
+    key_ids, iteration_ids = keys
+    count = len(step_start)
+    marker, position, start, end, by_time, step_end = _step_pairs(
+        step_start, marker_ends, spans, candidates, first
+    )
     kind = spans.kind[position]
     owner = spans.replica[position]
     # The time any replica runs anything; every replica's busy time lies inside it, so
     # what is left of the step before the first and after the last span is dispatch,
     # and gaps between spans are idle.
     ran = end > start
-    first = step_end.copy()
-    np.minimum.at(first, marker[ran], start[ran])
+    first_start = step_end.copy()
+    np.minimum.at(first_start, marker[ran], start[ran])
     last = np.full(count, np.iinfo(np.int64).min)
     np.maximum.at(last, marker[ran], end[ran])
     any_ran = np.bincount(marker[ran], minlength=count) > 0
     last = np.where(any_ran, last, step_end)
     order = np.lexsort((start, marker))
     busy_any = intervals.union_lengths(marker[order], start[order], end[order], count)
-    idle = np.where(any_ran, last - first - busy_any, 0)
-    dispatch = (first - step_start) + (step_end - last)
-    # Steps each call covers: given, else the iterations its collectives count.
+    del order, ran
+    # Steps each call covers, as its collectives count them (distinct iter_id).
     peers = (kind == _CODE[Kind.COLLECTIVE]) | (kind == _CODE[Kind.GATHER])
     keyed = peers & (key_ids[position] >= 0)
     iteration = iteration_ids[key_ids[position[keyed]]]
     counted = np.unique(
         np.stack([marker[keyed][iteration >= 0], iteration[iteration >= 0]]), axis=1
     )
-    iterations = np.maximum(np.bincount(counted[0], minlength=count), 1)
-    steps = np.array(
-        [
-            facts.steps_covered.get(m.step) or int(n)
-            for m, n in zip(markers, iterations, strict=True)
-        ],
-        dtype=np.int64,
-    )
-    has_gathers = np.bincount(marker[kind == _CODE[Kind.GATHER]], minlength=count) > 0
+    per_marker = {
+        "step_end": step_end,
+        "dispatch": (first_start - step_start) + (step_end - last),
+        "idle": np.where(any_ran, last - first_start - busy_any, 0),
+        "iterations": np.maximum(np.bincount(counted[0], minlength=count), 1),
+        "has_gathers": np.bincount(marker[kind == _CODE[Kind.GATHER]], minlength=count) > 0,
+    }
     # What each span counts towards; one rank has nothing to exchange (its sends, seen
     # with OneDeviceStrategy off /cpu:0, are the step's results going back to the host).
-    ranks = facts.group_size
-    multi = bool(ranks and ranks > 1)
-    flags = np.zeros(len(kind), dtype=np.int64)
+    flags = np.zeros(len(kind), dtype=np.int8)
     flags[kind == _CODE[Kind.COMPUTE]] = _COMPUTE
     flags[kind == _CODE[Kind.INPUT]] = _INPUT
     if multi:
@@ -700,11 +736,10 @@ def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFac
     own = (owner >= 0) & (owner < replica_count)
     shared = np.flatnonzero(owner == _NO_REPLICA)
     waits = (wait_replica >= 0) & (wait_replica < replica_count)
-    replicas = np.arange(replica_count)
     group = np.concatenate(
         [
             marker[own] * replica_count + owner[own],
-            (marker[shared, None] * replica_count + replicas).ravel(),
+            (marker[shared, None] * replica_count + np.arange(replica_count)).ravel(),
             wait_marker[waits] * replica_count + wait_replica[waits],
         ]
     )
@@ -713,8 +748,9 @@ def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFac
     )
     item_end = np.concatenate([end[own], np.repeat(end[shared], replica_count), wait_end[waits]])
     item_flags = np.concatenate(
-        [flags[own], np.repeat(flags[shared], replica_count), np.full(waits.sum(), _WAIT)]
+        [flags[own], np.repeat(flags[shared], replica_count), np.full(waits.sum(), _WAIT, np.int8)]
     )
+    del marker, position, start, end, by_time, kind, owner, flags
     order = np.lexsort((item_start, group))
     group, item_start, item_end, item_flags = (
         group[order],
@@ -723,20 +759,73 @@ def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFac
         item_flags[order],
     )
     rows = count * replica_count
-
-    def covered(bits: int) -> np.ndarray:
-        """Per (step, replica): length of the union of the items with any of ``bits``."""
+    per_row = {}
+    for name, bits in _LENGTHS.items():
         chosen = (item_flags & bits) != 0
-        return intervals.union_lengths(group[chosen], item_start[chosen], item_end[chosen], rows)
+        per_row[name] = intervals.union_lengths(
+            group[chosen], item_start[chosen], item_end[chosen], rows
+        )
+    return {**per_marker, **per_row}
 
-    compute = covered(_COMPUTE)
-    comm = covered(_REDUCE | _GATHER)
-    wait = covered(_WAIT)
-    busy = covered(_COMPUTE | _REDUCE | _GATHER)
-    busy_or_input = covered(_COMPUTE | _REDUCE | _GATHER | _INPUT)
+
+# Spans per batch of markers: bounds the engine's memory (its arrays are a few times
+# the spans it holds) while keeping numpy's per-call overhead small.
+_BATCH_SPANS = 1 << 17
+
+
+def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFacts, peak_gbps):
+    """One row per step and replica (``REPLICA_COLUMNS`` and ``_BANDWIDTH_TIMES``).
+    Vectorised over steps: each span is assigned to its steps once, then the union
+    lengths of all (step, replica) groups come from one sort, batch by batch of
+    markers."""
+    columns = [*REPLICA_COLUMNS, *_BANDWIDTH_TIMES]
+    if not markers:
+        return pd.DataFrame([], columns=columns)
+    count = len(markers)
+    origin = spans.origin_ps
+    step_start = np.fromiter((m.start_ps - origin for m in markers), np.int64, count)
+    marker_ends = np.fromiter((m.end_ps - origin for m in markers), np.int64, count)
+    index = _StepIndex(spans)
+    key_ids, iteration_ids = _key_ids(spans)
+    ranks = facts.group_size
+    multi = bool(ranks and ranks > 1)
+    per_batch = max(1, _BATCH_SPANS * count // max(len(spans.kind), 1))
+    batches = []
+    for first in range(0, count, per_batch):
+        stop = min(first + per_batch, count)
+        candidates = index.spans(
+            first, stop, int(step_start[first]), int(marker_ends[first:stop].max())
+        )
+        batches.append(
+            _batch_lengths(
+                step_start[first:stop],
+                marker_ends[first:stop],
+                spans,
+                candidates,
+                first,
+                replica_count,
+                (key_ids, iteration_ids),
+                multi,
+            )
+        )
+    lengths = {name: np.concatenate([batch[name] for batch in batches]) for name in batches[0]}
+    step_end = lengths.pop("step_end")
+    steps = np.array(
+        [
+            facts.steps_covered.get(m.step) or int(n)
+            for m, n in zip(markers, lengths.pop("iterations"), strict=True)
+        ],
+        dtype=np.int64,
+    )
+    has_gathers = lengths.pop("has_gathers")
+    dispatch, idle = lengths.pop("dispatch"), lengths.pop("idle")
+    compute, comm, wait = lengths["compute"], lengths["comm"], lengths["wait"]
+    busy, busy_or_input = lengths["busy"], lengths["busy_or_input"]
+    replicas = np.arange(replica_count)
+    rows = count * replica_count
     # Set algebra on lengths: |A - B| = |A + B| - |B|, |A & B| = |A| + |B| - |A + B|.
     exposed_comm = busy - compute
-    exposed_wait = covered(_COMPUTE | _WAIT) - compute
+    exposed_wait = lengths["compute_or_wait"] - compute
     per_row = np.repeat  # a step's value on each of its replicas' rows
     length = per_row(step_end - step_start, replica_count)
     other = length - busy_or_input
@@ -763,8 +852,8 @@ def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFac
         "allreduce_ms": comm * to_ms,
         "sync_wait_ms": wait * to_ms,
         "transfer_ms": (comm - wait) * to_ms,
-        "gather_ms": covered(_GATHER) * to_ms,
-        "gather_transfer_ms": (covered(_GATHER | _WAIT) - wait) * to_ms,
+        "gather_ms": lengths["gather"] * to_ms,
+        "gather_transfer_ms": (lengths["gather_or_wait"] - wait) * to_ms,
         "exposed_allreduce_ms": exposed_comm * to_ms,
         "exposed_sync_wait_ms": exposed_sync_wait_ms,
         "exposed_transfer_ms": exposed_transfer_ms,
@@ -775,8 +864,8 @@ def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFac
         "scheduling_ms": (other - row_dispatch - row_idle) * to_ms,
         "comm_share": comm_share,
         "wait_share": wait_share,
-        "reduce_transfer_ms": (covered(_REDUCING | _WAIT) - wait) * to_ms,
-        "reduce_ms": covered(_REDUCE) * to_ms,
+        "reduce_transfer_ms": (lengths["reducing_or_wait"] - wait) * to_ms,
+        "reduce_ms": lengths["reduce"] * to_ms,
     }
     # The all-reduce moves less in a step with gathers: the sparse gradients go there.
     reduce_bytes = facts.allreduce_bytes
@@ -888,32 +977,72 @@ def analyze_xspace(
         gpu_trace.UnusableTraceError: the replicas run on GPUs but a replica's GPU has
             no device events in the trace (the message says why).
     """
-    origin = _origin_ps(space)
-    columns = _SpanColumns(origin)
+    trace = _read_trace(space, replicas, devices)
+    return _break_down(
+        trace,
+        devices=devices,
+        allreduce_bytes=allreduce_bytes,
+        group_size=group_size,
+        sparse_bytes=sparse_bytes,
+        gather_bytes=gather_bytes,
+        steps_covered=steps_covered,
+        link_peak_gbps=link_peak_gbps,
+    )
+
+
+@dataclass
+class _Trace:
+    """What the breakdown takes from a trace (the parsed XSpace can go once it is read)."""
+
+    markers: list[StepMarker]
+    spans: _Spans
+    replica_count: int
+    attribution: str | None
+    on_gpu: bool
+
+
+def _read_trace(space, replicas: int | None, devices: Sequence[str] | None) -> _Trace:
+    columns = _SpanColumns(_origin_ps(space))
     # The strategy's devices choose the path; a CPU strategy ignores GPU planes.
     ordinals = gpu_trace.choose_gpu_planes(space, devices)
     markers, launches = _read_host(space, devices, columns, inputs_only=ordinals is not None)
-    attribution = None
     if ordinals is not None:
         _add_gpu_spans(space, ordinals, columns, launches, markers)
         spans = columns.build()
-        replica_count = replicas or len(ordinals)
+        return _Trace(markers, spans, replicas or len(ordinals), None, True)
+    spans = columns.build()
+    replica_count = replicas or _cpu_replica_count(spans)
+    spans, attribution = _attribute_cpu_replicas(spans, replica_count)
+    return _Trace(markers, spans, replica_count, attribution, False)
+
+
+def _break_down(
+    trace: _Trace,
+    *,
+    devices=None,
+    allreduce_bytes=None,
+    group_size=None,
+    sparse_bytes=None,
+    gather_bytes=None,
+    steps_covered=None,
+    link_peak_gbps=None,
+) -> Breakdown:
+    """``analyze_xspace`` on a trace already read."""
+    if trace.on_gpu:
         link_peak_gbps = link_peak_gbps or gpu_trace.DEFAULT_GPU_PEAK_GBPS
-    else:
-        spans = columns.build()
-        replica_count = replicas or _cpu_replica_count(spans)
-        spans, attribution = _attribute_cpu_replicas(spans, replica_count)
     facts = RunFacts(
         allreduce_bytes=allreduce_bytes,
         sparse_bytes=sparse_bytes,
         gather_bytes=gather_bytes,
         steps_covered=dict(steps_covered or {}),
-        group_size=group_size or replica_count,
+        group_size=group_size or trace.replica_count,
     )
-    replica_frame = _replica_frame(markers, spans, replica_count, devices, facts, link_peak_gbps)
+    replica_frame = _replica_frame(
+        trace.markers, trace.spans, trace.replica_count, devices, facts, link_peak_gbps
+    )
     replica_frame = replica_frame.astype(dict.fromkeys(_BANDWIDTHS, float))
     steps = _step_rows(replica_frame, facts, link_peak_gbps)
-    return Breakdown(replica_frame[REPLICA_COLUMNS], steps, attribution=attribution)
+    return Breakdown(replica_frame[REPLICA_COLUMNS], steps, attribution=trace.attribution)
 
 
 def _cpu_replica_count(spans: _Spans) -> int:
@@ -946,18 +1075,19 @@ def analyze_trace(
         Others: see ``analyze_xspace``.
     """
     space = load_xspace(path)
-    breakdown = analyze_xspace(
-        space,
-        allreduce_bytes=allreduce_bytes,
-        replicas=replicas,
+    if xprof is None:
+        xprof = bool(gpu_planes(space))
+    trace = _read_trace(space, replicas, devices)
+    del space  # the parsed proto is several times the file: free it before the breakdown
+    breakdown = _break_down(
+        trace,
         devices=devices,
+        allreduce_bytes=allreduce_bytes,
         group_size=group_size,
         link_peak_gbps=link_peak_gbps,
         **facts,
     )
     breakdown.source = str(path)
-    if xprof is None:
-        xprof = bool(gpu_planes(space))
     if xprof and not breakdown.steps.empty:
         from keras_dp_tools.analysis.xprof_steps import xprof_step_table
 
