@@ -35,3 +35,19 @@ def test_union_length_matches_merge_on_random_intervals():
             intervals.merge(zip(starts.tolist(), ends.tolist(), strict=True))
         )
         assert intervals.union_length(starts, ends) == expected
+
+
+def test_union_lengths_per_group_match_merge_on_random_intervals():
+    rng = np.random.default_rng(1)
+    count = 40
+    groups = np.sort(rng.integers(0, count, 3000))  # some groups left empty
+    starts = rng.integers(-(10**15), 10**15, len(groups))  # picoseconds far apart
+    ends = starts + rng.integers(-(10**12), 10**13, len(groups))
+    order = np.lexsort((starts, groups))
+    lengths = intervals.union_lengths(groups[order], starts[order], ends[order], count)
+    for group in range(count):
+        mine = groups == group
+        expected = intervals.length(
+            intervals.merge(zip(starts[mine].tolist(), ends[mine].tolist(), strict=True))
+        )
+        assert lengths[group] == expected
