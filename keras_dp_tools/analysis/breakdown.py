@@ -124,11 +124,10 @@ def _peer_key(stats) -> tuple | None:
     """What identifies one collective across replicas. Seen in TF 2.21 captures: the k
     all-reduces of a ``steps_per_execution=k`` call share ``instance_key``, ``group_key``,
     ``step_id`` and ``frame_id`` and differ only in ``iter_id`` (0..k-1)."""
-    if stats.get("instance_key") is None:
+    get = stats.get
+    if get("instance_key") is None:
         return None
-    return tuple(
-        stats.get(name) for name in ("group_key", "instance_key", "step_id", "frame_id", "iter_id")
-    )
+    return get("group_key"), get("instance_key"), get("step_id"), get("frame_id"), get("iter_id")
 
 
 # Kinds as small integers, for the span columns.
@@ -383,11 +382,15 @@ def _attribute_cpu_replicas(spans: _Spans, replica_count: int) -> tuple[_Spans, 
         peers[key].append(position)
     replica_of: dict[int, int] = {}
     reasons = []
+    decided: dict[tuple[str, ...], tuple] = {}  # every step repeats the same names
     for positions in peers.values():
-        names = [spans.names[p].rsplit(":", 1)[0] for p in positions]
-        if all(scoped_replica(name) is not None for name in names):
+        names = tuple(spans.names[p].rsplit(":", 1)[0] for p in positions)
+        if names not in decided:
+            scoped = all(scoped_replica(name) is not None for name in names)
+            decided[names] = None if scoped else peer_replicas(list(names), replica_count)
+        if decided[names] is None:
             continue  # replica scopes say it
-        replicas, reason = peer_replicas(names, replica_count)
+        replicas, reason = decided[names]
         if replicas is None:
             reasons.append(reason)
             continue
