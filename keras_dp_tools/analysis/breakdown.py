@@ -618,10 +618,9 @@ def _sync_waits(marker, position, start, end, by_time, spans: _Spans, key_ids):
     ordinal = np.empty(len(order), dtype=np.int64)
     ordinal[order] = _rank_in_group(marker[order], kind[order], replica[order])
     keyed = key >= 0
-    order = np.lexsort((np.where(keyed, key, ordinal), keyed, kind, marker))
-    heads = _group_heads(
-        marker[order], kind[order], keyed[order], np.where(keyed, key, ordinal)[order]
-    )
+    peer_id = np.where(keyed, key, ordinal)  # same (step, kind, keyed, peer_id): peers
+    order = np.lexsort((peer_id, keyed, kind, marker))
+    heads = _group_heads(marker[order], kind[order], keyed[order], peer_id[order])
     size = np.diff(np.append(heads, len(order)))
     last = np.repeat(np.maximum.reduceat(start[order], heads), size) if len(order) else start
     waiting = order[(np.repeat(size, size) > 1) & (start[order] < last)]
