@@ -51,3 +51,13 @@ def test_union_lengths_per_group_match_merge_on_random_intervals():
             intervals.merge(zip(starts[mine].tolist(), ends[mine].tolist(), strict=True))
         )
         assert lengths[group] == expected
+
+
+def test_union_lengths_of_groups_too_long_to_shift_together():
+    # Four groups of 2**61 each: shifted side by side they would pass int64's end.
+    span = 2**61
+    groups = np.array([0, 0, 1, 2, 2, 3])
+    starts = np.array([0, span // 2, 0, 0, 10, -span])
+    ends = np.array([span // 2 + 5, span, span, 5, span, 0])
+    lengths = intervals.union_lengths(groups, starts, ends, 4)
+    assert lengths.tolist() == [span, span, span - 5, span]
