@@ -8,6 +8,7 @@ trace, XProf's included.)"""
 import inspect
 import json
 import math
+import re
 
 import numpy as np
 import pandas as pd
@@ -177,3 +178,24 @@ def test_the_dashboards_view_of_a_worker_keeps_every_report_frame(tmp_path):
     view = frames(for_worker(report, 0))
     emptied = [name for name, frame in frames(report).items() if len(frame) and view[name].empty]
     assert emptied == []
+
+
+def documented_tags(group: str) -> list[str]:
+    """The tags docs/dashboard.md lists for one group of TensorBoard scalars."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "dashboard.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith(f"| `{group}` |"))
+    return re.findall(r"`([a-z_]+)`", row.split("|")[2].split("(")[0])  # not the notes
+
+
+def test_the_documented_tensorboard_tags_are_the_ones_written():
+    from keras_dp_tools.capture.gpu_monitor import SCALAR_FIELDS
+
+    for group in ("dp_window/", "dp_window_other/"):
+        written = [
+            tag.removeprefix(group) for tag in schema.WINDOW_SCALARS if tag.startswith(group)
+        ]
+        assert documented_tags(group) == written
+    assert documented_tags("gpu/<i>/") == list(SCALAR_FIELDS.values())
+    assert set(SCALAR_FIELDS) - set(schema.READING_FIELDS) == set()
