@@ -199,3 +199,17 @@ def test_the_documented_tensorboard_tags_are_the_ones_written():
         assert documented_tags(group) == written
     assert documented_tags("gpu/<i>/") == list(SCALAR_FIELDS.values())
     assert set(SCALAR_FIELDS) - set(schema.READING_FIELDS) == set()
+
+
+def test_csv_and_parquet_exports_hold_every_frame_with_every_column(tmp_path):
+    write_run(tmp_path / "logs", breakdown=COMM_HEAVY, gpu_util=50.0)
+    report = Report.load(tmp_path / "logs")
+    expected = {name: list(frame.columns) for name, frame in frames(report).items()}
+    for written, read in (
+        (report.to_csv(tmp_path / "csv"), pd.read_csv),
+        (report.to_parquet(tmp_path / "parquet"), pd.read_parquet),
+    ):
+        columns = {path.stem: list(read(path).columns) for path in written}
+        assert columns.pop("summary")  # the summary besides the frames
+        assert columns == expected
+    assert "xprof_device_compute_ms" in expected["steps"]
