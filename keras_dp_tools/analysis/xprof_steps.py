@@ -58,13 +58,20 @@ def xprof_step_table(path: str | os.PathLike) -> pd.DataFrame:
 
 
 def _warn_once(message: str) -> None:
+    relay_warning(f"{message}; its xprof_* columns are left empty, ours are not affected.")
+
+
+def relay_warning(text: str) -> None:
+    """Issues an ``XProfWarning`` with ``text`` unless this process already did (later
+    ones are logged). For a child process that analysed a trace: its warnings go to
+    its own stderr, so the parent relays the texts the child recorded."""
     global _warned
     with _warned_lock:
         first, _warned = not _warned, True
     if first:
-        warn(f"{message}; its xprof_* columns are left empty, ours are not affected.", XProfWarning)
+        warn(text, XProfWarning)
     else:
-        logger.info("%s; xprof_* columns left empty.", message)
+        logger.info("%s", text)
 
 
 def _empty() -> pd.DataFrame:
