@@ -213,3 +213,10 @@ def test_csv_and_parquet_exports_hold_every_frame_with_every_column(tmp_path):
         assert columns.pop("summary")  # the summary besides the frames
         assert columns == expected
     assert "xprof_device_compute_ms" in expected["steps"]
+
+
+def test_the_summary_medians_are_the_headline_columns():
+    from keras_dp_tools import report
+
+    assert set(report._SUMMARY_BREAKDOWN) == set(schema.HEADLINE_COLUMNS)
+    assert set(schema.HEADLINE_COLUMNS) <= set(schema.MEAN_COLUMNS) | {"busbw_gbps"}
