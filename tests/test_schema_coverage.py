@@ -220,3 +220,9 @@ def test_the_summary_medians_are_the_headline_columns():
 
     assert set(report._SUMMARY_BREAKDOWN) == set(schema.HEADLINE_COLUMNS)
     assert set(schema.HEADLINE_COLUMNS) <= set(schema.MEAN_COLUMNS) | {"busbw_gbps"}
+
+
+def test_xprofs_fields_map_onto_the_schemas_xprof_columns():
+    from keras_dp_tools.analysis import xprof_steps
+
+    assert sorted(xprof_steps._COLUMNS.values()) == sorted(schema.XPROF_COLUMNS)

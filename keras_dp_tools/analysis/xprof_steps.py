@@ -99,5 +99,5 @@ def _step_table(path) -> pd.DataFrame:
         steps = frame["stepnum"].astype(str).str.extract(_STEP_NAME, expand=False)
         frame = frame.assign(step=pd.to_numeric(steps, errors="coerce")).dropna(subset=["step"])
         frame = frame.astype({"step": "int64"}).rename(columns=_COLUMNS)
-        return frame[["step", *_COLUMNS.values()]].reset_index(drop=True)
+        return frame[["step", *XPROF_COLUMNS]].reset_index(drop=True)
     return _empty()
