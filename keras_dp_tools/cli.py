@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import keras_dp_tools
+from keras_dp_tools.contract import LOG_DIR_ENV, REPLICAS_ENV, RUN_ID_ENV, TRACE_SUFFIX
 
 
 def positive_int(text: str) -> int:
@@ -42,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         default=None,
         help="replicas: GPUs to use, or logical CPU devices without GPUs "
-        "(default: all GPUs, or KERAS_DP_REPLICAS, or 4 CPU devices)",
+        f"(default: all GPUs, or {REPLICAS_ENV}, or 4 CPU devices)",
     )
     demo.add_argument("--steps", type=positive_int, default=300, help="training steps (300)")
     demo.add_argument("--epochs", type=positive_int, default=3, help="epochs (3)")
@@ -57,11 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     analyze = commands.add_parser(
         "analyze",
         help="break profiled steps down into compute, all-reduce, sync wait and input",
-        description="Read profiler traces (a .xplane.pb, or every one under a log dir) and "
+        description=f"Read profiler traces (a {TRACE_SUFFIX}, or every one under a log dir) and "
         "print the per-step breakdown averaged over replicas. Under a log dir written by "
         "keras_dp_tools, the records supply replica count, devices and gradient bytes.",
     )
-    analyze.add_argument("source", type=Path, help="an .xplane.pb file or a log dir")
+    analyze.add_argument("source", type=Path, help=f"a {TRACE_SUFFIX} file or a log dir")
     analyze.add_argument("--csv", action="store_true", help="print CSV instead of a table")
     analyze.add_argument("--per-replica", action="store_true", help="one row per step and replica")
     analyze.add_argument(
@@ -112,7 +113,7 @@ def build_parser() -> argparse.ArgumentParser:
         "sweep",
         help="run a training script once per replica count and compare",
         description="Run SCRIPT (a .py file, or 'demo') once per replica count with "
-        "KERAS_DP_REPLICAS, KERAS_DP_LOG_DIR=<log dir>/replicas-<N> and, with GPUs, "
+        f"{REPLICAS_ENV}, {LOG_DIR_ENV}=<log dir>/replicas-<N> and, with GPUs, "
         "CUDA_VISIBLE_DEVICES set; '{replicas}' and '{log_dir}' in the script arguments "
         "are replaced. Then print the scaling table and save scaling.png.",
     )
@@ -142,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
         "launch",
         help="start the workers of a MultiWorkerMirroredStrategy job (TF_CONFIG each)",
         description="Run COMMAND once per worker with its own TF_CONFIG and one "
-        "KERAS_DP_RUN_ID for the job: --workers N starts N workers on this machine on free "
+        f"{RUN_ID_ENV} for the job: --workers N starts N workers on this machine on free "
         "loopback ports; --host-list names every worker's host[:port] (2222 by default) "
         "and starts the ones on this machine (run the same command on each host). Output "
         "is prefixed with [worker i]; when a worker fails the others are stopped and the "
@@ -153,13 +154,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--host-list", default=None, help="comma-separated host[:port] of every worker"
     )
     launch.add_argument(
-        "--run-id", default=None, help="the job's run id (KERAS_DP_RUN_ID; default: new)"
+        "--run-id", default=None, help=f"the job's run id ({RUN_ID_ENV}; default: new)"
     )
     launch.add_argument(
         "--log-dir",
         type=Path,
         default=None,
-        help="the job's log dir: given to the workers as KERAS_DP_LOG_DIR, and where the "
+        help=f"the job's log dir: given to the workers as {LOG_DIR_ENV}, and where the "
         "launcher records how each worker ended (keras_dp/launcher.jsonl)",
     )
     launch.add_argument(

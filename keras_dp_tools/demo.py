@@ -141,5 +141,5 @@ def print_next_steps(report: Report, log_dir: os.PathLike) -> None:
         f"  tensorboard --logdir {log_dir}      (Data parallel tab, scalars, Profile tab)\n"
         f"  keras-dp analyze {log_dir}          (per-step compute / all-reduce breakdown)\n"
         f"  keras-dp report {log_dir} --html report.html\n"
-        f"  notebook: {NOTEBOOK} (set KERAS_DP_LOG_DIR={log_dir}, or it opens the newest run)"
+        f"  notebook: {NOTEBOOK} (set {LOG_DIR_ENV}={log_dir}, or it opens the newest run)"
     )

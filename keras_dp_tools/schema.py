@@ -94,24 +94,25 @@ READING_FIELDS = (
     "nvlink_tx_gbps",
 )
 
+# The breakdown's headline columns: the medians of ``Report.summary()`` and the
+# TensorBoard window scalars (the records keep every column).
+HEADLINE_COLUMNS = (
+    "compute_ms",
+    "allreduce_ms",
+    "gather_ms",
+    "exposed_allreduce_ms",
+    "sync_wait_ms",
+    "input_ms",
+    "other_ms",
+    "comm_share",
+    "wait_share",
+    "busbw_gbps",
+)
+
 # TensorBoard scalars written per analysed step, tag -> column: groups of their own, as
-# they have points only inside profiler windows (the records keep every column). The
-# split of other_ms has its own group so that no group overflows TensorBoard's page.
+# they have points only inside profiler windows. The split of other_ms has its own group
+# so that no group overflows TensorBoard's page.
 WINDOW_SCALARS = {
-    **{
-        f"dp_window/{name}": name
-        for name in (
-            "compute_ms",
-            "allreduce_ms",
-            "exposed_allreduce_ms",
-            "sync_wait_ms",
-            "gather_ms",
-            "input_ms",
-            "other_ms",
-            "comm_share",
-            "wait_share",
-            "busbw_gbps",
-        )
-    },
+    **{f"dp_window/{name}": name for name in HEADLINE_COLUMNS},
     **{f"dp_window_other/{name}": name for name in ("dispatch_ms", "idle_ms", "scheduling_ms")},
 }

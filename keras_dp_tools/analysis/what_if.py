@@ -19,9 +19,9 @@ Pure pandas over ``Report`` DataFrames: no TensorFlow.
 
 from __future__ import annotations
 
-import numbers
-
 import pandas as pd
+
+from keras_dp_tools.validation import require_positive_int, require_positive_number
 
 WHAT_IF_COLUMNS = [
     "run",
@@ -44,14 +44,6 @@ WHAT_IF_COLUMNS = [
 def ring_factor(replicas: int) -> float:
     """Bytes through each rank's link per byte all-reduced on a ring: 2(n-1)/n."""
     return 2 * (replicas - 1) / replicas
-
-
-def _positive(name: str, value, kind=numbers.Real):
-    if value is None:
-        return None
-    if isinstance(value, kind) and not isinstance(value, bool) and value > 0:
-        return value
-    raise ValueError(f"{name} must be a positive number, received {value!r}.")
 
 
 def _measured(steps: pd.DataFrame) -> dict:
@@ -211,11 +203,19 @@ def what_if(
         predicted one, at the same per-replica batch) and ``limited_by``, a sentence
         naming the largest part of the predicted step.
     """
-    _positive("bandwidth_gbps", bandwidth_gbps)
-    _positive("measured_bandwidth_gbps", measured_bandwidth_gbps)
-    _positive("replicas", replicas, numbers.Integral)
-    _positive("workers", workers, numbers.Integral)
-    _positive("per_replica_batch", per_replica_batch, numbers.Integral)
+    for name, value in (
+        ("bandwidth_gbps", bandwidth_gbps),
+        ("measured_bandwidth_gbps", measured_bandwidth_gbps),
+    ):
+        if value is not None:
+            require_positive_number(name, value)
+    for name, value in (
+        ("replicas", replicas),
+        ("workers", workers),
+        ("per_replica_batch", per_replica_batch),
+    ):
+        if value is not None:
+            require_positive_int(name, value)
     if replicas is not None and workers is not None:
         raise ValueError(
             "Give replicas (total) or workers (at the measured replicas per worker), not both."

@@ -58,13 +58,20 @@ def xprof_step_table(path: str | os.PathLike) -> pd.DataFrame:
 
 
 def _warn_once(message: str) -> None:
+    relay_warning(f"{message}; its xprof_* columns are left empty, ours are not affected.")
+
+
+def relay_warning(text: str) -> None:
+    """Issues an ``XProfWarning`` with ``text`` unless this process already did (later
+    ones are logged). For a child process that analysed a trace: its warnings go to
+    its own stderr, so the parent relays the texts the child recorded."""
     global _warned
     with _warned_lock:
         first, _warned = not _warned, True
     if first:
-        warn(f"{message}; its xprof_* columns are left empty, ours are not affected.", XProfWarning)
+        warn(text, XProfWarning)
     else:
-        logger.info("%s; xprof_* columns left empty.", message)
+        logger.info("%s", text)
 
 
 def _empty() -> pd.DataFrame:
@@ -92,5 +99,5 @@ def _step_table(path) -> pd.DataFrame:
         steps = frame["stepnum"].astype(str).str.extract(_STEP_NAME, expand=False)
         frame = frame.assign(step=pd.to_numeric(steps, errors="coerce")).dropna(subset=["step"])
         frame = frame.astype({"step": "int64"}).rename(columns=_COLUMNS)
-        return frame[["step", *_COLUMNS.values()]].reset_index(drop=True)
+        return frame[["step", *XPROF_COLUMNS]].reset_index(drop=True)
     return _empty()

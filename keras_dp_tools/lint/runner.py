@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keras_dp_tools.lint.checker import Checker, Module, Related, Violation, check_source
+from keras_dp_tools.severity import Severity
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
 # IPython syntax that is not Python: line magics, shell escapes, help.
@@ -29,6 +30,19 @@ class Report:
     violation: Violation
     cell: int | None = None
     related: tuple[dict, ...] = ()
+
+    # A finding's severity, code and message, as ``kdt.Advice`` and ``kdt.Finding`` have them.
+    @property
+    def severity(self) -> Severity:
+        return self.violation.severity
+
+    @property
+    def code(self) -> str:
+        return self.violation.code
+
+    @property
+    def message(self) -> str:
+        return self.violation.message
 
     @property
     def location(self) -> str:

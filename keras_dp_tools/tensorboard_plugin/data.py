@@ -9,6 +9,7 @@ rendered as SVG on the server from a copy of the data thinned to what a chart ca
 
 from __future__ import annotations
 
+import inspect
 import io
 import math
 import threading
@@ -33,7 +34,6 @@ FIGURES = {
     "sync_wait": "Sync wait per replica (stragglers)",
     "gpu_utilization": "GPU utilization over time",
 }
-_FRAMES = ("runs", "steps", "replicas", "windows", "gpu", "cpu", "batching")
 # rc_context changes matplotlib's global settings: one SVG export at a time.
 _SVG_LOCK = threading.Lock()
 
@@ -84,7 +84,7 @@ def for_worker(report, worker: int | None):
     """The part of ``report`` recorded by one worker (all of it for None)."""
     if worker is None:
         return report
-    frames = {name: getattr(report, name) for name in _FRAMES}
+    frames = _frames(report)
     return _replace(report, **{n: f[f["worker"] == worker] for n, f in frames.items()})
 
 
@@ -324,11 +324,19 @@ class LogDirData:
         return figure
 
 
+def _frames(report) -> dict[str, pd.DataFrame]:
+    """Every frame of ``report``, named as ``Report``'s constructor names them (so a
+    frame the report gains is never dropped here)."""
+    from keras_dp_tools.report import Report
+
+    return {name: getattr(report, name) for name in inspect.signature(Report).parameters}
+
+
 def _replace(report, **frames):
     """A Report with some frames replaced."""
     from keras_dp_tools.report import Report
 
-    current = {name: getattr(report, name) for name in _FRAMES}
+    current = _frames(report)
     return Report(**{**current, **{k: v.reset_index(drop=True) for k, v in frames.items()}})
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from keras_dp_tools.contract import REPLICAS_ENV
 from keras_dp_tools.tuning.child import Child, ChildFailed, function_reference
 from keras_dp_tools.validation import require_positive_int
 
@@ -180,7 +181,7 @@ def _devices_expression(devices) -> str:
         if [d.lower().replace("device:", "") for d in devices] == expected:
             return f"kdt.configure_devices({len(devices)})"
     raise ValueError(
-        "devices must be None (all GPUs, or the CPU split in KERAS_DP_REPLICAS or 4), a "
+        f"devices must be None (all GPUs, or the CPU split in {REPLICAS_ENV} or 4), a "
         "replica count, a list of GPU names, or '/cpu:0' ... '/cpu:<n-1>'; received "
         f"{devices!r}."
     )
