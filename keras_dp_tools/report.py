@@ -522,10 +522,7 @@ def _steps(records: dict) -> pd.DataFrame:
         "step_breakdown",
         ["run", "worker", "step", "time", "steps", "step_ms", *BREAKDOWN_COLUMNS[1:]],
     ).rename(columns={"step_ms": "trace_step_ms", "time": "breakdown_time", "steps": "trace_steps"})
-    if breakdown.empty:  # the merge costs a second per 10M steps: skip it when idle
-        steps = steps.reindex(columns=[*steps.columns, *BREAKDOWN_COLUMNS[1:]])
-        steps["trace_step_ms"] = float("nan")
-    else:  # outer: a run profiled without StepTimer still lists its profiled steps
+    if not breakdown.empty:  # outer: a run profiled without StepTimer still lists its steps
         steps = steps.merge(breakdown, on=["run", "worker", "step"], how="outer")
         steps["time"] = steps["time"].fillna(steps.pop("breakdown_time"))
         steps["steps"] = steps["steps"].fillna(steps.pop("trace_steps"))
@@ -534,10 +531,27 @@ def _steps(records: dict) -> pd.DataFrame:
     for column in _STEP_INTEGERS:
         if not steps[column].hasnans:
             steps[column] = steps[column].astype("int64")
-    steps = steps[STEP_COLUMNS + BREAKDOWN_COLUMNS].sort_values(
-        ["run", "worker", "step"], kind="stable"
-    )
+    # Only now the breakdown columns no record filled (all of them in a run without a
+    # profiler): the merge and the sort need not carry them.
+    steps = steps.reindex(columns=STEP_COLUMNS + BREAKDOWN_COLUMNS)
+    if not _in_step_order(steps):  # one worker writes its steps in order: mostly no sort
+        steps = steps.sort_values(["run", "worker", "step"], kind="stable")
     return steps.reset_index(drop=True)
+
+
+def _in_step_order(steps: pd.DataFrame) -> bool:
+    """Whether the rows are sorted by run, worker and step already (what a stable sort
+    would leave as it is)."""
+    keys = steps[["run", "worker", "step"]]
+    if len(keys) < 2 or keys.isna().to_numpy().any():
+        return len(keys) < 2
+    run = pd.factorize(keys["run"], sort=True)[0]
+    worker, step = (keys[name].to_numpy(dtype="int64") for name in ("worker", "step"))
+    same_run, same_worker = run[1:] == run[:-1], worker[1:] == worker[:-1]
+    ordered = (run[1:] > run[:-1]) | same_run & (
+        (worker[1:] > worker[:-1]) | same_worker & (step[1:] >= step[:-1])
+    )
+    return bool(ordered.all())
 
 
 def _replicas(records: dict) -> pd.DataFrame:
