@@ -7,7 +7,8 @@ TensorFlow, so it works in a notebook on a machine that never trained anything.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +98,8 @@ WINDOW_COLUMNS = [
     "time",
     "source",
 ]
+# What worker_view reads of the steps.
+_WORKER_VIEW_INPUT = ["run", "worker", "attempt", "step", "steps", "time", "step_ms", "warmup"]
 # Columns that must be complete in every step record.
 _STEP_INTEGERS = ("worker", "epoch", "step", "steps")
 
@@ -156,7 +159,7 @@ class Report:
         gpu: pd.DataFrame | None = None,
         cpu: pd.DataFrame | None = None,
         batching: pd.DataFrame | None = None,
-        workers: pd.DataFrame | None = None,
+        workers: pd.DataFrame | Callable[[], pd.DataFrame] | None = None,
         restarts: pd.DataFrame | None = None,
     ):
         def frame(given, columns):
@@ -169,8 +172,23 @@ class Report:
         self.gpu = frame(gpu, GPU_COLUMNS)
         self.cpu = frame(cpu, CPU_COLUMNS)
         self.batching = frame(batching, BATCHING_COLUMNS)
-        self.workers = frame(workers, worker_analysis.WORKER_COLUMNS)
+        # load passes a function: the worker view is computed on first access.
+        self._workers = (
+            workers if callable(workers) else frame(workers, worker_analysis.WORKER_COLUMNS)
+        )
         self.restarts = frame(restarts, worker_analysis.RESTART_COLUMNS)
+
+    @property
+    def workers(self) -> pd.DataFrame:
+        """One row per run, worker and attempt (see the class's Attributes); ``load``
+        computes it on first access (a median per attempt over every step)."""
+        if callable(self._workers):
+            self._workers = self._workers()
+        return self._workers
+
+    @workers.setter
+    def workers(self, frame: pd.DataFrame) -> None:
+        self._workers = frame
 
     def __repr__(self) -> str:
         return (
@@ -212,8 +230,9 @@ class Report:
             gpu.reset_index(drop=True),
             _of_type(records, "cpu_sample", CPU_COLUMNS).reset_index(drop=True),
             _of_type(records, "batching_finding", BATCHING_COLUMNS).reset_index(drop=True),
-            worker_analysis.worker_view(
-                steps,
+            partial(
+                worker_analysis.worker_view,
+                steps[_WORKER_VIEW_INPUT],  # its own view: later edits of .steps do not leak
                 starts,
                 fit_ends,
                 sync,
