@@ -217,13 +217,14 @@ class Report:
         starts = worker_analysis.attempts(
             _of_type(records, "header", ["run", "worker", "time", "pid", "hostname"])
         )
-        steps = _with_gpu_utilization(_mark_profiled(_steps(records), windows), gpu)
+        runs = _runs(records)
+        steps = _with_gpu_utilization(_mark_profiled(_steps(records, runs), windows), gpu)
         steps = worker_analysis.assign_attempts(steps, starts)
         sync = worker_analysis.cross_worker_sync(steps)
         steps = _with_worker_wait(steps, sync)
         fit_ends = _of_type(records, "fit_end", ["run", "worker", "time", "step", "status"])
         return cls(
-            _runs(records),
+            runs,
             steps,
             _replicas(records),
             windows,
@@ -532,7 +533,7 @@ def _with_gpu_utilization(steps: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFram
     return steps.merge(mean, on=["run", "worker", "step"], how="left")
 
 
-def _steps(records: dict) -> pd.DataFrame:
+def _steps(records: dict, runs: pd.DataFrame) -> pd.DataFrame:
     steps = _of_type(
         records, "step", [c for c in STEP_COLUMNS if c not in ("replicas", "global_batch")]
     )
@@ -545,8 +546,7 @@ def _steps(records: dict) -> pd.DataFrame:
         steps = steps.merge(breakdown, on=["run", "worker", "step"], how="outer")
         steps["time"] = steps["time"].fillna(steps.pop("breakdown_time"))
         steps["steps"] = steps["steps"].fillna(steps.pop("trace_steps"))
-    headers = _runs(records)[["run", "worker", "replicas", "global_batch"]]
-    steps = steps.merge(headers, on=["run", "worker"], how="left")
+    steps = _with_header_fields(steps, runs[["run", "worker", "replicas", "global_batch"]])
     for column in _STEP_INTEGERS:
         if not steps[column].hasnans:
             steps[column] = steps[column].astype("int64")
@@ -556,6 +556,19 @@ def _steps(records: dict) -> pd.DataFrame:
     if not _in_step_order(steps):  # one worker writes its steps in order: mostly no sort
         steps = steps.sort_values(["run", "worker", "step"], kind="stable")
     return steps.reset_index(drop=True)
+
+
+def _with_header_fields(steps: pd.DataFrame, headers: pd.DataFrame) -> pd.DataFrame:
+    """Each step with its run header's fields: a left merge on run and worker, or (the
+    same, without hashing every step's keys) a copy where one header covers them all."""
+    keys = ["run", "worker"]
+    if len(headers) == 1:
+        run, worker = headers[keys].iloc[0]
+        covered = (steps["run"].eq(run) & steps["worker"].eq(worker)).fillna(False).all()
+        if covered:
+            fields = headers.drop(columns=keys).take(np.zeros(len(steps), dtype=np.intp))
+            return steps.assign(**fields.set_axis(steps.index))
+    return steps.merge(headers, on=keys, how="left")
 
 
 def _in_step_order(steps: pd.DataFrame) -> bool:
