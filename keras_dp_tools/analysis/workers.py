@@ -144,9 +144,9 @@ def cross_worker_sync(steps: pd.DataFrame) -> pd.DataFrame:
     """Per run, worker and step of multi-worker runs: how long the worker waited for the
     last worker to enter the step (``worker_wait_ms``, on aligned clocks) and which
     worker that was (``SYNC_COLUMNS``). Warm-up steps and redone steps are left out."""
-    frames = []
     if steps["worker"].nunique() < 2:  # no run has two workers: skip the grouping
         return pd.DataFrame(columns=SYNC_COLUMNS)
+    frames = []
     for run, group in steps.groupby("run", sort=False):
         if group["worker"].nunique() < 2:
             continue
