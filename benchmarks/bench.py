@@ -257,13 +257,24 @@ def bench_load(sizes: list[int], folder: Path, rounds: int) -> list[dict]:
     for count in sizes:
         log_dir = folder / f"records_{count}"
         write_step_records(log_dir / "keras_dp" / "worker-0.jsonl", count)
-        times = []
+        times, workers_times = [], []
         for _ in range(rounds):
             start = time.perf_counter()
             report = kdt.Report.load(log_dir)
             times.append(time.perf_counter() - start)
             assert len(report.steps) == count, len(report.steps)
-        rows.append({"rows": count, "seconds": statistics.median(times), "min": min(times)})
+            start = time.perf_counter()
+            assert len(report.workers) == 1  # computed on first access (summary, text, advice)
+            workers_times.append(time.perf_counter() - start)
+        rows.append(
+            {
+                "rows": count,
+                "seconds": statistics.median(times),
+                "min": min(times),
+                "max": max(times),
+                "workers_seconds": statistics.median(workers_times),
+            }
+        )
         print(f"Report.load {count}: {rows[-1]}", flush=True)
     return rows
 

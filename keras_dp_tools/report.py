@@ -7,7 +7,8 @@ TensorFlow, so it works in a notebook on a machine that never trained anything.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -97,6 +98,8 @@ WINDOW_COLUMNS = [
     "time",
     "source",
 ]
+# What worker_view reads of the steps.
+_WORKER_VIEW_INPUT = ["run", "worker", "attempt", "step", "steps", "time", "step_ms", "warmup"]
 # Columns that must be complete in every step record.
 _STEP_INTEGERS = ("worker", "epoch", "step", "steps")
 
@@ -156,7 +159,7 @@ class Report:
         gpu: pd.DataFrame | None = None,
         cpu: pd.DataFrame | None = None,
         batching: pd.DataFrame | None = None,
-        workers: pd.DataFrame | None = None,
+        workers: pd.DataFrame | Callable[[], pd.DataFrame] | None = None,
         restarts: pd.DataFrame | None = None,
     ):
         def frame(given, columns):
@@ -169,8 +172,23 @@ class Report:
         self.gpu = frame(gpu, GPU_COLUMNS)
         self.cpu = frame(cpu, CPU_COLUMNS)
         self.batching = frame(batching, BATCHING_COLUMNS)
-        self.workers = frame(workers, worker_analysis.WORKER_COLUMNS)
+        # load passes a function: the worker view is computed on first access.
+        self._workers = (
+            workers if callable(workers) else frame(workers, worker_analysis.WORKER_COLUMNS)
+        )
         self.restarts = frame(restarts, worker_analysis.RESTART_COLUMNS)
+
+    @property
+    def workers(self) -> pd.DataFrame:
+        """One row per run, worker and attempt (see the class's Attributes); ``load``
+        computes it on first access (a median per attempt over every step)."""
+        if callable(self._workers):
+            self._workers = self._workers()
+        return self._workers
+
+    @workers.setter
+    def workers(self, frame: pd.DataFrame) -> None:
+        self._workers = frame
 
     def __repr__(self) -> str:
         return (
@@ -199,21 +217,23 @@ class Report:
         starts = worker_analysis.attempts(
             _of_type(records, "header", ["run", "worker", "time", "pid", "hostname"])
         )
-        steps = _with_gpu_utilization(_mark_profiled(_steps(records), windows), gpu)
+        runs = _runs(records)
+        steps = _with_gpu_utilization(_mark_profiled(_steps(records, runs), windows), gpu)
         steps = worker_analysis.assign_attempts(steps, starts)
         sync = worker_analysis.cross_worker_sync(steps)
         steps = _with_worker_wait(steps, sync)
         fit_ends = _of_type(records, "fit_end", ["run", "worker", "time", "step", "status"])
         return cls(
-            _runs(records),
+            runs,
             steps,
             _replicas(records),
             windows,
             gpu.reset_index(drop=True),
             _of_type(records, "cpu_sample", CPU_COLUMNS).reset_index(drop=True),
             _of_type(records, "batching_finding", BATCHING_COLUMNS).reset_index(drop=True),
-            worker_analysis.worker_view(
-                steps,
+            partial(
+                worker_analysis.worker_view,
+                steps[_WORKER_VIEW_INPUT],  # its own view: later edits of .steps do not leak
                 starts,
                 fit_ends,
                 sync,
@@ -513,7 +533,7 @@ def _with_gpu_utilization(steps: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFram
     return steps.merge(mean, on=["run", "worker", "step"], how="left")
 
 
-def _steps(records: dict) -> pd.DataFrame:
+def _steps(records: dict, runs: pd.DataFrame) -> pd.DataFrame:
     steps = _of_type(
         records, "step", [c for c in STEP_COLUMNS if c not in ("replicas", "global_batch")]
     )
@@ -522,22 +542,48 @@ def _steps(records: dict) -> pd.DataFrame:
         "step_breakdown",
         ["run", "worker", "step", "time", "steps", "step_ms", *BREAKDOWN_COLUMNS[1:]],
     ).rename(columns={"step_ms": "trace_step_ms", "time": "breakdown_time", "steps": "trace_steps"})
-    if breakdown.empty:  # the merge costs a second per 10M steps: skip it when idle
-        steps = steps.reindex(columns=[*steps.columns, *BREAKDOWN_COLUMNS[1:]])
-        steps["trace_step_ms"] = float("nan")
-    else:  # outer: a run profiled without StepTimer still lists its profiled steps
+    if not breakdown.empty:  # outer: a run profiled without StepTimer still lists its steps
         steps = steps.merge(breakdown, on=["run", "worker", "step"], how="outer")
         steps["time"] = steps["time"].fillna(steps.pop("breakdown_time"))
         steps["steps"] = steps["steps"].fillna(steps.pop("trace_steps"))
-    headers = _runs(records)[["run", "worker", "replicas", "global_batch"]]
-    steps = steps.merge(headers, on=["run", "worker"], how="left")
+    steps = _with_header_fields(steps, runs[["run", "worker", "replicas", "global_batch"]])
     for column in _STEP_INTEGERS:
         if not steps[column].hasnans:
             steps[column] = steps[column].astype("int64")
-    steps = steps[STEP_COLUMNS + BREAKDOWN_COLUMNS].sort_values(
-        ["run", "worker", "step"], kind="stable"
-    )
+    # Only now the breakdown columns no record filled (all of them in a run without a
+    # profiler): the merge and the sort need not carry them.
+    steps = steps.reindex(columns=STEP_COLUMNS + BREAKDOWN_COLUMNS)
+    if not _in_step_order(steps):  # one worker writes its steps in order: mostly no sort
+        steps = steps.sort_values(["run", "worker", "step"], kind="stable")
     return steps.reset_index(drop=True)
+
+
+def _with_header_fields(steps: pd.DataFrame, headers: pd.DataFrame) -> pd.DataFrame:
+    """Each step with its run header's fields: a left merge on run and worker, or (the
+    same, without hashing every step's keys) a copy where one header covers them all."""
+    keys = ["run", "worker"]
+    if len(headers) == 1:
+        run, worker = headers[keys].iloc[0]
+        covered = (steps["run"].eq(run) & steps["worker"].eq(worker)).fillna(False).all()
+        if covered:
+            fields = headers.drop(columns=keys).take(np.zeros(len(steps), dtype=np.intp))
+            return steps.assign(**fields.set_axis(steps.index))
+    return steps.merge(headers, on=keys, how="left")
+
+
+def _in_step_order(steps: pd.DataFrame) -> bool:
+    """Whether the rows are sorted by run, worker and step already (what a stable sort
+    would leave as it is)."""
+    keys = steps[["run", "worker", "step"]]
+    if len(keys) < 2 or keys.isna().to_numpy().any():
+        return len(keys) < 2
+    run = pd.factorize(keys["run"], sort=True)[0]
+    worker, step = (keys[name].to_numpy(dtype="int64") for name in ("worker", "step"))
+    same_run, same_worker = run[1:] == run[:-1], worker[1:] == worker[:-1]
+    ordered = (run[1:] > run[:-1]) | same_run & (
+        (worker[1:] > worker[:-1]) | same_worker & (step[1:] >= step[:-1])
+    )
+    return bool(ordered.all())
 
 
 def _replicas(records: dict) -> pd.DataFrame:

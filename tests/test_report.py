@@ -84,27 +84,33 @@ def test_a_million_steps_load_much_faster_than_parsing_line_by_line(tmp_path):
         file.write(json.dumps(header("r", 0, replicas=8, global_batch=512)) + "\n")
         file.writelines(line % (i, i // 1000, i, 10 + i % 7) for i in range(rows))
 
-    # Interleaved, best of two each: the shared machine's speed drifts between runs.
+    # Baseline on the same machine and moment: a naive per-line json.loads of a tenth,
+    # timed right before and right after each load, which is paired with their mean
+    # (the shared machine's speed drifts between runs and a pair sees the same drift).
     sample = path.read_bytes().splitlines()[: rows // 10]
-    load_times, naive_times = [], []
-    for _ in range(2):
-        started = time.perf_counter()
-        report = Report.load(tmp_path)
-        load_times.append(time.perf_counter() - started)
-        # Baseline on the same machine and moment: a naive per-line json.loads of a tenth.
+
+    def naive_parse_s():
         started = time.perf_counter()
         for raw in sample:
             json.loads(raw)
-        naive_times.append(10 * (time.perf_counter() - started))
-    load_s, naive_s = min(load_times), min(naive_times)
+        return 10 * (time.perf_counter() - started)
 
-    print(f"Report.load of {rows} steps: {load_s:.2f} s (naive json.loads alone: ~{naive_s:.2f} s)")
+    ratios = []
+    for _ in range(3):
+        before = naive_parse_s()
+        started = time.perf_counter()
+        report = Report.load(tmp_path)
+        load_s = time.perf_counter() - started
+        ratios.append(load_s / ((before + naive_parse_s()) / 2))
+
+    print(f"Report.load of {rows} steps over a naive json.loads parse: {ratios}")
     assert len(report.steps) == rows
     assert report.steps["global_batch"].iloc[-1] == 512
-    # Load also pairs steps with attempts and workers now (restarts, cross-worker
-    # waits): 0.40-0.57 of the naive parse on a quiet machine, 2.0-2.9 s. The bound
-    # keeps it well under the naive parse; issue 12's 1M < 2 s goal is still open.
-    assert load_s < 0.7 * naive_s
+    # Measured (best pair of three) 0.18-0.43 in nine runs with the 2 cores 2-3x
+    # oversubscribed (load average 4.4-5.7; single pairs up to 0.59). Most of the load
+    # is now the Arrow parse; the bound was 0.7 while the step frame and the worker
+    # view did per-row pandas work (0.40-0.57 then, on a quiet machine).
+    assert min(ratios) < 0.5
 
 
 def test_profiler_records_fill_replicas_windows_and_step_breakdown(tmp_path):

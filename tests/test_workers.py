@@ -151,3 +151,36 @@ def test_a_second_fit_killed_after_a_finished_one_is_not_finished(tmp_path):
 
     assert pd.isna(report.workers.loc[0, "ended"])
     assert "worker 0 stopped after step 3" in report.text()
+
+
+def test_host_gap_and_redone_steps_are_per_attempt_after_a_restart(tmp_path):
+    # Attempt 0 runs steps 0-9 with 2 ms between calls; the process restarts from a
+    # checkpoint at step 6 and attempt 1 runs steps 6-14 with 7 ms between calls, in a
+    # file written out of order (the report orders it).
+    writer = RecordWriter(worker_records_path(tmp_path, 0))
+    lines = []
+    for attempt, (first, last, gap_s, start) in enumerate(
+        [(0, 9, 0.002, 100.0), (6, 14, 0.007, 200.0)]
+    ):
+        lines.append({**header("r", 0), "time": start - 1.0, "pid": 10 + attempt, "hostname": "h"})
+        for index, step in enumerate(range(first, last + 1)):
+            lines.append(
+                {"type": "step", "run": "r", "worker": 0, "epoch": 0, "step": step, "steps": 1}
+                | {"time": start + index * (0.010 + gap_s), "step_ms": 10.0, "warmup": index == 0}
+            )
+    for line in [lines[0], *reversed(lines[1:11]), *lines[11:]]:
+        writer.write(line)
+    writer.close()
+
+    report = kdt.Report.load(tmp_path)
+
+    workers = report.workers.set_index("attempt")
+    assert workers["median_host_gap_ms"].tolist() == pytest.approx([2.0, 7.0], abs=1e-6)
+    assert workers["first_step"].tolist() == [0, 6]
+    assert workers["last_step"].tolist() == [9, 14]
+    steps = report.steps  # by step; a step run twice in file order (attempt 0 first)
+    assert steps[["step", "attempt"]].to_numpy().tolist()[5:9] == [[5, 0], [6, 0], [6, 1], [7, 0]]
+    redone = steps[steps["redone"]]
+    assert redone["attempt"].unique().tolist() == [0]
+    assert redone["step"].tolist() == [6, 7, 8, 9]
+    assert report.restarts.loc[0, "redone_steps"] == 4

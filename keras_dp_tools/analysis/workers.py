@@ -80,13 +80,17 @@ def assign_attempts(steps: pd.DataFrame, starts: pd.DataFrame) -> pd.DataFrame:
     """Adds ``attempt`` (the process that recorded the step) and ``redone`` (a later
     attempt ran this step again: it restarted from an earlier checkpoint) to steps."""
     starts = starts.dropna(subset=["time"])
-    if steps.empty or starts.empty:
+    if steps.empty or starts.empty or not starts["attempt"].astype(bool).any():
+        # No restart: every step is its worker's attempt 0 (the match below would say
+        # so too, at a second per million steps).
         return steps.assign(attempt=0, redone=False)
-    keyed = steps.reset_index(names="_row")
-    timed = keyed.dropna(subset=["time", "worker"]).sort_values("time", kind="stable")
+    # The match needs only these columns, not every one; _row is the step's position.
+    keys = steps[["run", "worker", "time"]].assign(_row=np.arange(len(steps)))
+    timed = keys.dropna(subset=["time", "worker"])
+    timed = timed.sort_values("time", kind="stable")
     timed = timed.astype({"worker": "int64", "time": "float64"})
     matched = pd.merge_asof(
-        timed[["_row", "run", "worker", "time"]],
+        timed,
         starts[["run", "worker", "time", "attempt"]]
         .astype({"time": "float64"})
         .sort_values("time"),
@@ -94,8 +98,10 @@ def assign_attempts(steps: pd.DataFrame, starts: pd.DataFrame) -> pd.DataFrame:
         by=["run", "worker"],
         direction="backward",
     )
-    attempt = matched.set_index("_row")["attempt"].reindex(keyed["_row"]).fillna(0)
-    steps = steps.assign(attempt=attempt.astype("int64").to_numpy())
+    attempt = np.zeros(len(steps), dtype="int64")
+    found = matched["attempt"].notna().to_numpy()
+    attempt[matched["_row"].to_numpy()[found]] = matched["attempt"].to_numpy()[found]
+    steps = steps.assign(attempt=attempt)
     first = steps.groupby(["run", "worker", "attempt"])["step"].min().rename("first")
     later = first.reset_index().rename(columns={"attempt": "later"})
     later = later.merge(steps[["run", "worker"]].drop_duplicates(), on=["run", "worker"])
@@ -138,6 +144,8 @@ def cross_worker_sync(steps: pd.DataFrame) -> pd.DataFrame:
     """Per run, worker and step of multi-worker runs: how long the worker waited for the
     last worker to enter the step (``worker_wait_ms``, on aligned clocks) and which
     worker that was (``SYNC_COLUMNS``). Warm-up steps and redone steps are left out."""
+    if steps["worker"].nunique() < 2:  # no run has two workers: skip the grouping
+        return pd.DataFrame(columns=SYNC_COLUMNS)
     frames = []
     for run, group in steps.groupby("run", sort=False):
         if group["worker"].nunique() < 2:
@@ -199,13 +207,18 @@ def worker_view(
     median host time between train calls, and how often it was the last to enter."""
     if steps.empty and starts.empty:
         return pd.DataFrame(columns=WORKER_COLUMNS)
-    covered = steps.assign(last=steps["step"] + steps["steps"].fillna(1) - 1)
-    recorded = covered.groupby(["run", "worker", "attempt"]).agg(
+    covered = steps[["run", "worker", "attempt", "step", "time"]].assign(
+        last=steps["step"] + steps["steps"].fillna(1) - 1
+    )
+    by_attempt = covered.groupby(["run", "worker", "attempt"])
+    recorded = by_attempt.agg(
         first_step=("step", "min"),
         last_step=("last", "max"),
         step_records=("step", "size"),
         last_step_time=("time", "max"),
     )
+    # The grouping's codes follow recorded's rows (computed once for both).
+    recorded["median_host_gap_ms"] = _host_gaps(steps, by_attempt.ngroup().to_numpy(), recorded)
     view = starts.set_index(["run", "worker", "attempt"]).join(recorded, how="outer")
     view = view.reset_index()
     view["ended"] = _endings(view, fit_ends)
@@ -215,7 +228,6 @@ def worker_view(
         latest = ~view.duplicated(["run", "worker"], keep="last")
         view = view.merge(last[["run", "worker", "exit"]], on=["run", "worker"], how="left")
         view.loc[~latest.to_numpy(), "exit"] = None
-    view["median_host_gap_ms"] = view.apply(lambda row: _host_gap(steps, row), axis=1)
     if not sync.empty:
         per_worker = sync.groupby(["run", "worker"]).agg(
             clock_offset_ms=("clock_offset_ms", "first"),
@@ -252,9 +264,31 @@ def _endings(view: pd.DataFrame, fit_ends: pd.DataFrame) -> list:
     return endings
 
 
+def _host_gaps(steps: pd.DataFrame, group: np.ndarray, recorded: pd.DataFrame) -> np.ndarray:
+    """Per attempt (row of ``recorded``; ``group`` numbers each step's row there): the
+    median time between one train call's return and the next call (callbacks,
+    Python-side work of the training loop) in ms, NaN with fewer than two timed steps."""
+    timed = (~_warmup(steps) & steps["time"].notna() & steps["step_ms"].notna()).to_numpy()
+    step = steps["step"].to_numpy(dtype="float64", na_value=np.nan)[timed]
+    order = np.lexsort((step, group[timed]))  # by attempt, then step
+    group, step = group[timed][order], step[order]
+    same = group[1:] == group[:-1]
+    if (same & (step[1:] == step[:-1])).any():  # which of two equal steps is first is moot
+        rows = recorded.index.to_frame(index=False).itertuples()
+        return np.array([_host_gap(steps, row) for row in rows], dtype="float64")
+
+    def column(name):
+        return steps[name].to_numpy(dtype="float64", na_value=np.nan)[timed][order]
+
+    start = column("time")
+    end = start + column("step_ms") * column("steps") / 1e3
+    gap = (start[1:] - end[:-1])[same] * 1e3
+    median = pd.Series(gap).groupby(group[1:][same]).median()
+    return median.reindex(range(len(recorded))).to_numpy(dtype="float64")
+
+
 def _host_gap(steps: pd.DataFrame, row) -> float:
-    """Median time between one train call's return and the next call (callbacks,
-    Python-side work of the training loop), in ms."""
+    """``_host_gaps`` of one attempt, where it recorded a step twice."""
     mine = steps[(steps["run"] == row.run) & (steps["worker"] == row.worker)]
     mine = mine[(mine["attempt"] == row.attempt) & ~_warmup(mine)]
     mine = mine.dropna(subset=["time", "step_ms"]).sort_values("step")
