@@ -16,9 +16,11 @@ import pandas as pd
 
 from keras_dp_tools import schema
 from keras_dp_tools.analysis import workers as worker_analysis
-from keras_dp_tools.records import find_record_files, read_records_by_type
+from keras_dp_tools.records import SCALING_FIELDS, find_record_files, read_records_by_type
 
-GPU_STATUS_COLUMNS = ["gpu_available", "gpu_reason", "gpu_names"]
+GPU_STATUS_COLUMNS = ["gpu_available", "gpu_reason", "gpu_names", "gpu_pci_bus_ids"]
+# The last scaling plan a run recorded (kdt.plan_scaling / BatchScalingCheck(plan=...)).
+PLAN_COLUMNS = [name for name in SCALING_FIELDS if name.startswith("plan_")]
 RUN_COLUMNS = [
     "run",
     "worker",
@@ -39,6 +41,7 @@ RUN_COLUMNS = [
     "embedding_layers",
     "embedding_names",
     *GPU_STATUS_COLUMNS,
+    *PLAN_COLUMNS,
     "source",
 ]
 STEP_COLUMNS = [
@@ -67,6 +70,7 @@ WORKER_STEP_COLUMNS = [
 # Every column the analysis emits per step (keras_dp_tools.schema) reaches the report.
 BREAKDOWN_COLUMNS = [
     "trace_step_ms",
+    "window",  # the profiler window whose trace gave the row
     # compute_ms ... bandwidth_note, per step, averaged over replicas ("steps" and
     # "step_ms" are the step record's own; "replicas" comes from the run header).
     *[name for name in schema.STEP_COLUMNS if name not in ("step", "replicas", "steps", "step_ms")],
@@ -462,18 +466,7 @@ class Report:
         return written
 
 
-_SUMMARY_BREAKDOWN = (
-    "compute_ms",
-    "allreduce_ms",
-    "gather_ms",
-    "exposed_allreduce_ms",
-    "sync_wait_ms",
-    "input_ms",
-    "other_ms",
-    "comm_share",
-    "wait_share",
-    "busbw_gbps",
-)
+_SUMMARY_BREAKDOWN = schema.HEADLINE_COLUMNS
 
 
 def _flat(frame: pd.DataFrame) -> pd.DataFrame:
@@ -499,11 +492,17 @@ def _of_type(records: dict, record_type: str, columns: list[str]) -> pd.DataFram
 
 
 def _runs(records: dict) -> pd.DataFrame:
-    runs = _of_type(records, "header", [c for c in RUN_COLUMNS if c not in GPU_STATUS_COLUMNS])
+    merged = (*GPU_STATUS_COLUMNS, *PLAN_COLUMNS)
+    runs = _of_type(records, "header", [c for c in RUN_COLUMNS if c not in merged])
     runs = runs.drop_duplicates(["run", "worker"], keep="last")
-    status = _of_type(records, "gpu_status", ["run", "worker", *GPU_STATUS_COLUMNS])
-    status = status.drop_duplicates(["run", "worker"], keep="last")  # the latest word
-    runs = runs.merge(status, on=["run", "worker"], how="left")[RUN_COLUMNS]
+    for record_type, columns in (
+        ("gpu_status", GPU_STATUS_COLUMNS),
+        ("scaling_plan", PLAN_COLUMNS),
+    ):
+        latest = _of_type(records, record_type, ["run", "worker", *columns])
+        latest = latest.drop_duplicates(["run", "worker"], keep="last")  # the latest word
+        runs = runs.merge(latest, on=["run", "worker"], how="left")
+    runs = runs[RUN_COLUMNS]
     return runs.sort_values(["time", "worker"]).reset_index(drop=True)
 
 

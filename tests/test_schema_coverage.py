@@ -12,7 +12,6 @@ import re
 
 import numpy as np
 import pandas as pd
-import pytest
 
 from keras_dp_tools import plots, records, schema
 from keras_dp_tools.report import Report
@@ -20,12 +19,6 @@ from tests.recorded_runs import COMM_HEAVY, write_run
 
 # Record plumbing, not data: the record's type and the records format's version.
 PLUMBING = {"type", "schema"}
-# Recorded but in no Report frame yet (report.py / analysis/workers.py; see the xfail).
-KNOWN_GAPS = {
-    "gpu_pci_bus_ids",  # gpu_status: beside gpu_names in Report.runs
-    "exit_code",  # worker_exit: Report.workers has the launcher's words (exit), not the code
-    *(name for name in records.SCALING_FIELDS if name.startswith("plan_")),  # scaling_plan
-}
 
 # Record types with one Report row per record (the latest record of a key counts):
 # type -> (frame, key columns).
@@ -52,8 +45,6 @@ TAKEN_FROM_ANOTHER = {
     ("gpu_status", "time"),
     ("replica_step", "time"),  # the window's start: Report.windows has it
 }
-# Per record type, what the demo run writes and Report.steps leaves out (report.py).
-KNOWN_ROW_GAPS = {("step_breakdown", "window")}
 
 
 def frames(report: Report) -> dict[str, pd.DataFrame]:
@@ -68,15 +59,7 @@ def report_columns(tmp_path) -> set[str]:
 
 def test_every_declared_record_field_reaches_a_report_frame(tmp_path):
     missing = set(records.FIELDS) - PLUMBING - report_columns(tmp_path)
-    assert missing - KNOWN_GAPS == set()
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="scaling_plan records, gpu_pci_bus_ids and exit_code have no Report column yet",
-)
-def test_known_gaps_reach_a_report_frame(tmp_path):
-    assert KNOWN_GAPS - report_columns(tmp_path) == set()
+    assert missing == set()
 
 
 def test_every_breakdown_column_is_a_steps_or_replicas_column(tmp_path):
@@ -134,7 +117,7 @@ def test_every_field_a_real_run_wrote_reaches_its_frame_with_its_value(demo_run)
         merged = rows.merge(shown, on=keys, how="left", suffixes=("", "@report"))
         assert len(merged) == len(rows)
         for field in rows.columns.difference([*keys, *PLUMBING]):
-            if (kind, field) in TAKEN_FROM_ANOTHER | KNOWN_ROW_GAPS:
+            if (kind, field) in TAKEN_FROM_ANOTHER:
                 continue
             column = RENAMED.get((kind, field), field)
             if column not in shown.columns:
@@ -147,7 +130,6 @@ def test_every_field_a_real_run_wrote_reaches_its_frame_with_its_value(demo_run)
     assert differ == []
 
 
-@pytest.mark.xfail(strict=True, reason="Report.steps has no window column yet")
 def test_a_profiled_steps_window_reaches_report_steps(demo_run):
     log_dir, _ = demo_run
     assert "window" in Report.load(log_dir).steps.columns

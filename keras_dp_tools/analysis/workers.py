@@ -30,6 +30,7 @@ WORKER_COLUMNS = [
     "step_records",
     "ended",
     "exit",
+    "exit_code",  # the process's status where the launcher recorded it (negative: signal)
     "clock_offset_ms",
     "clock_residual_ms",
     "median_worker_wait_ms",
@@ -202,7 +203,8 @@ def worker_view(
     """One row per run, worker and attempt (``WORKER_COLUMNS``): the steps it recorded,
     how its fit ended (``finished``; ``exited`` when the process left inside the fit, an
     exception; empty when it recorded no end: killed, or still running), how its
-    process ended where ``keras-dp launch --log-dir`` recorded it (``exit``), its clock
+    process ended where ``keras-dp launch --log-dir`` recorded it (``exit``, and its
+    status ``exit_code``), its clock
     offset and alignment residual, the median time it waited for other workers, its
     median host time between train calls, and how often it was the last to enter."""
     if steps.empty and starts.empty:
@@ -226,8 +228,9 @@ def worker_view(
         last = exits.drop_duplicates(["run", "worker"], keep="last")
         last = last.astype({"worker": "int64"}).rename(columns={"reason": "exit"})
         latest = ~view.duplicated(["run", "worker"], keep="last")
-        view = view.merge(last[["run", "worker", "exit"]], on=["run", "worker"], how="left")
-        view.loc[~latest.to_numpy(), "exit"] = None
+        ended = last[["run", "worker", "exit", "exit_code"]]
+        view = view.merge(ended, on=["run", "worker"], how="left")
+        view.loc[~latest.to_numpy(), ["exit", "exit_code"]] = None
     if not sync.empty:
         per_worker = sync.groupby(["run", "worker"]).agg(
             clock_offset_ms=("clock_offset_ms", "first"),
@@ -243,6 +246,7 @@ def worker_view(
         view = view.merge(per_worker.reset_index(), on=["run", "worker"], how="left")
     view = view.reindex(columns=WORKER_COLUMNS)
     view["last_to_enter_share"] = view["last_to_enter_share"].astype("float64")
+    view["exit_code"] = view["exit_code"].astype("Int64")
     view.loc[view["median_worker_wait_ms"].notna(), "last_to_enter_share"] = view[
         "last_to_enter_share"
     ].fillna(0.0)
