@@ -19,6 +19,12 @@ parser.add_argument("--epochs", type=int, default=2)
 parser.add_argument("--steps-per-epoch", type=int, default=6)
 parser.add_argument("--kill-at-step", type=int, default=None)
 parser.add_argument("--kill-worker", type=int, default=None)
+parser.add_argument(
+    "--kill-after-analysed",
+    type=int,
+    default=0,
+    help="before the kill, wait (up to 5 min) until this many windows are analysed",
+)
 parser.add_argument("--slow-worker", type=int, default=None)
 parser.add_argument("--slow-ms", type=float, default=0.0)
 parser.add_argument("--profile-start-step", type=int, default=None)
@@ -39,6 +45,7 @@ else:
     import keras
 
 import keras_dp_tools as kdt  # noqa: E402
+from keras_dp_tools.records import find_record_files  # noqa: E402
 
 if os.environ.get("TF_CONFIG"):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -61,11 +68,34 @@ class Slow(keras.callbacks.Callback):
             time.sleep(args.slow_ms / 1000)
 
 
+def wait_for_analysed_windows(count: int, timeout_s: float = 300.0) -> None:
+    """Until ``count`` window records say "analysed": on a loaded machine the background
+    analysis of an earlier window may still run when the kill is due."""
+    deadline = time.monotonic() + timeout_s
+    while count and time.monotonic() < deadline:
+        analysed = 0
+        try:
+            paths = find_record_files(args.log_dir)
+        except FileNotFoundError:
+            paths = []
+        for path in paths:
+            for line in path.read_text().splitlines():
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue  # a line being written
+                analysed += record.get("type") == "window" and record.get("status") == "analysed"
+        if analysed >= count:
+            return
+        time.sleep(0.2)
+
+
 class Kill(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step = int(self.model.optimizer.iterations.numpy()) - 1
         mine = args.kill_worker is None or args.kill_worker == worker
         if mine and args.kill_at_step is not None and step >= args.kill_at_step:
+            wait_for_analysed_windows(args.kill_after_analysed)
             print(f"worker {worker} killing itself after step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
