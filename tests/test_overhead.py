@@ -152,3 +152,34 @@ def test_a_bad_flush_interval_says_what_it_received():
     with pytest.raises(ValueError, match=r"KERAS_DP_FLUSH_SECONDS .* received 'soon'"):
         flush_seconds({FLUSH_SECONDS_ENV: "soon"})
     assert flush_seconds({}) == 1.0 and flush_seconds({FLUSH_SECONDS_ENV: "0"}) == 0.0
+
+
+def test_hook_timer_counts_one_entry_per_train_call_and_leaves_unused_hooks_alone():
+    from keras_dp_tools.capture.base import DataParallelCallback
+
+    class Both(DataParallelCallback):
+        def on_train_batch_begin(self, batch, logs=None):
+            self.begun = batch
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.ended = batch
+
+    class EndOnly(DataParallelCallback):
+        def on_train_batch_end(self, batch, logs=None):
+            self.ended = batch
+
+    both, end_only = Both(), EndOnly()
+    timer = HookTimer([both, end_only])
+    assert getattr(end_only.on_train_batch_begin, "_is_default", False)  # still skipped
+    for first, last in ((0, 2), (3, 5), (6, 6)):  # calls of 3, 3 and 1 steps
+        for callback in (both, end_only):
+            callback.on_train_batch_begin(first)
+        for callback in (both, end_only):
+            callback.on_train_batch_end(last)
+
+    assert timer.steps == 3 and len(timer.per_step_wall_s) == len(timer.per_step_cpu_s) == 3
+    assert dict(timer.calls) == {"on_train_batch_begin": 3, "on_train_batch_end": 6}
+    assert timer.batch_wall_s == pytest.approx(sum(timer.per_step_wall_s))
+    assert (both.begun, both.ended, end_only.ended) == (6, 6, 6)
+    timer.restore()
+    assert "on_train_batch_end" not in vars(both)

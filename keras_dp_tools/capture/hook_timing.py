@@ -47,8 +47,9 @@ class HookTimer:
         self.wall_s: dict[str, float] = defaultdict(float)
         self.cpu_s: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
-        # Per train-function call: wall time in its batch hooks (begin and end).
+        # Per train-function call: time in its batch hooks (begin and end).
         self.per_step_wall_s: list[float] = []
+        self.per_step_cpu_s: list[float] = []
         self._batch = self._end_batch = None
         self._ended = True
         self._wrapped: list[tuple[object, str]] = []
@@ -70,16 +71,17 @@ class HookTimer:
             try:
                 return hook(*args, **kwargs)
             finally:
-                cpu_s[name] += thread_time() - cpu
+                used = thread_time() - cpu
                 elapsed = perf_counter() - wall
+                cpu_s[name] += used
                 wall_s[name] += elapsed
                 calls[name] += 1
                 if in_batch:
-                    self._add_to_step(args[0] if args else None, begins, elapsed)
+                    self._add_to_step(args[0] if args else None, begins, elapsed, used)
 
         return timed_hook
 
-    def _add_to_step(self, batch, begins: bool, elapsed: float) -> None:
+    def _add_to_step(self, batch, begins: bool, elapsed: float, used: float) -> None:
         # A begin hook after end hooks starts the next call; so does an end hook with a
         # new batch number right after end hooks (callbacks with end hooks only).
         if begins:
@@ -90,13 +92,15 @@ class HookTimer:
             self._end_batch = batch
         if new_call or not self.per_step_wall_s:
             self.per_step_wall_s.append(0.0)
+            self.per_step_cpu_s.append(0.0)
         self.per_step_wall_s[-1] += elapsed
+        self.per_step_cpu_s[-1] += used
         self._ended = not begins
 
     @property
     def steps(self) -> int:
-        """Train-function calls seen (calls of ``on_train_batch_end``)."""
-        return max(self.calls.get("on_train_batch_end", 0), self.calls.get("on_batch_end", 0))
+        """Train-function calls seen (batch hooks of all callbacks count once per call)."""
+        return len(self.per_step_wall_s)
 
     @property
     def batch_wall_s(self) -> float:
