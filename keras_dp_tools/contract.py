@@ -22,10 +22,12 @@ PROFILE_SUBDIR = Path("plugins") / "profile"
 TRACE_SUFFIX = ".xplane.pb"
 
 # Environment variables: replicas for ``configure_devices``, the log dir a sweep gives
-# each run, the run id launchers share across workers.
+# each run, the run id launchers share across workers, how often per-step records are
+# written (seconds; 0 writes every record at once).
 REPLICAS_ENV = "KERAS_DP_REPLICAS"
 LOG_DIR_ENV = "KERAS_DP_LOG_DIR"
 RUN_ID_ENV = "KERAS_DP_RUN_ID"
+FLUSH_SECONDS_ENV = "KERAS_DP_FLUSH_SECONDS"
 
 _GPU_DEVICE = re.compile(r"(?:^|/)(?:device:)?GPU:(\d+)$", re.IGNORECASE)
 

@@ -48,3 +48,20 @@ def test_old_points_are_written_after_flush_seconds(tf, tmp_path):
 
     assert read_scalars(tmp_path) == {"dp/step_ms": [(7, 1.0)]}
     writer.close()
+
+
+def test_every_tag_says_what_it_is_and_text_reaches_the_text_tab(tf, tmp_path):
+    writer = ScalarWriter(str(tmp_path), flush_seconds=3600)
+    writer.add(3, {"dp/step_ms": 2.5, "gpu/0/util": 80.0})
+    writer.add(4, {"dp/step_ms": 3.5})
+    writer.write_text("advice", "**slow** input", step=4)
+    writer.close()
+    accumulator = EventAccumulator(str(tmp_path), size_guidance={"tensors": 0})
+    accumulator.Reload()
+
+    assert "not epochs" in accumulator.SummaryMetadata("dp/step_ms").summary_description
+    assert accumulator.SummaryMetadata("gpu/0/util").plugin_data.plugin_name == "scalars"
+    text = accumulator.Tensors("advice")[0]
+    assert make_ndarray(text.tensor_proto).item() == b"**slow** input"
+    assert accumulator.SummaryMetadata("advice").plugin_data.plugin_name == "text"
+    assert read_scalars(tmp_path)["dp/step_ms"] == [(3, 2.5), (4, 3.5)]

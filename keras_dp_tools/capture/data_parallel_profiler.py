@@ -450,11 +450,13 @@ _profilers: weakref.WeakSet[DataParallelProfiler] = weakref.WeakSet()
 def profiling_disturbs(log_dir) -> bool:
     """Whether a profiler of this process on ``log_dir`` is capturing or analysing now
     (the steps it overlaps are the ``profiled`` ones of ``kdt.Report``)."""
+    if not _profilers:
+        return False
+    busy = [profiler for profiler in list(_profilers) if profiler.disturbing]
+    if not busy:  # StepTimer asks every step: resolving paths costs ~0.1 ms
+        return False
     where = Path(log_dir).resolve()
-    return any(
-        profiler.disturbing and Path(profiler.log_dir).resolve() == where
-        for profiler in list(_profilers)
-    )
+    return any(Path(profiler.log_dir).resolve() == where for profiler in busy)
 
 
 # Profilers inside a window: a fit that raised never calls on_train_end, so the window

@@ -4,11 +4,23 @@ Several callbacks (step timer, profiler, GPU monitor) record into the same log d
 during one ``fit``. They share a ``Recorder`` per (log dir, worker) in the process,
 so the records file has one writer and one header per run, and the TensorBoard
 scalars of all callbacks land in one run folder, ``<log_dir>/keras_dp/worker-<i>``.
+
+Per-step records (``BUFFERED_RECORDS``) are written in batches, by a background
+thread: serialising and flushing one record right after its step cost 0.1-0.15 ms of
+the training thread on our 2-core machine, about 1% of a 10 ms step, and ~20 µs in a
+batch. They reach the disk every ``KERAS_DP_FLUSH_SECONDS`` (default 1 s), also while
+training hangs; at every epoch end; before any other record (headers, windows, the
+end of a fit, which are written at once); at the end of ``fit``; and at exit, also
+after an exception or Ctrl-C (``keras-dp launch`` stops workers with SIGINT). A
+process killed outright (SIGKILL, the OOM killer, a default SIGTERM) loses at most the
+per-step records of its last ``KERAS_DP_FLUSH_SECONDS``; ``KERAS_DP_FLUSH_SECONDS=0``
+writes every record at once, before the hook that wrote it returns.
 """
 
 from __future__ import annotations
 
 import atexit
+import collections
 import logging
 import os
 import threading
@@ -20,7 +32,7 @@ from typing import ClassVar
 
 from keras_dp_tools.capture.base import MeasurementWarning
 from keras_dp_tools.capture.scalar_writer import ScalarWriter
-from keras_dp_tools.contract import RUN_ID_ENV
+from keras_dp_tools.contract import FLUSH_SECONDS_ENV, RUN_ID_ENV
 from keras_dp_tools.records import SCHEMA_VERSION, RecordWriter, records_dir, worker_records_path
 
 logger = logging.getLogger("keras_dp_tools")
@@ -35,6 +47,30 @@ _RUN_IDENTITY = (
     "steps_per_execution",
     "keras_package",
 )
+
+
+# Records written once per step or sample: buffered (see the module docstring).
+BUFFERED_RECORDS = frozenset({"step", "cpu_sample", "gpu_sample"})
+FLUSH_SECONDS = 1.0
+FLUSH_RECORDS = 1024  # at most this many records wait in memory
+
+
+def flush_seconds(environ=os.environ) -> float:
+    """Seconds per-step records may wait in memory: ``KERAS_DP_FLUSH_SECONDS`` or 1."""
+    value = environ.get(FLUSH_SECONDS_ENV)
+    if value is None or not value.strip():
+        return FLUSH_SECONDS
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 <= seconds <= 3600:
+        raise ValueError(
+            f"{FLUSH_SECONDS_ENV} must be a number of seconds from 0 to 3600, received "
+            f"{value!r}. Unset it for the default ({FLUSH_SECONDS:g} s), or 0 to write every "
+            "record at once."
+        )
+    return seconds
 
 
 def new_run_id(previous: str | None = None) -> str:
@@ -67,6 +103,14 @@ class Recorder:
         self._records: RecordWriter | None = None
         self._scalars: ScalarWriter | None = None
         self.write_error: Exception | None = None  # set once writing failed: recording stopped
+        self.flush_seconds = flush_seconds()
+        # Buffered per-step records, oldest first. A deque: appends and pops need no
+        # lock (a lock or Thread.is_alive() per record cost ~10 µs each here).
+        self._pending: collections.deque[dict] = collections.deque()
+        # Held while records go to disk (training thread, GPU sampler, flusher): what
+        # was buffered first is written first.
+        self._file_lock = threading.Lock()
+        self._last_flush = time.monotonic()
 
     @classmethod
     def acquire(cls, log_dir: str | os.PathLike, worker: int) -> Recorder:
@@ -78,6 +122,7 @@ class Recorder:
             if recorder._users == 0:
                 recorder._records = RecordWriter(worker_records_path(*key))
                 recorder.write_error = None  # a new fit tries again (the disk may have room)
+                recorder.flush_seconds = flush_seconds()
             cls._known[key] = recorder
             recorder._users += 1
             return recorder
@@ -117,12 +162,17 @@ class Recorder:
             if self._users > 0:
                 return
             scalars, self._scalars = self._scalars, None
-            for close in (self._records.close, scalars.close if scalars else None):
-                try:
-                    if close is not None:
-                        close()
-                except Exception as error:  # buffered bytes the full disk still refuses
-                    self._stop_recording(error)
+            with self._file_lock:  # the flusher must not write to a closed file
+                self._write_pending_locked()
+                self._close_quietly(self._records.close)
+            if scalars is not None:
+                self._close_quietly(scalars.close)
+
+    def _close_quietly(self, close) -> None:
+        try:
+            close()
+        except Exception as error:  # buffered bytes the full disk still refuses
+            self._stop_recording(error)
 
     def start_run(self, header: dict) -> str:
         """Writes a header unless the current run already has the same identity.
@@ -156,18 +206,47 @@ class Recorder:
         return self.run_id
 
     def write(self, record_type: str, **fields) -> None:
-        """Appends one record of ``record_type`` to the current run."""
+        """Appends one record of ``record_type`` to the current run (per-step records
+        within ``flush_seconds``, others at once)."""
         if self.run_id is None:
             raise RuntimeError("Recorder.start_run() must be called before write().")
         self._append({"type": record_type, "run": self.run_id, "worker": self.worker, **fields})
 
     def _append(self, record: dict) -> None:
+        if record["type"] in BUFFERED_RECORDS and self.flush_seconds > 0:
+            self._pending.append(record)
+            if _Flusher.pid != os.getpid():  # not started, or this is a forked child
+                _Flusher.start()
+            # The flusher writes them; the training thread only if it falls behind.
+            if len(self._pending) >= FLUSH_RECORDS or self._overdue(2 * self.flush_seconds):
+                self._write_pending()
+            return
+        with self._file_lock:
+            self._write_pending_locked()
+            self._write_records([record])
+
+    def _overdue(self, seconds: float) -> bool:
+        return bool(self._pending) and time.monotonic() - self._last_flush >= seconds
+
+    def _write_pending(self) -> None:
+        with self._file_lock:
+            self._write_pending_locked()
+
+    def _write_pending_locked(self) -> None:
+        self._last_flush = time.monotonic()
+        pending = self._pending
+        records = [pending.popleft() for _ in range(len(pending))]  # more may arrive
+        if records:
+            self._write_records(records)
+
+    def _write_records(self, records: list[dict]) -> None:
         # A full disk (or a lost mount) stops the recording, never the training: one
         # warning for all callbacks sharing this recorder, then writes are dropped.
-        if self.write_error is not None:
+        if self.write_error is not None or self._records is None:
             return
         try:
-            self._records.write(record)
+            for record in records:
+                self._records.write(record)
         except OSError as error:
             self._stop_recording(error)
 
@@ -206,7 +285,8 @@ class Recorder:
         self._summaries(lambda writer: writer.write_text(tag, markdown, step))
 
     def flush(self) -> None:
-        """Writes buffered TensorBoard scalars (records are never buffered)."""
+        """Writes buffered records and TensorBoard scalars."""
+        self._write_pending()
         if self._scalars is not None:
             self._summaries(ScalarWriter.flush)
 
@@ -219,6 +299,36 @@ class Recorder:
                 recorder.flush()
             except Exception as error:  # at exit, TensorFlow may be half torn down
                 logger.debug("flushing %s at exit failed: %s", recorder.log_dir, error)
+
+
+class _Flusher:
+    """One daemon thread that writes every recorder's buffered records once they
+    waited ``flush_seconds``, off the training thread and also while training hangs."""
+
+    TICK_SECONDS = 0.1
+    pid: int | None = None  # the process the thread runs in
+    _lock = threading.Lock()
+
+    @classmethod
+    def start(cls) -> None:
+        with cls._lock:
+            if cls.pid != os.getpid():
+                threading.Thread(target=cls._run, name="keras_dp_records", daemon=True).start()
+                cls.pid = os.getpid()
+
+    @classmethod
+    def _run(cls) -> None:
+        from keras_dp_tools.monitor.background import lower_thread_priority
+
+        lower_thread_priority()
+        while True:
+            time.sleep(cls.TICK_SECONDS)
+            for recorder in list(Recorder._known.values()):
+                try:
+                    if recorder._overdue(recorder.flush_seconds):
+                        recorder._write_pending()
+                except Exception as error:  # e.g. a file closed meanwhile: next fit's
+                    logger.debug("writing buffered records failed: %s", error)
 
 
 atexit.register(Recorder.flush_all)

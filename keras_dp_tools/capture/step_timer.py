@@ -13,6 +13,8 @@ from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.capture.step_counter import StepCounter
 from keras_dp_tools.validation import require_positive_int
 
+SCALAR_BATCH = 64  # TensorBoard points handed to the recorder at once (and at epoch end)
+
 
 class StepTimer(DataParallelCallback):
     """Records the wall time of each training step, and examples per second.
@@ -71,6 +73,9 @@ class StepTimer(DataParallelCallback):
         self._epoch = 0
         self._call_started = None
         self._disturbed = False
+        # TensorBoard points (step, step_ms, examples_per_s, disturbed) not handed to the
+        # recorder yet: handing them over in batches saves ~15 µs a step.
+        self._points: list[tuple[int, float, float | None, bool]] = []
 
     def on_train_begin(self, logs=None):
         self._end_fit("exited")  # a previous fit that raised never reached on_train_end
@@ -108,15 +113,24 @@ class StepTimer(DataParallelCallback):
             warmup=warmup,
         )
         if self.tensorboard:
-            if warmup or self._disturbed or profiling_disturbs(self.log_dir):
+            disturbed = warmup or self._disturbed or profiling_disturbs(self.log_dir)
+            self._points.append((step, step_ms, examples_per_s, disturbed))
+            if len(self._points) >= SCALAR_BATCH:
+                self._write_points()
+        self._call_started = None
+
+    def _write_points(self) -> None:
+        points, self._points = self._points, []
+        for step, step_ms, examples_per_s, disturbed in points:
+            if disturbed:
                 self._recorder.scalars(step, {"dp/step_ms_disturbed": step_ms})
             else:
                 self._recorder.scalars(
                     step, {"dp/step_ms": step_ms, "dp/examples_per_s": examples_per_s}
                 )
-        self._call_started = None
 
     def on_epoch_end(self, epoch, logs=None):
+        self._write_points()
         self._recorder.flush()
 
     def on_train_end(self, logs=None):
@@ -128,6 +142,7 @@ class StepTimer(DataParallelCallback):
         which is how a report tells the killed worker from the others."""
         _open_fits.discard(self)
         if self._recorder is not None:
+            self._write_points()
             self._recorder.write(
                 "fit_end", time=time.time(), step=self._steps.next_step, status=status
             )
