@@ -158,6 +158,10 @@ def worker_records_path(log_dir: str | os.PathLike, worker: int) -> Path:
     return records_dir(log_dir) / f"worker-{int(worker)}.jsonl"
 
 
+# One encoder for every record (json.dumps builds one per call when given separators).
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False)
+
+
 def _json_safe(value):
     # NaN and infinities are not JSON: store them as null ("not measured").
     if isinstance(value, float) and not math.isfinite(value):
@@ -168,9 +172,10 @@ def _json_safe(value):
 class RecordWriter:
     """Appends records to one JSON Lines file, durably and from several threads.
 
-    Each record is written as one line and flushed at once, so a crash loses at most
-    the line being written. A torn last line left by an earlier crash is closed off
-    with a newline before appending, so it cannot swallow the next record.
+    Each record is written as one line straight to the operating system, so a crash
+    of the process (even SIGKILL) loses at most the line being written. A torn last
+    line left by an earlier crash is closed off with a newline before appending, so it
+    cannot swallow the next record.
 
     Args:
         path: the ``.jsonl`` file; parent folders are created.
@@ -182,6 +187,7 @@ class RecordWriter:
         self._lock = threading.Lock()
         self._file = open(self.path, "a+b")  # noqa: SIM115 - closed by close()
         self._close_torn_line()
+        self._fd = self._file.fileno()
 
     def _close_torn_line(self):
         self._file.seek(0, os.SEEK_END)
@@ -194,12 +200,20 @@ class RecordWriter:
 
     def write(self, record: Mapping) -> None:
         """Appends one record (a flat mapping of JSON-compatible values)."""
-        line = json.dumps({k: _json_safe(v) for k, v in record.items()}, separators=(",", ":"))
+        try:
+            text = _ENCODER.encode(record)
+        except ValueError:  # NaN or infinity (the encoder refuses them): null instead
+            text = _ENCODER.encode({key: _json_safe(value) for key, value in record.items()})
+        line = (text + "\n").encode()
         with self._lock:
             if self._file.closed:
                 raise ValueError(f"RecordWriter for {self.path} is closed.")
-            self._file.write(line.encode() + b"\n")
-            self._file.flush()
+            # Straight to the kernel (the file is opened for appending): the line
+            # survives a SIGKILL of this process, without a Python buffer to flush. A
+            # short write (a full disk) is finished or raises.
+            written = os.write(self._fd, line)
+            while written < len(line):
+                written += os.write(self._fd, line[written:])
 
     def close(self) -> None:
         with self._lock:

@@ -37,12 +37,6 @@ def run_job(log_dir, *args, env=None, timeout=300):
     )
 
 
-# Step records are written in batches (at most KERAS_DP_FLUSH_SECONDS late; tests in
-# test_overhead.py check that): tests of what comes after the exact last step write
-# every record at once.
-EVERY_RECORD_AT_ONCE = {"KERAS_DP_FLUSH_SECONDS": "0"}
-
-
 # -- killed before the first step -----------------------------------------------------
 
 
@@ -113,7 +107,6 @@ def test_kill_inside_a_profiler_window_keeps_steps_and_analysis_works(tmp_path):
         *("--keras", "keras", "--mirrored", "2", "--epochs", "2", "--steps-per-epoch", "8"),
         *("--profile-start-step", "2", "--profile-every", "6", "--kill-at-step", "9"),
         *("--kill-after-analysed", "1"),  # window 0's analysis may outlast 3 steps
-        env=EVERY_RECORD_AT_ONCE,
     )
     assert result.returncode == -9, result.stdout[-2000:] + result.stderr[-3000:]
 
@@ -192,7 +185,7 @@ def test_disk_full_during_training_warns_once_stops_recording_and_training_finis
 
 @pytest.mark.slow
 def test_backup_and_restore_restart_continues_the_run_and_the_report_shows_it(tmp_path):
-    job = {"KERAS_DP_RUN_ID": "job-7", **EVERY_RECORD_AT_ONCE}
+    job = {"KERAS_DP_RUN_ID": "job-7"}
     common = ("--keras", "keras", "--epochs", "2", "--steps-per-epoch", "6")
     common += ("--backup", str(tmp_path / "backup"))
     killed = run_job(tmp_path / "logs", *common, "--kill-at-step", "8", env=job)

@@ -21,8 +21,6 @@ def launch_job(log_dir, *job_args, launch_args=(), timeout=300):
     command += [*launch_args, "--log-dir", str(log_dir), "--"]
     command += [sys.executable, JOB, str(log_dir), *job_args]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONFAULTHANDLER": "1"}
-    # Every step record at once (not batched): the kill test checks the exact last step.
-    env["KERAS_DP_FLUSH_SECONDS"] = "0"
     env.pop("KERAS_DP_RUN_ID", None)
     return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
 

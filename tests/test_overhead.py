@@ -123,6 +123,13 @@ def test_sigkill_keeps_every_record_written_before_the_last_flush(tmp_path):
     assert recorded(tmp_path) == [("header", None), *STEPS[:5], WINDOW]
 
 
+def test_sigkill_by_default_keeps_every_record(tmp_path):
+    done = run_child(tmp_path, "kill", "")  # unset: nothing waits in memory
+
+    assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+    assert recorded(tmp_path) == [("header", None), *STEPS[:5], WINDOW, *STEPS[5:]]
+
+
 def test_sigkill_after_a_hang_keeps_the_steps_before_it(tmp_path):
     done = run_child(tmp_path, "hang", "0.2")  # the flusher writes while nothing steps
 
@@ -151,7 +158,7 @@ def test_flush_seconds_zero_writes_each_record_at_once(tmp_path, monkeypatch):
 def test_a_bad_flush_interval_says_what_it_received():
     with pytest.raises(ValueError, match=r"KERAS_DP_FLUSH_SECONDS .* received 'soon'"):
         flush_seconds({FLUSH_SECONDS_ENV: "soon"})
-    assert flush_seconds({}) == 1.0 and flush_seconds({FLUSH_SECONDS_ENV: "0"}) == 0.0
+    assert flush_seconds({}) == 0.0 and flush_seconds({FLUSH_SECONDS_ENV: "2.5"}) == 2.5
 
 
 def test_hook_timer_counts_one_entry_per_train_call_and_leaves_unused_hooks_alone():

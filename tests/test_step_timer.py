@@ -1,7 +1,5 @@
 """StepTimer on real MirroredStrategy training (4 logical CPU devices), Keras 3 and tf_keras."""
 
-import time
-
 import numpy as np
 import pytest
 
@@ -132,11 +130,6 @@ def test_records_survive_a_training_crash(tmp_path, keras, strategy4):
     with pytest.raises(RuntimeError, match="user code failed"):
         fit(dense_model(keras, strategy4), [*kdt.callbacks(tmp_path), Crash()])
 
-    # Step records are written in batches: those of a fit that raised follow within
-    # KERAS_DP_FLUSH_SECONDS (the flusher thread), or at exit.
-    deadline = time.monotonic() + 30
-    while len(kdt.Report.load(tmp_path).steps) < 5 and time.monotonic() < deadline:
-        time.sleep(0.1)
     assert kdt.Report.load(tmp_path).steps["step"].tolist() == [0, 1, 2, 3, 4]
     assert worker_records_path(tmp_path, 0).read_bytes().endswith(b"\n")
 

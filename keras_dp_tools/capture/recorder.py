@@ -5,16 +5,15 @@ during one ``fit``. They share a ``Recorder`` per (log dir, worker) in the proce
 so the records file has one writer and one header per run, and the TensorBoard
 scalars of all callbacks land in one run folder, ``<log_dir>/keras_dp/worker-<i>``.
 
-Per-step records (``BUFFERED_RECORDS``) are written in batches, by a background
-thread: serialising and flushing one record right after its step cost 0.1-0.15 ms of
-the training thread on our 2-core machine, about 1% of a 10 ms step, and ~20 µs in a
-batch. They reach the disk every ``KERAS_DP_FLUSH_SECONDS`` (default 1 s), also while
-training hangs; at every epoch end; before any other record (headers, windows, the
-end of a fit, which are written at once); at the end of ``fit``; and at exit, also
-after an exception or Ctrl-C (``keras-dp launch`` stops workers with SIGINT). A
-process killed outright (SIGKILL, the OOM killer, a default SIGTERM) loses at most the
-per-step records of its last ``KERAS_DP_FLUSH_SECONDS``; ``KERAS_DP_FLUSH_SECONDS=0``
-writes every record at once, before the hook that wrote it returns.
+Every record reaches the operating system before the hook that wrote it returns, so
+a process killed outright (SIGKILL, the OOM killer) keeps every step it recorded
+(about 15 µs per record; see ``RecordWriter``). For steps so short that this matters,
+``KERAS_DP_FLUSH_SECONDS=<s>`` lets per-step records (``BUFFERED_RECORDS``) wait in
+memory and a background thread write them in batches: every ``<s>`` seconds, also
+while training hangs; at every epoch end; before any other record (headers, windows,
+the end of a fit are written at once); at the end of ``fit``; and at exit, also after
+an exception or Ctrl-C. A process killed outright then loses at most the per-step
+records of its last ``<s>`` seconds.
 """
 
 from __future__ import annotations
@@ -51,12 +50,12 @@ _RUN_IDENTITY = (
 
 # Records written once per step or sample: buffered (see the module docstring).
 BUFFERED_RECORDS = frozenset({"step", "cpu_sample", "gpu_sample"})
-FLUSH_SECONDS = 1.0
+FLUSH_SECONDS = 0.0  # nothing waits: a kill loses no step (opt in to batches)
 FLUSH_RECORDS = 1024  # at most this many records wait in memory
 
 
 def flush_seconds(environ=os.environ) -> float:
-    """Seconds per-step records may wait in memory: ``KERAS_DP_FLUSH_SECONDS`` or 1."""
+    """Seconds per-step records may wait in memory: ``KERAS_DP_FLUSH_SECONDS`` or 0."""
     value = environ.get(FLUSH_SECONDS_ENV)
     if value is None or not value.strip():
         return FLUSH_SECONDS
@@ -67,8 +66,7 @@ def flush_seconds(environ=os.environ) -> float:
     if not 0 <= seconds <= 3600:
         raise ValueError(
             f"{FLUSH_SECONDS_ENV} must be a number of seconds from 0 to 3600, received "
-            f"{value!r}. Unset it for the default ({FLUSH_SECONDS:g} s), or 0 to write every "
-            "record at once."
+            f"{value!r}. Unset it (or 0) to write every record at once, the default."
         )
     return seconds
 
