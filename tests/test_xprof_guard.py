@@ -70,11 +70,6 @@ def test_without_xprof_our_columns_come_out_and_xprofs_are_empty(gpu_trace, no_x
     assert broken[XPROF_COLUMNS].isna().all().all()
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="analyze_in_child drops the child's XProfWarning (its stderr is discarded); "
-    "see the fix in the issue 12 audit",
-)
 def test_analysis_in_a_child_process_still_warns_once_without_xprof(
     gpu_trace,  # noqa: F811
     no_xprof,

@@ -539,7 +539,7 @@ def _sibling_profile_calls(callback) -> list[tuple[int, int]]:
 # (not TensorFlow) and lowers its priority while a thread here waits for it.
 CHILD_PROCESS_MIN_BYTES = 32 * 2**20
 _CHILD = """
-import os, pickle, sys
+import os, pickle, sys, warnings
 try:
     os.nice(%d)
 except (AttributeError, OSError):
@@ -548,15 +548,18 @@ from keras_dp_tools.analysis.breakdown import analyze_trace
 with open(sys.argv[1], "rb") as file:
     trace, arguments = pickle.load(file)
 try:
-    result = analyze_trace(trace, **arguments)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = analyze_trace(trace, **arguments)
 except Exception as error:
     try:
         pickle.dumps(error)
     except Exception:
         error = RuntimeError(f"{type(error).__name__}: {error}")
     result = error
+relayed = [str(w.message) for w in caught if w.category.__name__ == "XProfWarning"]
 with open(sys.argv[2], "wb") as file:
-    pickle.dump(result, file)
+    pickle.dump((result, relayed), file)
 """
 
 
@@ -590,7 +593,12 @@ def analyze_in_child(trace: Path, **arguments):
             raise RuntimeError(
                 f"the analysis process exited with status {child.returncode}: {' '.join(last)}"
             )
-        result = pickle.loads(answer.read_bytes())
+        result, relayed = pickle.loads(answer.read_bytes())
+    # The child's stderr is not shown: its XProf warning is raised here, once per process.
+    from keras_dp_tools.analysis.xprof_steps import relay_warning
+
+    for text in relayed:
+        relay_warning(text)
     if isinstance(result, BaseException):
         raise result
     return result
