@@ -358,21 +358,27 @@ def _file_bytes(path: Path):
             return file.read()
 
 
-def _read_table(path: Path) -> pa.Table:
-    """The records of one file as an Arrow table; a torn last line is ignored, and a
-    header of a newer schema warns. A file with content but no record raises."""
+def _read_table(path: Path, start: int = 0) -> pa.Table:
+    """The records of one file (from byte ``start``, a line's start) as an Arrow table;
+    a torn last line is ignored, and a header of a newer schema warns. A file with
+    content but no record raises."""
     data = _file_bytes(path)
     end = data.rfind(b"\n") + 1  # whatever follows the last newline is a torn line
-    if _PRINTABLE.search(data, 0, end) is None:  # stops at the first printable byte
+    if _PRINTABLE.search(data, start, end) is None:  # stops at the first printable byte
         if end == 0 and len(data) > 4096:  # not one line: no records writer wrote this
             raise _not_records(path, "it has no line break in its first 4 KiB or more")
         return _SCHEMA.empty_table()
     with warnings.catch_warnings(record=True) as damaged:
         warnings.simplefilter("always")
-        table = _parse_lines(pa.py_buffer(data).slice(0, end), path)
+        table = _parse_lines(pa.py_buffer(data).slice(start, end - start), path)
     table = _only_records(table, path)
     for warning in damaged:  # only now: a file that is not records raises instead
         warn(str(warning.message), warning.category)
+    return _check_schema(table, path)
+
+
+def _check_schema(table: pa.Table, path: Path) -> pa.Table:
+    """Warns when a header of a newer records schema wrote ``table``."""
     if "schema" in table.column_names:
         schema = pc.max(table.column("schema")).as_py()
         if schema is not None and schema > SCHEMA_VERSION:
@@ -393,10 +399,16 @@ def read_records(path: str | os.PathLike) -> pd.DataFrame:
     return _read_table(Path(path)).to_pandas(types_mapper=_PANDAS_TYPES.get)
 
 
-def read_records_by_type(path: str | os.PathLike) -> dict[str, pd.DataFrame]:
+def read_records_by_type(path: str | os.PathLike, start: int = 0) -> dict[str, pd.DataFrame]:
     """Reads one records file into a DataFrame per record type, each with only the
-    fields its records have (splitting in Arrow keeps a million step lines fast)."""
-    table = _read_table(Path(path))
+    fields its records have (splitting in Arrow keeps a million step lines fast).
+
+    Args:
+        path: the ``.jsonl`` file.
+        start: the byte offset of a line to read from (``Recorder.run_offset``: a run's
+            own records, without the runs before it in the file).
+    """
+    table = _read_table(Path(path), start)
     frames = {}
     types = table.column("type")
     for record_type in pc.unique(types).to_pylist():

@@ -208,9 +208,16 @@ class Report:
         Raises:
             FileNotFoundError: a path does not exist, or holds no records.
         """
+        return cls.from_files((path, 0) for path in find_record_files(sources))
+
+    @classmethod
+    def from_files(cls, files: Iterable[tuple[str | os.PathLike, int]]) -> Report:
+        """A Report of the given records files, each read from a byte offset (the first
+        line of a run, ``Recorder.run_offset``: ``RunAdvisor`` reads its run's records
+        without the runs before it)."""
         by_type: dict[str, list[pd.DataFrame]] = {}
-        for path in find_record_files(sources):
-            for record_type, frame in read_records_by_type(path).items():
+        for path, start in files:
+            for record_type, frame in read_records_by_type(path, start).items():
                 by_type.setdefault(record_type, []).append(frame.assign(source=str(path)))
         records = {
             record_type: pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]

@@ -190,3 +190,38 @@ def test_hook_timer_counts_one_entry_per_train_call_and_leaves_unused_hooks_alon
     assert (both.begun, both.ended, end_only.ended) == (6, 6, 6)
     timer.restore()
     assert "on_train_batch_end" not in vars(both)
+
+
+def test_a_runs_offset_is_where_its_header_line_begins(tmp_path, monkeypatch):
+    monkeypatch.delenv("KERAS_DP_RUN_ID", raising=False)
+    monkeypatch.setenv(FLUSH_SECONDS_ENV, "3600")  # buffered steps are written first
+    recorder = Recorder.acquire(tmp_path, 0)
+    try:
+        first = recorder.start_run({"strategy": "MirroredStrategy", "replicas": 2})
+        recorder.write("step", step=0, steps=1, step_ms=1.0)
+        second = recorder.start_run({"strategy": "MirroredStrategy", "replicas": 4})
+        offset = recorder.run_offset
+        recorder.write("step", step=0, steps=1, step_ms=2.0)
+        recorder.flush()
+    finally:
+        recorder.release()
+    content = worker_records_path(tmp_path, 0).read_bytes()
+    lines = content.splitlines(keepends=True)
+    runs = [json.loads(line)["run"] for line in lines]
+    assert runs == [first, first, second, second]
+    assert offset == len(lines[0]) + len(lines[1])  # the byte where the 2nd header begins
+
+    report = kdt.Report.from_files([(worker_records_path(tmp_path, 0), offset)])
+    assert report.runs["run"].tolist() == [second]
+    assert report.steps["step_ms"].tolist() == [2.0]
+
+
+def test_a_launcher_given_run_id_is_read_from_the_start(tmp_path, monkeypatch):
+    # A restarted process continues its run: the run's earlier lines come before it.
+    monkeypatch.setenv("KERAS_DP_RUN_ID", "job-1")
+    recorder = Recorder.acquire(tmp_path, 0)
+    try:
+        recorder.start_run({"strategy": "MirroredStrategy", "replicas": 2})
+        assert recorder.run_offset == 0
+    finally:
+        recorder.release()

@@ -145,3 +145,21 @@ def test_find_record_files_says_what_is_missing(tmp_path):
         find_record_files(tmp_path / "nope")
     with pytest.raises(FileNotFoundError, match=r"keras_dp/worker-<i>\.jsonl"):
         find_record_files(tmp_path)
+
+
+def test_reading_from_a_line_offset_leaves_out_the_lines_before_it(tmp_path):
+    from keras_dp_tools.records import read_records_by_type
+
+    path = tmp_path / "worker-0.jsonl"
+    writer = RecordWriter(path)
+    for record in (header("r1"), step(0, "r1"), header("r2"), step(0, "r2"), step(1, "r2")):
+        writer.write(record)
+    writer.close()
+    lines = path.read_bytes().splitlines(keepends=True)
+    offset = len(lines[0]) + len(lines[1])  # where run r2's header begins
+
+    frames = read_records_by_type(path, offset)
+
+    assert frames["header"]["run"].tolist() == ["r2"]
+    assert frames["step"]["step"].tolist() == [0, 1]
+    assert read_records_by_type(path, path.stat().st_size) == {}  # nothing after the end

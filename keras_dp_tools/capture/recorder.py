@@ -96,6 +96,7 @@ class Recorder:
         self.log_dir = log_dir
         self.worker = worker
         self.run_id: str | None = None
+        self.run_offset = 0  # the byte where the current run's lines begin
         self._header: dict | None = None
         self._users = 0
         self._records: RecordWriter | None = None
@@ -192,6 +193,10 @@ class Recorder:
                     self._append(self._header)  # readers keep a run's last header
                 return self.run_id
         self.run_id = new_run_id(previous=self.run_id)
+        # Where this run's lines begin, for readers of this run alone (RunAdvisor). A
+        # run id given by a launcher may have begun in an earlier process (a restart):
+        # then from the start.
+        self.run_offset = 0 if os.environ.get(RUN_ID_ENV) else self._records_end()
         self._header = {
             "type": "header",
             "schema": SCHEMA_VERSION,
@@ -202,6 +207,14 @@ class Recorder:
         }
         self._append(self._header)
         return self.run_id
+
+    def _records_end(self) -> int:
+        """The records file's size once buffered records are written (0 if none)."""
+        self._write_pending()
+        try:
+            return os.stat(self.records_path).st_size
+        except OSError:
+            return 0
 
     def write(self, record_type: str, **fields) -> None:
         """Appends one record of ``record_type`` to the current run (per-step records

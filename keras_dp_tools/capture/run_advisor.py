@@ -11,8 +11,8 @@ class RunAdvisor(DataParallelCallback):
 
     Put it after the other keras_dp_tools callbacks (``kdt.callbacks`` does), so their
     last records (e.g. a profiler window analysed at the end) are in. It reads this
-    worker's records file once (not every run under ``log_dir``) and advises on this
-    run's rows.
+    run's lines of this worker's records file (not the earlier runs in it, nor the other
+    files under ``log_dir``) and advises on them.
 
     Example:
 
@@ -36,7 +36,10 @@ class RunAdvisor(DataParallelCallback):
         from keras_dp_tools.analysis.advice import advice_markdown
         from keras_dp_tools.report import Report
 
-        self._recorder.flush()
-        report = Report.load(self._recorder.records_path).for_run(self._recorder.run_id)
+        recorder = self._recorder
+        recorder.flush()
+        # This run's lines only: the runs before it in the file are not read again.
+        report = Report.from_files([(recorder.records_path, recorder.run_offset)])
+        report = report.for_run(recorder.run_id)
         self._recorder.text("keras_dp/advice", advice_markdown(report.advice()))
         self._release_recorder()
