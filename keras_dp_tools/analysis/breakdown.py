@@ -56,8 +56,8 @@ from keras_dp_tools.analysis.xspace import (
     _stats,
     gpu_planes,
     host_planes,
-    load_xspace,
     step_markers,
+    stream_xspace,
 )
 from keras_dp_tools.schema import MEAN_COLUMNS, REPLICA_COLUMNS, STEP_COLUMNS
 
@@ -201,10 +201,12 @@ class _SpanColumns:
 
     def build(self) -> _Spans:
         self._chunk_rows()
+        # Column by column, each column's chunks freed once joined: the spans are held
+        # about once, not twice, at the peak.
+        parts = [list(column) for column in zip(*self.chunks, strict=True)] or [[]] * 4
+        self.chunks = []
         kind, replica, start, end = (
-            np.concatenate([chunk[column] for chunk in self.chunks]).astype(dtype, copy=False)
-            if self.chunks
-            else np.empty(0, dtype)
+            _join(parts, column, dtype)
             for column, dtype in enumerate((np.int8, np.int64, np.int64, np.int64))
         )
         launched = np.full(self.count, -1, dtype=np.int64)
@@ -213,10 +215,18 @@ class _SpanColumns:
         )
         reducing = np.ones(self.count, dtype=bool)
         reducing[self.not_reducing] = False
-        self.chunks = []  # the spans now live in the columns built here
         return _Spans(
             self.origin_ps, kind, replica, start, end, launched, reducing, self.keys, self.names
         )
+
+
+def _join(parts: list[list[np.ndarray]], column: int, dtype) -> np.ndarray:
+    chunks, parts[column] = parts[column], []
+    if not chunks:
+        return np.empty(0, dtype)
+    joined = np.concatenate(chunks).astype(dtype, copy=False)
+    chunks.clear()
+    return joined
 
 
 def _origin_ps(space) -> int:
@@ -954,7 +964,7 @@ def analyze_xspace(
     (``steps_per_execution``) has its times divided by k (column ``steps``).
 
     Args:
-        space: an ``XSpace`` proto (see ``load_xspace``).
+        space: an ``XSpace`` proto (see ``xspace.load_xspace``).
         allreduce_bytes: bytes of the trainable variables, what each replica
             all-reduces per step when all gradients are dense; None leaves the
             bandwidth columns empty.
@@ -1076,11 +1086,11 @@ def analyze_trace(
             on CPU-only traces XProf reports no device time.
         Others: see ``analyze_xspace``.
     """
-    space = load_xspace(path)
+    space = stream_xspace(path)  # lines are read one at a time, never all at once
     if xprof is None:
         xprof = bool(gpu_planes(space))
     trace = _read_trace(space, replicas, devices)
-    del space  # the parsed proto is several times the file: free it before the breakdown
+    del space
     breakdown = _break_down(
         trace,
         devices=devices,
