@@ -209,7 +209,11 @@ class _SpanColumns:
             _join(parts, column, dtype)
             for column, dtype in enumerate((np.int8, np.int64, np.int64, np.int64))
         )
-        launched = np.full(self.count, -1, dtype=np.int64)
+        replica = _compact(replica)
+        # Marker indices: int32 unless a trace ever holds 2**31 markers.
+        launched = np.full(
+            self.count, -1, dtype=_index_dtype(max(self.launched.values(), default=0))
+        )
         launched[np.fromiter(self.launched, np.int64)] = np.fromiter(
             self.launched.values(), np.int64
         )
@@ -218,6 +222,19 @@ class _SpanColumns:
         return _Spans(
             self.origin_ps, kind, replica, start, end, launched, reducing, self.keys, self.names
         )
+
+
+def _index_dtype(largest: int):
+    return np.int32 if largest < np.iinfo(np.int32).max else np.int64
+
+
+def _compact(values: np.ndarray) -> np.ndarray:
+    """``values`` as int16 where they fit (replica numbers always do in practice):
+    a quarter of the memory of the engine's most repeated small column."""
+    limits = np.iinfo(np.int16)
+    if not len(values) or (values.min() >= limits.min and values.max() <= limits.max):
+        return values.astype(np.int16)
+    return values
 
 
 def _join(parts: list[list[np.ndarray]], column: int, dtype) -> np.ndarray:
@@ -554,12 +571,20 @@ class _StepIndex:
     their ends, so two binary searches bound the candidates of a time window."""
 
     def __init__(self, spans: _Spans):
-        by_launch = np.argsort(spans.launched, kind="stable")
-        linked = np.searchsorted(spans.launched[by_launch], 0)
-        self.launched = by_launch[linked:]
+        linked = spans.launched >= 0
+        launched = np.flatnonzero(linked)
+        self.launched = launched[np.argsort(spans.launched[launched], kind="stable")]
         self.launcher = spans.launched[self.launched]
-        unlinked = by_launch[:linked]
-        self.unlinked = unlinked[np.argsort(spans.start[unlinked], kind="stable")]
+        unlinked = np.flatnonzero(~linked) if len(launched) else None
+        del linked, launched
+        # Positions fit int32 (2**31 spans would be ~50 GB of arrays): half the memory.
+        positions = _index_dtype(len(spans.start))
+        if unlinked is None:  # CPU traces: no launch links, every span by time
+            self.unlinked = np.argsort(spans.start, kind="stable").astype(positions)
+        else:
+            by_start = np.argsort(spans.start[unlinked], kind="stable")
+            self.unlinked = unlinked[by_start].astype(positions)
+            del unlinked, by_start
         self.unlinked_starts = spans.start[self.unlinked]
         self.reached = np.maximum.accumulate(spans.end[self.unlinked])
         self.ends = spans.end
@@ -666,7 +691,7 @@ def _key_ids(spans: _Spans):
     """Peer keys as integers per span (-1: none) and each key's ``iter_id`` as an
     integer (-1: none)."""
     ids: dict[tuple, int] = {}
-    key_ids = np.full(len(spans.kind), -1, dtype=np.int64)
+    key_ids = np.full(len(spans.kind), -1, dtype=_index_dtype(len(spans.keys)))
     for position, key in spans.keys.items():
         key_ids[position] = ids.setdefault(key, len(ids))
     iterations: dict[object, int] = {}
@@ -820,6 +845,7 @@ def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFac
                 multi,
             )
         )
+    del index, key_ids, iteration_ids  # a span-sized index: gone before the rows are built
     lengths = {name: np.concatenate([batch[name] for batch in batches]) for name in batches[0]}
     step_end = lengths.pop("step_end")
     steps = np.array(
