@@ -189,25 +189,30 @@ def _varint(data, position: int) -> tuple[int, int]:
 def _line_pieces(line_class, data: bytes) -> Iterator:
     """The line serialised in ``data`` as XLine messages of runs of its events, each
     with all of the line's other fields (which may follow the events)."""
+    if len(data) <= _GROUP_BYTES:  # one piece: nothing to walk
+        yield line_class.FromString(data)
+        return
     header, runs = [], []
-    position, end, run = 0, len(data), None
+    position, end, group = 0, len(data), _GROUP_BYTES
     while position < end:
-        if data[position] == _EVENTS_TAG:  # the loop that walks every event: kept short
-            if run is None:
-                run = position
-            length = data[position + 1] if position + 1 < end else 0x80
-            if length < 0x80:
-                position += 2 + length
-            else:
-                length, position = _varint(data, position + 1)
-                position += length
-            if position - run >= _GROUP_BYTES:
-                runs.append((run, position))
-                run = None
-            continue
-        if run is not None:
-            runs.append((run, position))
-            run = None
+        run = position
+        try:  # walks every event of long lines: kept short
+            while data[position] == _EVENTS_TAG:
+                length = data[position + 1]
+                if length < 0x80:
+                    position += 2 + length
+                else:
+                    length, position = _varint(data, position + 1)
+                    position += length
+                if position - run >= group:
+                    runs.append((run, position))
+                    run = position
+        except IndexError:  # the events reached the end of the line (or run past it)
+            pass
+        if position > run:
+            runs.append((run, min(position, end)))
+        if position >= end:
+            break
         tag, value = _varint(data, position)
         if tag & 7 == 2:
             length, value = _varint(data, value)
@@ -217,9 +222,7 @@ def _line_pieces(line_class, data: bytes) -> Iterator:
         header.append(data[position:stop])
         position = stop
     if position != end:
-        raise _Malformed("an event runs past its line")
-    if run is not None:
-        runs.append((run, position))
+        raise _Malformed("a field runs past its line")
     head = b"".join(header)
     if not runs:
         yield line_class.FromString(head)
