@@ -165,11 +165,8 @@ class _SpanColumns:
     def __init__(self, origin_ps: int):
         self.origin_ps = origin_ps
         self.count = 0
-        # (kind, replica, start, end), grown in place: the spans are held once, not
-        # as pieces and then joined (freed small pieces stay in the process's heap).
-        self.columns = [np.empty(0, dtype) for dtype in (np.int8, np.int64, np.int64, np.int64)]
-        self.filled = 0
-        self.rows: list[tuple[int, int, int, int]] = []  # added one by one, not yet stored
+        self.chunks: list[tuple[np.ndarray, ...]] = []  # (kind, replica, start, end)
+        self.rows: list[tuple[int, int, int, int]] = []  # added one by one, not yet chunked
         self.launched: dict[int, int] = {}
         self.not_reducing: list[int] = []
         self.keys, self.names = {}, {}
@@ -189,37 +186,29 @@ class _SpanColumns:
 
     def extend(self, kind, replica, start, end, keys=None, names=None) -> None:
         """Appends spans given as arrays; ``keys`` and ``names`` by index in them."""
-        self._store_rows()
+        self._chunk_rows()
         for index, key in sorted((keys or {}).items()):  # in trace order, as ``add``
             self.keys[self.count + index] = key
         for index, name in sorted((names or {}).items()):
             self.names[self.count + index] = name
-        self._store((kind, replica, start, end))
+        self.chunks.append((kind, replica, start, end))
         self.count += len(kind)
 
-    def _store_rows(self) -> None:
+    def _chunk_rows(self) -> None:
         if self.rows:
-            self._store(np.array(self.rows, dtype=np.int64).T)
+            self.chunks.append(tuple(np.array(self.rows, dtype=np.int64).T))
             self.rows = []
 
-    def _store(self, arrays) -> None:
-        size = self.filled + len(arrays[0])
-        if size > len(self.columns[0]):
-            # A quarter more each time: realloc, which on Linux remaps large blocks
-            # rather than copying them.
-            capacity = max(size, len(self.columns[0]) * 5 // 4, 1 << 14)
-            for column in self.columns:
-                column.resize(capacity, refcheck=False)
-        for column, values in zip(self.columns, arrays, strict=True):
-            column[self.filled : size] = values
-        self.filled = size
-
     def build(self) -> _Spans:
-        self._store_rows()
-        kind, replica, start, end = self.columns
-        self.columns = []
-        for column in (kind, replica, start, end):
-            column.resize(self.filled, refcheck=False)
+        self._chunk_rows()
+        # Column by column, each column's chunks freed once joined: the spans are held
+        # about once, not twice, at the peak.
+        parts = [list(column) for column in zip(*self.chunks, strict=True)] or [[]] * 4
+        self.chunks = []
+        kind, replica, start, end = (
+            _join(parts, column, dtype)
+            for column, dtype in enumerate((np.int8, np.int64, np.int64, np.int64))
+        )
         replica = _compact(replica)
         # Marker indices: int32 unless a trace ever holds 2**31 markers.
         launched = np.full(
@@ -246,6 +235,15 @@ def _compact(values: np.ndarray) -> np.ndarray:
     if not len(values) or (values.min() >= limits.min and values.max() <= limits.max):
         return values.astype(np.int16)
     return values
+
+
+def _join(parts: list[list[np.ndarray]], column: int, dtype) -> np.ndarray:
+    chunks, parts[column] = parts[column], []
+    if not chunks:
+        return np.empty(0, dtype)
+    joined = np.concatenate(chunks).astype(dtype, copy=False)
+    chunks.clear()
+    return joined
 
 
 def _origin_ps(space) -> int:
