@@ -56,8 +56,8 @@ from keras_dp_tools.analysis.xspace import (
     _stats,
     gpu_planes,
     host_planes,
-    load_xspace,
     step_markers,
+    stream_xspace,
 )
 from keras_dp_tools.schema import MEAN_COLUMNS, REPLICA_COLUMNS, STEP_COLUMNS
 
@@ -201,22 +201,49 @@ class _SpanColumns:
 
     def build(self) -> _Spans:
         self._chunk_rows()
+        # Column by column, each column's chunks freed once joined: the spans are held
+        # about once, not twice, at the peak.
+        parts = [list(column) for column in zip(*self.chunks, strict=True)] or [[]] * 4
+        self.chunks = []
         kind, replica, start, end = (
-            np.concatenate([chunk[column] for chunk in self.chunks]).astype(dtype, copy=False)
-            if self.chunks
-            else np.empty(0, dtype)
+            _join(parts, column, dtype)
             for column, dtype in enumerate((np.int8, np.int64, np.int64, np.int64))
         )
-        launched = np.full(self.count, -1, dtype=np.int64)
+        replica = _compact(replica)
+        # Marker indices: int32 unless a trace ever holds 2**31 markers.
+        launched = np.full(
+            self.count, -1, dtype=_index_dtype(max(self.launched.values(), default=0))
+        )
         launched[np.fromiter(self.launched, np.int64)] = np.fromiter(
             self.launched.values(), np.int64
         )
         reducing = np.ones(self.count, dtype=bool)
         reducing[self.not_reducing] = False
-        self.chunks = []  # the spans now live in the columns built here
         return _Spans(
             self.origin_ps, kind, replica, start, end, launched, reducing, self.keys, self.names
         )
+
+
+def _index_dtype(largest: int):
+    return np.int32 if largest < np.iinfo(np.int32).max else np.int64
+
+
+def _compact(values: np.ndarray) -> np.ndarray:
+    """``values`` as int16 where they fit (replica numbers always do in practice):
+    a quarter of the memory of the engine's most repeated small column."""
+    limits = np.iinfo(np.int16)
+    if not len(values) or (values.min() >= limits.min and values.max() <= limits.max):
+        return values.astype(np.int16)
+    return values
+
+
+def _join(parts: list[list[np.ndarray]], column: int, dtype) -> np.ndarray:
+    chunks, parts[column] = parts[column], []
+    if not chunks:
+        return np.empty(0, dtype)
+    joined = np.concatenate(chunks).astype(dtype, copy=False)
+    chunks.clear()
+    return joined
 
 
 def _origin_ps(space) -> int:
@@ -544,12 +571,20 @@ class _StepIndex:
     their ends, so two binary searches bound the candidates of a time window."""
 
     def __init__(self, spans: _Spans):
-        by_launch = np.argsort(spans.launched, kind="stable")
-        linked = np.searchsorted(spans.launched[by_launch], 0)
-        self.launched = by_launch[linked:]
+        linked = spans.launched >= 0
+        launched = np.flatnonzero(linked)
+        self.launched = launched[np.argsort(spans.launched[launched], kind="stable")]
         self.launcher = spans.launched[self.launched]
-        unlinked = by_launch[:linked]
-        self.unlinked = unlinked[np.argsort(spans.start[unlinked], kind="stable")]
+        unlinked = np.flatnonzero(~linked) if len(launched) else None
+        del linked, launched
+        # Positions fit int32 (2**31 spans would be ~50 GB of arrays): half the memory.
+        positions = _index_dtype(len(spans.start))
+        if unlinked is None:  # CPU traces: no launch links, every span by time
+            self.unlinked = np.argsort(spans.start, kind="stable").astype(positions)
+        else:
+            by_start = np.argsort(spans.start[unlinked], kind="stable")
+            self.unlinked = unlinked[by_start].astype(positions)
+            del unlinked, by_start
         self.unlinked_starts = spans.start[self.unlinked]
         self.reached = np.maximum.accumulate(spans.end[self.unlinked])
         self.ends = spans.end
@@ -656,7 +691,7 @@ def _key_ids(spans: _Spans):
     """Peer keys as integers per span (-1: none) and each key's ``iter_id`` as an
     integer (-1: none)."""
     ids: dict[tuple, int] = {}
-    key_ids = np.full(len(spans.kind), -1, dtype=np.int64)
+    key_ids = np.full(len(spans.kind), -1, dtype=_index_dtype(len(spans.keys)))
     for position, key in spans.keys.items():
         key_ids[position] = ids.setdefault(key, len(ids))
     iterations: dict[object, int] = {}
@@ -810,6 +845,7 @@ def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFac
                 multi,
             )
         )
+    del index, key_ids, iteration_ids  # a span-sized index: gone before the rows are built
     lengths = {name: np.concatenate([batch[name] for batch in batches]) for name in batches[0]}
     step_end = lengths.pop("step_end")
     steps = np.array(
@@ -954,7 +990,7 @@ def analyze_xspace(
     (``steps_per_execution``) has its times divided by k (column ``steps``).
 
     Args:
-        space: an ``XSpace`` proto (see ``load_xspace``).
+        space: an ``XSpace`` proto (see ``xspace.load_xspace``).
         allreduce_bytes: bytes of the trainable variables, what each replica
             all-reduces per step when all gradients are dense; None leaves the
             bandwidth columns empty.
@@ -1076,11 +1112,11 @@ def analyze_trace(
             on CPU-only traces XProf reports no device time.
         Others: see ``analyze_xspace``.
     """
-    space = load_xspace(path)
+    space = stream_xspace(path)  # lines are read one at a time, never all at once
     if xprof is None:
         xprof = bool(gpu_planes(space))
     trace = _read_trace(space, replicas, devices)
-    del space  # the parsed proto is several times the file: free it before the breakdown
+    del space
     breakdown = _break_down(
         trace,
         devices=devices,

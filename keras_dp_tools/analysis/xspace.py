@@ -56,6 +56,180 @@ def load_xspace(path: str | os.PathLike):
     return space
 
 
+def stream_xspace(path: str | os.PathLike):
+    """An ``XSpace`` read piece by piece, for one pass of the analysis: its planes'
+    names, metadata and stats are parsed, their lines are not. Iterating a plane's
+    ``lines`` reads them from the file one at a time and yields each as ``XLine``
+    messages of at most ~``_GROUP_BYTES`` of events (a long line comes in several,
+    each with the line's id, names and timestamp), so the whole trace is never in
+    memory at once (a parsed XSpace is ~4x its file). Raises ValueError as
+    ``load_xspace`` does; a file this reader cannot walk is parsed whole instead."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as file:
+            end = file.seek(0, os.SEEK_END)
+            planes = [
+                _streamed_plane(path, file, start, stop)
+                for number, _, start, stop in _file_fields(file, 0, end)
+                if number == _SPACE_PLANES
+            ]
+    except (_Malformed, _decode_error()):
+        return load_xspace(path)  # raises the parser's own error, or reads what we could not
+    if not planes:
+        raise ValueError(f"{path} holds no trace planes: the profiler captured nothing.")
+    return StreamedSpace(planes)
+
+
+# Field numbers in xplane.proto.
+_SPACE_PLANES, _PLANE_LINES, _LINE_EVENTS = 1, 3, 4
+_EVENTS_TAG = _LINE_EVENTS << 3 | 2  # length-delimited: one byte, as the field number < 16
+_GROUP_BYTES = 1 << 18  # events parsed at once (~15k small events)
+
+
+class _Malformed(Exception):
+    """Bytes that are not the protobuf wire format this reader walks."""
+
+
+def _decode_error():
+    from google.protobuf.message import DecodeError
+
+    return DecodeError
+
+
+@dataclass(slots=True)
+class StreamedSpace:
+    """The planes of ``stream_xspace``."""
+
+    planes: list
+
+
+class StreamedPlane:
+    """An ``XPlane`` whose lines stay in the file until ``lines`` is iterated; its
+    other fields are those of the parsed plane without lines."""
+
+    __slots__ = ("_lines", "_path", "_plane")
+
+    def __init__(self, plane, path: Path, lines: list[tuple[int, int]]):
+        self._plane, self._path, self._lines = plane, path, lines
+
+    def __getattr__(self, name):
+        return getattr(self._plane, name)
+
+    @property
+    def lines(self) -> Iterator:
+        line_class = _xplane_pb2().XLine
+        try:
+            with open(self._path, "rb") as file:
+                for start, stop in self._lines:
+                    file.seek(start)
+                    data = file.read(stop - start)
+                    if len(data) != stop - start:
+                        raise _Malformed("the file ends inside a line")
+                    yield from _line_pieces(line_class, data)
+        except (_Malformed, _decode_error()) as error:
+            raise ValueError(f"{self._path} is not an XSpace profile ({error}).") from None
+
+
+def _streamed_plane(path: Path, file, start: int, stop: int) -> StreamedPlane:
+    """The plane at ``file[start:stop]``: every field but the lines parsed (protobuf
+    merges fields given in pieces), the lines' byte ranges kept."""
+    small, lines = [], []
+    for number, head, value, end in _file_fields(file, start, stop):
+        if number == _PLANE_LINES:
+            lines.append((value, end))
+        else:
+            file.seek(head)
+            small.append(file.read(end - head))
+    return StreamedPlane(_xplane_pb2().XPlane.FromString(b"".join(small)), path, lines)
+
+
+def _file_fields(file, start: int, stop: int) -> Iterator[tuple[int, int, int, int]]:
+    """(field number, start of the field, start and end of its value) of each field
+    of the message at ``file[start:stop]``."""
+    position = start
+    while position < stop:
+        file.seek(position)
+        head = file.read(22)  # a tag and a length: two varints of at most 10 bytes
+        tag, used = _varint(head, 0)
+        if tag & 7 == 2:
+            length, used = _varint(head, used)
+            value, end = position + used, position + used + length
+        else:
+            value = position + used
+            end = value + _fixed_or_varint_size(head, used, tag & 7)
+        if end > stop:
+            raise _Malformed(f"a field runs past its message (byte {position})")
+        yield tag >> 3, position, value, end
+        position = end
+
+
+def _fixed_or_varint_size(data: bytes, position: int, wire_type: int) -> int:
+    if wire_type == 0:
+        return _varint(data, position)[1] - position
+    if wire_type in (1, 5):
+        return 8 if wire_type == 1 else 4
+    raise _Malformed(f"wire type {wire_type}")
+
+
+def _varint(data, position: int) -> tuple[int, int]:
+    """The varint at ``data[position:]`` and the position after it."""
+    result = shift = 0
+    while shift < 64:
+        if position >= len(data):
+            raise _Malformed("truncated varint")
+        byte = data[position]
+        position += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, position
+        shift += 7
+    raise _Malformed("varint longer than 10 bytes")
+
+
+def _line_pieces(line_class, data: bytes) -> Iterator:
+    """The line serialised in ``data`` as XLine messages of runs of its events, each
+    with all of the line's other fields (which may follow the events)."""
+    if len(data) <= _GROUP_BYTES:  # one piece: nothing to walk
+        yield line_class.FromString(data)
+        return
+    header, runs = [], []
+    position, end, group = 0, len(data), _GROUP_BYTES
+    while position < end:
+        run = position
+        try:  # walks every event of long lines: kept short
+            while data[position] == _EVENTS_TAG:
+                length = data[position + 1]
+                if length < 0x80:
+                    position += 2 + length
+                else:
+                    length, position = _varint(data, position + 1)
+                    position += length
+                if position - run >= group:
+                    runs.append((run, position))
+                    run = position
+        except IndexError:  # the events reached the end of the line (or run past it)
+            pass
+        if position > run:
+            runs.append((run, min(position, end)))
+        if position >= end:
+            break
+        tag, value = _varint(data, position)
+        if tag & 7 == 2:
+            length, value = _varint(data, value)
+            stop = value + length
+        else:
+            stop = value + _fixed_or_varint_size(data, value, tag & 7)
+        header.append(data[position:stop])
+        position = stop
+    if position != end:
+        raise _Malformed("a field runs past its line")
+    head = b"".join(header)
+    if not runs:
+        yield line_class.FromString(head)
+    for start, stop in runs:
+        yield line_class.FromString(head + data[start:stop])
+
+
 def _xplane_pb2():
     """TensorFlow's ``xplane_pb2``. Where TensorFlow is not imported yet (the analysis
     process), its generated module is loaded on its own: it needs only protobuf, while

@@ -1,0 +1,97 @@
+"""The streaming trace reader (``xspace.stream_xspace``) against protobuf's own parse
+of the whole file: same planes, same lines, the same events in the same order."""
+
+import pandas as pd
+import pytest
+
+from keras_dp_tools.analysis import analyze_trace, analyze_xspace, xspace
+
+
+def assert_streams_as_parsed(path, monkeypatch, group_bytes):
+    """Every plane's fields and every line's events as protobuf parses the file whole,
+    with lines cut into pieces of ``group_bytes`` of events."""
+    parsed = xspace._xplane_pb2().XSpace.FromString(path.read_bytes())
+    monkeypatch.setattr(xspace, "_GROUP_BYTES", group_bytes)
+    streamed = xspace.stream_xspace(path)
+    assert [plane.name for plane in streamed.planes] == [plane.name for plane in parsed.planes]
+    pieces = 0
+    for ours, theirs in zip(streamed.planes, parsed.planes, strict=True):
+        assert ours.id == theirs.id
+        assert dict(ours.event_metadata) == dict(theirs.event_metadata)
+        assert dict(ours.stat_metadata) == dict(theirs.stat_metadata)
+        assert list(ours.stats) == list(theirs.stats)
+        lines = {}  # the pieces of each line, joined back
+        for piece in ours.lines:
+            header = (piece.id, piece.name, piece.display_name, piece.timestamp_ns)
+            lines.setdefault(header, []).extend(piece.events)
+            pieces += 1
+        expected = {
+            (line.id, line.name, line.display_name, line.timestamp_ns): list(line.events)
+            for line in theirs.lines
+        }
+        assert lines == expected
+    return pieces
+
+
+@pytest.fixture(scope="module")
+def captured_trace(demo_run):
+    """A trace the TensorFlow profiler captured in the demo run (2 replicas)."""
+    log_dir, _ = demo_run
+    return next(log_dir.rglob("*.xplane.pb"))
+
+
+@pytest.mark.slow
+def test_a_captured_trace_streams_as_protobuf_parses_it(captured_trace, monkeypatch):
+    whole_lines = assert_streams_as_parsed(captured_trace, monkeypatch, xspace._GROUP_BYTES)
+    # Pieces of ~one event each: long lines come in many pieces, still the same events.
+    assert assert_streams_as_parsed(captured_trace, monkeypatch, 64) > 10 * whole_lines
+    monkeypatch.undo()
+    streamed = analyze_trace(captured_trace, xprof=False)
+    parsed = analyze_xspace(xspace.load_xspace(captured_trace))
+    assert len(streamed.replicas) > 0
+    pd.testing.assert_frame_equal(streamed.replicas, parsed.replicas)
+    pd.testing.assert_frame_equal(streamed.steps, parsed.steps)
+
+
+def test_a_gpu_trace_streams_as_protobuf_parses_it(tmp_path, monkeypatch, tf):
+    from tests.gpu_traces import GpuTrace
+    from tests.test_gpu_trace import GRADIENT_BYTES, two_gpu_run
+
+    path = two_gpu_run(GpuTrace).write(tmp_path)
+    for group_bytes in (xspace._GROUP_BYTES, 1):
+        assert_streams_as_parsed(path, monkeypatch, group_bytes)
+        streamed = analyze_trace(path, allreduce_bytes=GRADIENT_BYTES, xprof=False)
+        parsed = analyze_xspace(xspace.load_xspace(path), allreduce_bytes=GRADIENT_BYTES)
+        assert len(streamed.replicas) == 4  # two steps on two GPUs
+        pd.testing.assert_frame_equal(streamed.replicas, parsed.replicas)
+
+
+def test_line_fields_after_its_events_reach_every_piece(tmp_path, monkeypatch, tf):
+    """protobuf writes a line's ``display_name`` (field 11) after its events (field 4)."""
+    pb2 = xspace._xplane_pb2()
+    space = pb2.XSpace()
+    plane = space.planes.add(id=7, name="/host:CPU")
+    plane.event_metadata[1].name = "op"
+    line = plane.lines.add(id=3, name="tf_Compute", display_name="worker", timestamp_ns=5)
+    for offset in range(20):
+        line.events.add(metadata_id=1, offset_ps=offset * 10, duration_ps=5)
+    plane.lines.add(id=4, name="empty", timestamp_ns=9)
+    path = tmp_path / "h.xplane.pb"
+    path.write_bytes(space.SerializeToString())
+    assert assert_streams_as_parsed(path, monkeypatch, 1) == 20 + 1  # one piece per event
+    monkeypatch.setattr(xspace, "_GROUP_BYTES", 1)
+    pieces = list(xspace.stream_xspace(path).planes[0].lines)
+    assert {piece.display_name for piece in pieces[:20]} == {"worker"}
+    assert (pieces[-1].name, len(pieces[-1].events)) == ("empty", 0)
+
+
+def test_a_torn_trace_is_refused_naming_the_file(tmp_path, tf):
+    pb2 = xspace._xplane_pb2()
+    space = pb2.XSpace()
+    plane = space.planes.add(id=1, name="/host:CPU")
+    plane.lines.add(id=1, name="python").events.add(metadata_id=1, offset_ps=1, duration_ps=1)
+    data = space.SerializeToString()
+    path = tmp_path / "torn.xplane.pb"
+    path.write_bytes(data[:-3])
+    with pytest.raises(ValueError, match=r"torn\.xplane\.pb"):
+        xspace.stream_xspace(path)
