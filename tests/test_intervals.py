@@ -61,3 +61,13 @@ def test_union_lengths_of_groups_too_long_to_shift_together():
     ends = np.array([span // 2 + 5, span, span, 5, span, 0])
     lengths = intervals.union_lengths(groups, starts, ends, 4)
     assert lengths.tolist() == [span, span, span - 5, span]
+
+
+def test_union_lengths_when_the_groups_extents_alone_pass_int64s_end():
+    # Their sum of extents wraps around in int64 (6 x ~2**61.6): only a float sum sees it.
+    span = 2**61
+    groups = np.arange(6)
+    starts = np.array([0, 0, 0, 0, 0, 1])
+    ends = np.array([span, span, span, span, span, 2**62])
+    lengths = intervals.union_lengths(groups, starts, ends, 6)
+    assert lengths.tolist() == [span] * 5 + [2**62 - 1]

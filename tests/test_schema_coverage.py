@@ -132,7 +132,16 @@ def test_every_field_a_real_run_wrote_reaches_its_frame_with_its_value(demo_run)
 
 def test_a_profiled_steps_window_reaches_report_steps(demo_run):
     log_dir, _ = demo_run
-    assert "window" in Report.load(log_dir).steps.columns
+    report = Report.load(log_dir)
+    analysed = report.windows[report.windows["status"] == "analysed"]
+    assert len(analysed)
+    expected = pd.Series(pd.NA, index=report.steps.index, dtype="object")
+    for window in analysed.itertuples():
+        inside = report.steps["step"].between(window.start_step, window.end_step - 1)
+        expected[inside & report.steps["trace_step_ms"].notna()] = window.window
+    shown = report.steps["window"].astype("object").where(report.steps["window"].notna(), pd.NA)
+    assert shown.notna().sum() == expected.notna().sum() > 0
+    assert shown.dropna().astype(int).tolist() == expected.dropna().astype(int).tolist()
 
 
 # The column lists of the presentation name real columns.
@@ -197,10 +206,11 @@ def test_csv_and_parquet_exports_hold_every_frame_with_every_column(tmp_path):
     assert "xprof_device_compute_ms" in expected["steps"]
 
 
-def test_the_summary_medians_are_the_headline_columns():
-    from keras_dp_tools import report
-
-    assert set(report._SUMMARY_BREAKDOWN) == set(schema.HEADLINE_COLUMNS)
+def test_the_summary_medians_are_the_headline_columns(tmp_path):
+    write_run(tmp_path, breakdown=COMM_HEAVY)
+    summary = Report.load(tmp_path).summary(advice=False)
+    assert set(schema.HEADLINE_COLUMNS) <= set(summary.columns)
+    assert summary[list(schema.HEADLINE_COLUMNS)].notna().any().all()  # medians, not blanks
     assert set(schema.HEADLINE_COLUMNS) <= set(schema.MEAN_COLUMNS) | {"busbw_gbps"}
 
 
@@ -208,3 +218,35 @@ def test_xprofs_fields_map_onto_the_schemas_xprof_columns():
     from keras_dp_tools.analysis import xprof_steps
 
     assert sorted(xprof_steps._COLUMNS.values()) == sorted(schema.XPROF_COLUMNS)
+
+
+def test_plan_bus_ids_and_exit_code_reach_their_frames_with_their_values(tmp_path):
+    from keras_dp_tools.records import (
+        LAUNCHER_RECORDS,
+        SCHEMA_VERSION,
+        RecordWriter,
+        records_dir,
+        worker_records_path,
+    )
+
+    run = {"run": "job-1", "worker": 0}
+    writer = RecordWriter(worker_records_path(tmp_path, 0))
+    for pid, start in ((100, 1000.0), (200, 2000.0)):  # a restart: a second process
+        writer.write({"type": "header", "schema": SCHEMA_VERSION, **run, "time": start, "pid": pid})
+        writer.write({"type": "step", **run, "time": start + 1, "epoch": 0, "step": 0, "steps": 1})
+    writer.write({"type": "gpu_status", **run, "gpu_pci_bus_ids": ["00000000:17:00.0"]})
+    for rule in ("linear", "sqrt"):  # the last plan counts
+        writer.write({"type": "scaling_plan", **run, "plan_rule": rule, "plan_replicas": 8})
+    writer.close()
+    launcher = RecordWriter(records_dir(tmp_path) / LAUNCHER_RECORDS)
+    launcher.write({"type": "worker_exit", **run, "time": 2100.0, "exit_code": -9, "reason": "x"})
+    launcher.close()
+
+    report = Report.load(tmp_path)
+
+    (row,) = report.runs.to_dict("records")
+    assert (row["plan_rule"], row["plan_replicas"]) == ("sqrt", 8)
+    assert list(row["gpu_pci_bus_ids"]) == ["00000000:17:00.0"]
+    workers = report.workers.set_index("attempt")
+    assert workers.loc[1, "exit_code"] == -9  # the launcher's word is on the last attempt
+    assert pd.isna(workers.loc[0, "exit_code"])

@@ -99,7 +99,7 @@ def union_lengths(groups: np.ndarray, starts: np.ndarray, ends: np.ndarray, coun
     heads = np.flatnonzero(np.concatenate([[True], groups[1:] != groups[:-1]]))
     base = starts[heads]
     extent = np.maximum.reduceat(ends, heads) - base + 1
-    if float(extent.sum()) >= _SHIFT_LIMIT:  # split the groups rather than overflow
+    if extent.sum(dtype=np.float64) >= _SHIFT_LIMIT:  # split the groups, never overflow
         middle = int(heads[len(heads) // 2]) if len(heads) > 1 else None
         if middle is None:
             return _union_lengths_unshifted(groups, starts, ends, lengths)

@@ -97,6 +97,7 @@ class Recorder:
         self.worker = worker
         self.run_id: str | None = None
         self.run_offset = 0  # the byte where the current run's lines begin
+        self._skip_warned = False  # a record that could not be written was reported
         self._header: dict | None = None
         self._users = 0
         self._records: RecordWriter | None = None
@@ -196,7 +197,8 @@ class Recorder:
         # Where this run's lines begin, for readers of this run alone (RunAdvisor). A
         # run id given by a launcher may have begun in an earlier process (a restart):
         # then from the start.
-        self.run_offset = 0 if os.environ.get(RUN_ID_ENV) else self._records_end()
+        given = self.run_id == os.environ.get(RUN_ID_ENV)
+        self.run_offset = 0 if given else self._records_end()
         self._header = {
             "type": "header",
             "schema": SCHEMA_VERSION,
@@ -257,9 +259,23 @@ class Recorder:
             return
         try:
             for record in records:
-                self._records.write(record)
+                try:
+                    self._records.write(record)
+                except (TypeError, ValueError) as error:  # a value JSON cannot hold
+                    self._skip_record(record, error)
         except OSError as error:
             self._stop_recording(error)
+
+    def _skip_record(self, record: dict, error: Exception) -> None:
+        """Drops one record that cannot be written (the others still are); warns once."""
+        if not self._skip_warned:
+            self._skip_warned = True
+            warnings.warn(
+                f"keras_dp_tools could not write a {record.get('type')!r} record: {error}. "
+                "Training and the other records continue; please report this.",
+                MeasurementWarning,
+                stacklevel=5,
+            )
 
     def _stop_recording(self, error: Exception) -> None:
         if self.write_error is None:

@@ -20,10 +20,10 @@ parser.add_argument("--steps-per-epoch", type=int, default=6)
 parser.add_argument("--kill-at-step", type=int, default=None)
 parser.add_argument("--kill-worker", type=int, default=None)
 parser.add_argument(
-    "--kill-after-analysed",
-    type=int,
-    default=0,
-    help="before the kill, wait (up to 5 min) until this many windows are analysed",
+    "--kill-after-analysis",
+    action="store_true",
+    help="before the kill, let the profiler finish and record the analyses of its closed "
+    "windows (on a loaded machine one may outlast the steps to the kill)",
 )
 parser.add_argument("--slow-worker", type=int, default=None)
 parser.add_argument("--slow-ms", type=float, default=0.0)
@@ -45,7 +45,6 @@ else:
     import keras
 
 import keras_dp_tools as kdt  # noqa: E402
-from keras_dp_tools.records import find_record_files  # noqa: E402
 
 if os.environ.get("TF_CONFIG"):
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
@@ -68,34 +67,14 @@ class Slow(keras.callbacks.Callback):
             time.sleep(args.slow_ms / 1000)
 
 
-def wait_for_analysed_windows(count: int, timeout_s: float = 300.0) -> None:
-    """Until ``count`` window records say "analysed": on a loaded machine the background
-    analysis of an earlier window may still run when the kill is due."""
-    deadline = time.monotonic() + timeout_s
-    while count and time.monotonic() < deadline:
-        analysed = 0
-        try:
-            paths = find_record_files(args.log_dir)
-        except FileNotFoundError:
-            paths = []
-        for path in paths:
-            for line in path.read_text().splitlines():
-                try:
-                    record = json.loads(line)
-                except ValueError:
-                    continue  # a line being written
-                analysed += record.get("type") == "window" and record.get("status") == "analysed"
-        if analysed >= count:
-            return
-        time.sleep(0.2)
-
-
 class Kill(keras.callbacks.Callback):
     def on_train_batch_end(self, batch, logs=None):
         step = int(self.model.optimizer.iterations.numpy()) - 1
         mine = args.kill_worker is None or args.kill_worker == worker
         if mine and args.kill_at_step is not None and step >= args.kill_at_step:
-            wait_for_analysed_windows(args.kill_after_analysed)
+            if args.kill_after_analysis:
+                for profiler in profilers:
+                    profiler._collect(wait=True)  # closed windows only: the open one stays
             print(f"worker {worker} killing itself after step {step}", flush=True)
             os.kill(os.getpid(), signal.SIGKILL)
 
@@ -120,6 +99,7 @@ ours = kdt.callbacks(
     profile_every=args.profile_every,
     monitor=False,
 )
+profilers = [callback for callback in ours if isinstance(callback, kdt.DataParallelProfiler)]
 # The slowdown runs before our step timer starts a step; the kill after it recorded one.
 callbacks = [Slow(), *ours, Kill()]
 if args.backup:
