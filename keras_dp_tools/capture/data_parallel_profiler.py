@@ -432,10 +432,15 @@ class DataParallelProfiler(DataParallelCallback):
             self._executor = None
         self._pending = []
 
-    @property
-    def disturbing(self) -> bool:
-        """True while a window is captured or its analysis runs: steps are slower."""
-        return self._window is not None or any(not future.done() for _, future in self._pending)
+    def disturbing(self, started: float) -> bool:
+        """Whether a step that started at ``started`` (``time.time()``) is slowed by this
+        profiler: a window is captured, or an analysis had not ended by then. The
+        report's rule for profiled steps (``analysis_end``), so both agree even when an
+        analysis ends between the two reads."""
+        if self._window is not None:
+            return True
+        ends = [record.get("analysis_end") for record, _ in self._pending]
+        return any(end is None or end >= started for end in ends)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
@@ -447,12 +452,12 @@ class DataParallelProfiler(DataParallelCallback):
 _profilers: weakref.WeakSet[DataParallelProfiler] = weakref.WeakSet()
 
 
-def profiling_disturbs(log_dir) -> bool:
-    """Whether a profiler of this process on ``log_dir`` is capturing or analysing now
-    (the steps it overlaps are the ``profiled`` ones of ``kdt.Report``)."""
+def profiling_disturbs(log_dir, started: float) -> bool:
+    """Whether a profiler of this process on ``log_dir`` disturbs a step that started at
+    ``started`` (the steps it overlaps are the ``profiled`` ones of ``kdt.Report``)."""
     if not _profilers:
         return False
-    busy = [profiler for profiler in list(_profilers) if profiler.disturbing]
+    busy = [profiler for profiler in list(_profilers) if profiler.disturbing(started)]
     if not busy:  # StepTimer asks every step: resolving paths costs ~0.1 ms
         return False
     where = Path(log_dir).resolve()

@@ -88,8 +88,9 @@ class StepTimer(DataParallelCallback):
 
     def on_train_batch_begin(self, batch, logs=None):
         self._steps.begin_call(batch)
-        self._disturbed = self.tensorboard and profiling_disturbs(self.log_dir)
-        self._call_started = (time.time(), time.perf_counter())
+        started_at = time.time()  # the step record's time: the report's profiled rule
+        self._disturbed = self.tensorboard and profiling_disturbs(self.log_dir, started_at)
+        self._call_started = (started_at, time.perf_counter())
 
     def on_train_batch_end(self, batch, logs=None):
         if self._call_started is None:
@@ -113,7 +114,7 @@ class StepTimer(DataParallelCallback):
             warmup=warmup,
         )
         if self.tensorboard:
-            disturbed = warmup or self._disturbed or profiling_disturbs(self.log_dir)
+            disturbed = warmup or self._disturbed or profiling_disturbs(self.log_dir, started_at)
             self._points.append((step, step_ms, examples_per_s, disturbed))
             if len(self._points) >= SCALAR_BATCH:
                 self._write_points()
