@@ -25,9 +25,11 @@ WIDTH = 128
 EXAMPLES = 32 * 24
 # Across three repeats of each configuration on a loaded 2-core machine the medians of
 # the same run varied by up to x1.4 (exposed wait) and the bus bandwidth 0.19-0.50 GB/s
-# (x2.6). The errors this guards against were larger: per-call times read as per-step
-# (x4 at spe=4), pairing the wrong peers (comm share x3.3 off), bus bandwidth 4x too low.
-SHARE_RATIO = 2.0
+# (x2.6), and a fresh-clone CI run saw exposed transfer differ x2.15 between the two
+# configurations. The errors this guards against were larger: per-call times read as
+# per-step (x4 at spe=4), pairing the wrong peers (comm share x3.3 off), bus bandwidth
+# 4x too low.
+SHARE_RATIO = 2.5
 BANDWIDTH_RATIO = 3.0
 
 
@@ -181,7 +183,7 @@ def test_central_storage_reductions_are_communication(tmp_path):
     gradients go to the parameter device as _Send events (gradient_tape/replica_k/...),
     TF sums them there with a top-level AddN, and the variables come back as _Send
     events of replica_k/.../ReadVariableOp. The reduction is every replica's
-    communication: each replica's all-reduce time covers the summed raw AddN events."""
+    communication: each replica's all-reduce time covers the raw AddN events."""
     result = subprocess.run(
         [sys.executable, "-c", CENTRAL_STORAGE, str(tmp_path)],
         capture_output=True,
@@ -206,7 +208,15 @@ def test_central_storage_reductions_are_communication(tmp_path):
             and marker.start_ps <= event.start_ps < marker.end_ps
         ]
         assert addn, "no reduction in the step"
-        total_ms = sum(event.end_ps - event.start_ps for event in addn) / 1e9
+        # Their union within the step (AddNs of two threads may overlap; one may run past
+        # the marker, where the step's time ends), merged here by hand.
+        clipped = sorted((event.start_ps, min(event.end_ps, marker.end_ps)) for event in addn)
+        covered_ps, reached = 0, None
+        for start, end in clipped:
+            start = start if reached is None else max(start, reached)
+            covered_ps += max(end - start, 0)
+            reached = end if reached is None else max(reached, end)
+        total_ms = covered_ps / 1e9
         for replica in (0, 1):
             assert replicas.loc[(marker.step, replica), "allreduce_ms"] >= total_ms * 0.999
             assert replicas.loc[(marker.step, replica), "sync_wait_ms"] == 0
