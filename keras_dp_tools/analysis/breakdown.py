@@ -27,6 +27,7 @@ Pure functions over a parsed trace: no TensorFlow session, no training needed.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import operator
 import os
@@ -139,7 +140,8 @@ _MARKER, _LAUNCH = "marker", "launch"  # host events read for their stats, not a
 
 @dataclass
 class _Spans:
-    """The spans of a trace as columns (one entry per span, in trace order).
+    """The spans of a trace as columns (one entry per span, in trace order until
+    ``_sort_by_start``).
 
     Times are picoseconds from ``origin_ps`` (absolute picoseconds overflow int64).
     Only the few spans whose replica the op's copies decide carry a ``name``, and only
@@ -191,25 +193,28 @@ class _SpanColumns:
             self.keys[self.count + index] = key
         for index, name in sorted((names or {}).items()):
             self.names[self.count + index] = name
-        self.chunks.append((kind, replica, start, end))
+        self._append(kind, replica, start, end)
         self.count += len(kind)
+
+    def _append(self, kind, replica, start, end) -> None:
+        # Kinds and replicas are small numbers: held compact from the start.
+        self.chunks.append((kind.astype(np.int8, copy=False), _compact(replica), start, end))
 
     def _chunk_rows(self) -> None:
         if self.rows:
-            self.chunks.append(tuple(np.array(self.rows, dtype=np.int64).T))
+            self._append(*np.array(self.rows, dtype=np.int64).T)
             self.rows = []
 
     def build(self) -> _Spans:
         self._chunk_rows()
-        # Column by column, each column's chunks freed once joined: the spans are held
-        # about once, not twice, at the peak.
+        # Column by column, each column's chunks freed once joined and their memory
+        # handed back: the spans are held about once, not twice, at the peak.
         parts = [list(column) for column in zip(*self.chunks, strict=True)] or [[]] * 4
         self.chunks = []
         kind, replica, start, end = (
             _join(parts, column, dtype)
-            for column, dtype in enumerate((np.int8, np.int64, np.int64, np.int64))
+            for column, dtype in enumerate((np.int8, np.int16, np.int64, np.int64))
         )
-        replica = _compact(replica)
         # Marker indices: int32 unless a trace ever holds 2**31 markers.
         launched = np.full(
             self.count, -1, dtype=_index_dtype(max(self.launched.values(), default=0))
@@ -219,9 +224,26 @@ class _SpanColumns:
         )
         reducing = np.ones(self.count, dtype=bool)
         reducing[self.not_reducing] = False
-        return _Spans(
-            self.origin_ps, kind, replica, start, end, launched, reducing, self.keys, self.names
-        )
+        keys, names, self.keys, self.names = self.keys, self.names, {}, {}  # handed over
+        return _Spans(self.origin_ps, kind, replica, start, end, launched, reducing, keys, names)
+
+
+def _sort_by_start(spans: _Spans) -> None:
+    """Puts the spans in order of start, in place (stable: equal starts keep trace
+    order, which the sync waits' tie-break follows), so the step index needs no
+    positions and no copy of the starts. One column is copied at a time."""
+    count = len(spans.start)
+    order = np.argsort(spans.start, kind="stable").astype(_index_dtype(count), copy=False)
+    sparse = np.fromiter({*spans.keys, *spans.names}, np.int64)
+    marked = np.zeros(count, dtype=bool)
+    marked[sparse] = True
+    moved = np.flatnonzero(marked[order])  # new positions of the keyed and named spans
+    del marked
+    new_of = dict(zip(order[moved].tolist(), moved.tolist(), strict=True))
+    spans.keys = {new_of[old]: key for old, key in spans.keys.items()}
+    spans.names = {new_of[old]: name for old, name in spans.names.items()}
+    for column in ("kind", "replica", "start", "end", "launched", "reducing"):
+        setattr(spans, column, getattr(spans, column)[order])
 
 
 def _index_dtype(largest: int):
@@ -238,12 +260,34 @@ def _compact(values: np.ndarray) -> np.ndarray:
 
 
 def _join(parts: list[list[np.ndarray]], column: int, dtype) -> np.ndarray:
+    """One column's chunks joined (in ``dtype``, or wider where a chunk needs it)."""
     chunks, parts[column] = parts[column], []
     if not chunks:
         return np.empty(0, dtype)
-    joined = np.concatenate(chunks).astype(dtype, copy=False)
+    joined = np.concatenate(chunks, dtype=np.result_type(dtype, *chunks))
     chunks.clear()
+    release_freed_memory()
     return joined
+
+
+def release_freed_memory() -> None:
+    """Hands memory freed inside the C heap back to the system (glibc's
+    ``malloc_trim``; nothing elsewhere). The line-sized arrays the reading leaves
+    are below glibc's mmap threshold: once freed, their pages stay in the process
+    (about the size of the spans) unless trimmed, and the analysis peaks after."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None).malloc_trim
+    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS, Windows)
+        return None
 
 
 def _origin_ps(space) -> int:
@@ -565,29 +609,30 @@ def _nullable(values: np.ndarray, present: np.ndarray) -> list:
 _COMPUTE, _REDUCE, _GATHER, _INPUT, _REDUCING, _WAIT = (1 << bit for bit in range(6))
 
 
+# Spans per block of the step index's running maximum of ends.
+_REACH_BLOCK = 256
+
+
 class _StepIndex:
     """Finds the spans of a run of markers without scanning them all: spans launched by
-    a marker are sorted by marker; the others by start, with the running maximum of
-    their ends, so two binary searches bound the candidates of a time window."""
+    a marker are sorted by marker; the others are found by time in the spans sorted
+    by start (``_sort_by_start``), bounded by two binary searches: on the starts, and
+    on the running maximum of the ends block by block (a few kB, not a span-sized
+    array: a block reached before the window starts holds none of its spans)."""
 
     def __init__(self, spans: _Spans):
         linked = spans.launched >= 0
         launched = np.flatnonzero(linked)
         self.launched = launched[np.argsort(spans.launched[launched], kind="stable")]
         self.launcher = spans.launched[self.launched]
-        unlinked = np.flatnonzero(~linked) if len(launched) else None
+        self.linked = linked if len(launched) else None  # CPU traces: every span by time
         del linked, launched
-        # Positions fit int32 (2**31 spans would be ~50 GB of arrays): half the memory.
-        positions = _index_dtype(len(spans.start))
-        if unlinked is None:  # CPU traces: no launch links, every span by time
-            self.unlinked = np.argsort(spans.start, kind="stable").astype(positions)
-        else:
-            by_start = np.argsort(spans.start[unlinked], kind="stable")
-            self.unlinked = unlinked[by_start].astype(positions)
-            del unlinked, by_start
-        self.unlinked_starts = spans.start[self.unlinked]
-        self.reached = np.maximum.accumulate(spans.end[self.unlinked])
-        self.ends = spans.end
+        ends = spans.end
+        heads = np.arange(0, len(ends), _REACH_BLOCK)
+        self.reached = (
+            np.maximum.accumulate(np.maximum.reduceat(ends, heads)) if len(ends) else ends
+        )
+        self.starts, self.ends = spans.start, ends
 
     def spans(self, first: int, stop: int, start: int, end: int) -> np.ndarray:
         """Positions of the spans launched by markers ``first..stop-1`` or overlapping
@@ -595,9 +640,11 @@ class _StepIndex:
         launched = self.launched[
             np.searchsorted(self.launcher, first) : np.searchsorted(self.launcher, stop)
         ]
-        low = np.searchsorted(self.reached, start, side="right")
-        high = np.searchsorted(self.unlinked_starts, end, side="left")
-        candidates = self.unlinked[low:high]
+        low = int(np.searchsorted(self.reached, start, side="right")) * _REACH_BLOCK
+        high = int(np.searchsorted(self.starts, end, side="left"))
+        candidates = np.arange(low, max(low, high))
+        if self.linked is not None:
+            candidates = candidates[~self.linked[candidates]]
         return np.concatenate([launched, candidates[self.ends[candidates] > start]])
 
 
@@ -687,13 +734,30 @@ def _rank_in_group(*columns) -> np.ndarray:
     return np.arange(len(columns[0])) - np.repeat(heads, sizes)
 
 
+class _KeyIds:
+    """Peer keys as integers, looked up by span positions (-1: none): held only for
+    the collectives, not per span."""
+
+    def __init__(self, positions: np.ndarray, ids: np.ndarray):
+        order = np.argsort(positions)
+        self.positions, self.ids = positions[order], ids[order]
+
+    def __getitem__(self, positions) -> np.ndarray:
+        positions = np.asarray(positions)
+        if not len(self.positions):
+            return np.full(positions.shape, -1, dtype=np.int64)
+        at = np.minimum(np.searchsorted(self.positions, positions), len(self.positions) - 1)
+        return np.where(self.positions[at] == positions, self.ids[at], -1)
+
+
 def _key_ids(spans: _Spans):
-    """Peer keys as integers per span (-1: none) and each key's ``iter_id`` as an
-    integer (-1: none)."""
+    """Peer keys as integers by span position (``_KeyIds``) and each key's
+    ``iter_id`` as an integer (-1: none)."""
     ids: dict[tuple, int] = {}
-    key_ids = np.full(len(spans.kind), -1, dtype=_index_dtype(len(spans.keys)))
-    for position, key in spans.keys.items():
-        key_ids[position] = ids.setdefault(key, len(ids))
+    key_ids = _KeyIds(
+        np.fromiter(spans.keys, np.int64, len(spans.keys)),
+        np.fromiter((ids.setdefault(key, len(ids)) for key in spans.keys.values()), np.int64),
+    )
     iterations: dict[object, int] = {}
     iteration_ids = np.array(
         [-1 if key[-1] is None else iterations.setdefault(key[-1], len(iterations)) for key in ids],
@@ -1047,10 +1111,12 @@ def _read_trace(space, replicas: int | None, devices: Sequence[str] | None) -> _
     if ordinals is not None:
         _add_gpu_spans(space, ordinals, columns, launches, markers)
         spans = columns.build()
+        _sort_by_start(spans)
         return _Trace(markers, spans, replicas or len(ordinals), None, True)
     spans = columns.build()
     replica_count = replicas or _cpu_replica_count(spans)
-    spans, attribution = _attribute_cpu_replicas(spans, replica_count)
+    spans, attribution = _attribute_cpu_replicas(spans, replica_count)  # in trace order
+    _sort_by_start(spans)
     return _Trace(markers, spans, replica_count, attribution, False)
 
 
