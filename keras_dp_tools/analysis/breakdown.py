@@ -157,6 +157,9 @@ class _Spans:
     reducing: np.ndarray  # counts towards the all-reduce bandwidth (not another NCCL op)
     keys: dict[int, tuple] = field(default_factory=dict)
     names: dict[int, str] = field(default_factory=dict)
+    # Once sorted by start, the peer keys as integers (``_key_ids``) replace ``keys``,
+    # and ``names`` (read by the replica attribution, in trace order) are dropped.
+    key_ids: tuple | None = None
 
 
 class _SpanColumns:
@@ -231,19 +234,31 @@ class _SpanColumns:
 def _sort_by_start(spans: _Spans) -> None:
     """Puts the spans in order of start, in place (stable: equal starts keep trace
     order, which the sync waits' tie-break follows), so the step index needs no
-    positions and no copy of the starts. One column is copied at a time."""
+    positions and no copy of the starts. Holds a column twice at most, one at a time;
+    columns of one value (CPU traces: launch links, bandwidth use) take no memory."""
     count = len(spans.start)
+    for column in ("launched", "reducing"):
+        values = getattr(spans, column)
+        if len(values) and not (values != values[0]).any():
+            setattr(spans, column, np.broadcast_to(values[:1].copy(), values.shape))
+    key_ids, iteration_ids = _key_ids(spans)
+    spans.keys, spans.names = {}, {}
+    release_freed_memory()
     order = np.argsort(spans.start, kind="stable").astype(_index_dtype(count), copy=False)
-    sparse = np.fromiter({*spans.keys, *spans.names}, np.int64)
     marked = np.zeros(count, dtype=bool)
-    marked[sparse] = True
-    moved = np.flatnonzero(marked[order])  # new positions of the keyed and named spans
+    marked[key_ids.positions] = True
+    moved = np.flatnonzero(marked[order])  # new positions of the keyed spans
     del marked
     new_of = dict(zip(order[moved].tolist(), moved.tolist(), strict=True))
-    spans.keys = {new_of[old]: key for old, key in spans.keys.items()}
-    spans.names = {new_of[old]: name for old, name in spans.names.items()}
+    new_positions = np.fromiter(map(new_of.__getitem__, key_ids.positions.tolist()), np.int64)
+    spans.key_ids = _KeyIds(new_positions, key_ids.ids), iteration_ids
     for column in ("kind", "replica", "start", "end", "launched", "reducing"):
-        setattr(spans, column, getattr(spans, column)[order])
+        values = getattr(spans, column)
+        if values.strides != (0,):  # not one value
+            setattr(spans, column, values[order])
+        del values
+    del order
+    release_freed_memory()
 
 
 def _index_dtype(largest: int):
@@ -871,7 +886,7 @@ def _batch_lengths(
 
 # Spans per batch of markers: bounds the engine's memory (its arrays are a few times
 # the spans it holds) while keeping numpy's per-call overhead small.
-_BATCH_SPANS = 1 << 17
+_BATCH_SPANS = 1 << 16
 
 
 def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFacts, peak_gbps):
@@ -887,7 +902,7 @@ def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFac
     step_start = np.fromiter((m.start_ps - origin for m in markers), np.int64, count)
     marker_ends = np.fromiter((m.end_ps - origin for m in markers), np.int64, count)
     index = _StepIndex(spans)
-    key_ids, iteration_ids = _key_ids(spans)
+    key_ids, iteration_ids = spans.key_ids
     ranks = facts.group_size
     multi = bool(ranks and ranks > 1)
     per_batch = max(1, _BATCH_SPANS * count // max(len(spans.kind), 1))
@@ -909,7 +924,8 @@ def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFac
                 multi,
             )
         )
-    del index, key_ids, iteration_ids  # a span-sized index: gone before the rows are built
+    del index, key_ids, iteration_ids, spans  # gone before the rows are built (take_spans)
+    release_freed_memory()
     lengths = {name: np.concatenate([batch[name] for batch in batches]) for name in batches[0]}
     step_end = lengths.pop("step_end")
     steps = np.array(
@@ -1102,6 +1118,12 @@ class _Trace:
     attribution: str | None
     on_gpu: bool
 
+    def take_spans(self) -> _Spans:
+        """The spans, no longer held here: the breakdown frees them (the largest part
+        of its memory) as soon as it has the steps' lengths, before building rows."""
+        spans, self.spans = self.spans, None
+        return spans
+
 
 def _read_trace(space, replicas: int | None, devices: Sequence[str] | None) -> _Trace:
     columns = _SpanColumns(_origin_ps(space))
@@ -1142,7 +1164,7 @@ def _break_down(
         group_size=group_size or trace.replica_count,
     )
     replica_frame = _replica_frame(
-        trace.markers, trace.spans, trace.replica_count, devices, facts, link_peak_gbps
+        trace.markers, trace.take_spans(), trace.replica_count, devices, facts, link_peak_gbps
     )
     replica_frame = replica_frame.astype(dict.fromkeys(_BANDWIDTHS, float))
     steps = _step_rows(replica_frame, facts, link_peak_gbps)
