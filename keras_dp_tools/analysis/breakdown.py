@@ -245,6 +245,7 @@ def _sort_by_start(spans: _Spans) -> None:
     spans.keys, spans.names = {}, {}
     release_freed_memory()
     order = np.argsort(spans.start, kind="stable").astype(_index_dtype(count), copy=False)
+    release_freed_memory()  # the int64 order, where glibc put it on the heap
     marked = np.zeros(count, dtype=bool)
     marked[key_ids.positions] = True
     moved = np.flatnonzero(marked[order])  # new positions of the keyed spans
@@ -256,7 +257,8 @@ def _sort_by_start(spans: _Spans) -> None:
         values = getattr(spans, column)
         if values.strides != (0,):  # not one value
             setattr(spans, column, values[order])
-        del values
+            del values
+            release_freed_memory()  # the column in trace order
     del order
     release_freed_memory()
 
