@@ -888,7 +888,7 @@ def _batch_lengths(
 
 # Spans per batch of markers: bounds the engine's memory (its arrays are a few times
 # the spans it holds) while keeping numpy's per-call overhead small.
-_BATCH_SPANS = 1 << 16
+_BATCH_SPANS = 1 << 15
 
 
 def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFacts, peak_gbps):
