@@ -640,6 +640,25 @@ def training_markdown(training: dict) -> list[str]:
     return lines
 
 
+def synthetic_markdown(rows: list[dict]) -> list[str]:
+    lines = [
+        "## Synthetic traces (analysis in a fresh process; goal 1M events < 5 s, memory < 3x file)",
+        "",
+        "Memory: growth of the peak RSS during the analysis (imports done, peak reset), and",
+        "the peak of Python allocations (tracemalloc, a second run) for comparison.",
+        "",
+        "| events | file | time | per event | peak RSS growth | growth / file | Python peak |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['events']:,} | {r['file_mb']:.1f} MB | {r['seconds']:.2f} s | "
+            f"{r['us_per_event']:.2f} us | {r['memory_growth_mb']:.1f} MB | "
+            f"{r['memory_over_file']:.1f}x | {r['python_peak_mb']:.1f} MB |"
+        )
+    return lines
+
+
 def markdown(results: dict, smoke: bool) -> str:
     m = results["machine"]
     lines = [
@@ -670,20 +689,8 @@ def markdown(results: dict, smoke: bool) -> str:
         f"analyze_trace {results['xprof']['variant_s']:.2f} s, XProf "
         f"{results['xprof']['baseline_s']:.2f} s: ratio {fmt(results['xprof'])}.",
         "",
-        "## Synthetic traces (analysis in a fresh process; goal 1M events < 5 s, memory < 3x file)",
-        "",
-        "Memory: growth of the peak RSS during the analysis (imports done, peak reset), and",
-        "the peak of Python allocations (tracemalloc, a second run) for comparison.",
-        "",
-        "| events | file | time | per event | peak RSS growth | growth / file | Python peak |",
-        "|---|---|---|---|---|---|---|",
     ]
-    for r in results["synthetic"]:
-        lines.append(
-            f"| {r['events']:,} | {r['file_mb']:.1f} MB | {r['seconds']:.2f} s | "
-            f"{r['us_per_event']:.2f} us | {r['memory_growth_mb']:.1f} MB | "
-            f"{r['memory_over_file']:.1f}x | {r['python_peak_mb']:.1f} MB |"
-        )
+    lines += synthetic_markdown(results["synthetic"])
     lines += [
         "",
         "## `Report.load` of step records (goal 1M rows < 2 s)",
@@ -711,11 +718,18 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=["training"],
+        choices=["training", "synthetic"],
         help="run one section and replace only it (and the notes) in the existing output",
     )
     args = parser.parse_args(argv)
     smoke = args.smoke
+    if args.only == "synthetic":  # no training: the analysis runs in fresh processes
+        with tempfile.TemporaryDirectory(prefix="kdp_bench_") as scratch:
+            sizes = [2000] if smoke else [10_000, 100_000, 1_000_000]
+            rows = bench_synthetic(sizes, Path(scratch))
+        rerun = "Rerun alone (`bench.py --only synthetic`); the sections above are from the last"
+        section = [*synthetic_markdown(rows), "", rerun + " `make bench`."]
+        return write_section(args, section, smoke)
     import keras_dp_tools as kdt
 
     kdt.configure_devices(4)
