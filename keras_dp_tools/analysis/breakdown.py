@@ -243,9 +243,9 @@ def _sort_by_start(spans: _Spans) -> None:
             setattr(spans, column, np.broadcast_to(values[:1].copy(), values.shape))
     key_ids, iteration_ids = _key_ids(spans)
     spans.keys, spans.names = {}, {}
-    release_freed_memory()
+    _release_freed_memory()
     order = np.argsort(spans.start, kind="stable").astype(_index_dtype(count), copy=False)
-    release_freed_memory()  # the int64 order, where glibc put it on the heap
+    _release_freed_memory()  # the int64 order, where glibc put it on the heap
     marked = np.zeros(count, dtype=bool)
     marked[key_ids.positions] = True
     moved = np.flatnonzero(marked[order])  # new positions of the keyed spans
@@ -258,9 +258,9 @@ def _sort_by_start(spans: _Spans) -> None:
         if values.strides != (0,):  # not one value
             setattr(spans, column, values[order])
             del values
-            release_freed_memory()  # the column in trace order
+            _release_freed_memory()  # the column in trace order
     del order
-    release_freed_memory()
+    _release_freed_memory()
 
 
 def _index_dtype(largest: int):
@@ -283,11 +283,11 @@ def _join(parts: list[list[np.ndarray]], column: int, dtype) -> np.ndarray:
         return np.empty(0, dtype)
     joined = np.concatenate(chunks, dtype=np.result_type(dtype, *chunks))
     chunks.clear()
-    release_freed_memory()
+    _release_freed_memory()
     return joined
 
 
-def release_freed_memory() -> None:
+def _release_freed_memory() -> None:
     """Hands memory freed inside the C heap back to the system (glibc's
     ``malloc_trim``; nothing elsewhere). The line-sized arrays the reading leaves
     are below glibc's mmap threshold: once freed, their pages stay in the process
@@ -927,7 +927,7 @@ def _replica_frame(markers, spans: _Spans, replica_count, devices, facts: RunFac
             )
         )
     del index, key_ids, iteration_ids, spans  # gone before the rows are built (take_spans)
-    release_freed_memory()
+    _release_freed_memory()
     lengths = {name: np.concatenate([batch[name] for batch in batches]) for name in batches[0]}
     step_end = lengths.pop("step_end")
     steps = np.array(
