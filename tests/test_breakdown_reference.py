@@ -8,11 +8,14 @@ lengths over one sort).
 
 from __future__ import annotations
 
+from unittest import mock
+
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from keras_dp_tools.analysis import analyze_xspace
+from keras_dp_tools.analysis import breakdown as breakdown_module
 from tests.xplane_builder import MS, SpaceBuilder
 
 INPUT_NAME = "IteratorGetNextOp::DoCompute"  # a tf.data wait: shared by all replicas
@@ -193,14 +196,32 @@ def build(replicas, steps, events):
     return builder.space
 
 
-@settings(
-    max_examples=60,
-    deadline=None,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+_SETTINGS = {
+    "deadline": None,
+    "suppress_health_check": [HealthCheck.too_slow, HealthCheck.data_too_large],
+}
+
+
+@settings(max_examples=60, **_SETTINGS)
 @given(traces())
 def test_engine_matches_the_brute_force_reference_on_random_traces(trace):
-    replicas, steps, events = trace
+    _check_against_reference(*trace)
+
+
+@settings(max_examples=40, **_SETTINGS)
+@given(traces())
+def test_tiny_batches_and_index_blocks_lose_no_span(trace):
+    """Batches of 3 spans and index blocks of 2: the steps' spans are found across many
+    blocks of the running maximum of ends and split over many batches (real traces
+    take blocks of 256 and batches of 32k spans, more than these small traces hold)."""
+    with (
+        mock.patch.object(breakdown_module, "_BATCH_SPANS", 3),
+        mock.patch.object(breakdown_module, "_REACH_BLOCK", 2),
+    ):
+        _check_against_reference(*trace)
+
+
+def _check_against_reference(replicas, steps, events):
     space = build(replicas, steps, events)
     breakdown = analyze_xspace(space, replicas=replicas, allreduce_bytes=4_000_000)
     expected = reference_rows(steps, events, replicas, 4_000_000)
