@@ -281,3 +281,75 @@ def test_window_without_device_events_is_marked_failed(tmp_path, keras, strategy
     window = kdt.Report.load(tmp_path).windows.iloc[0]
     assert window["status"] == "failed"
     assert "UnusableTraceError" in window["reason"] and "CUPTI" in window["reason"]
+
+
+# two_gpu_run's rows, computed by hand in the docstrings above: (step, replica) ->
+# step, compute, all-reduce, sync wait, input and other ms.
+TWO_GPU_ROWS = {
+    (1, 0): (11.0, 6.0, 3.5, 1.5, 0.4, 1.1),
+    (1, 1): (11.0, 6.5, 2.5, 0.0, 0.0, 2.0),
+    (2, 0): (10.0, 5.5, 2.0, 0.0, 0.0, 2.5),
+    (2, 1): (10.0, 4.5, 2.0, 0.0, 0.0, 3.5),
+}
+
+
+def assert_two_gpu_rows(replicas):
+    columns = ["step_ms", "compute_ms", "allreduce_ms", "sync_wait_ms", "input_ms", "other_ms"]
+    rows = rows_by(replicas)
+    assert sorted(rows) == sorted(TWO_GPU_ROWS)
+    for key, expected in TWO_GPU_ROWS.items():
+        assert [rows[key][column] for column in columns] == pytest.approx(expected), key
+
+
+def analysed(space, tmp_path, from_file):
+    devices = ["/gpu:0", "/gpu:1"]
+    if not from_file:
+        return analyze_xspace(space, devices=devices).replicas
+    path = tmp_path / "plugins" / "profile" / "2026_11_29_10_00_00" / "host.xplane.pb"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(space.SerializeToString())  # read back streamed, line by line
+    return analyze_trace(path, devices=devices, xprof=False).replicas
+
+
+@pytest.mark.parametrize("from_file", [False, True])
+def test_a_first_line_at_timestamp_zero_does_not_move_the_origin(gpu_trace, tmp_path, from_file):
+    """A line without events at ``timestamp_ns`` 0 first in the host plane, the others
+    at a Unix time (1.7e18 ns; 1.7e21 ps from 0 overflows int64): the rows are the
+    hand-computed ones. (This failed with OverflowError before.)"""
+    space = two_gpu_run(gpu_trace).space
+    host = next(plane for plane in space.planes if plane.name == "/host:CPU")
+    lines = [type(line)() for line in host.lines]
+    for copy, line in zip(lines, host.lines, strict=True):
+        copy.CopyFrom(line)
+    del host.lines[:]
+    host.lines.add(id=99, name="empty", timestamp_ns=0)
+    host.lines.extend(lines)
+    assert_two_gpu_rows(analysed(space, tmp_path, from_file))
+
+
+@pytest.mark.parametrize("from_file", [False, True])
+def test_a_clock_counted_from_zero_gives_the_same_rows(gpu_trace, tmp_path, from_file):
+    """Every line starts at its first event on a clock whose zero is the first event:
+    the host's python line is at ``timestamp_ns`` 0 (a field the file then omits), the
+    GPU streams at 0, 1, 2, 5.5, 7 and 9 ms. Same hand-computed rows."""
+    from tests.gpu_traces import rebase
+
+    space = rebase(two_gpu_run(gpu_trace).space, 0)
+    timestamps = {line.timestamp_ns for plane in space.planes for line in plane.lines}
+    assert 0 in timestamps and 5_500_000 in timestamps  # the lines start apart
+    assert_two_gpu_rows(analysed(space, tmp_path, from_file))
+
+
+def test_lines_on_different_clocks_are_refused_with_the_reason(gpu_trace):
+    """Device lines counted from 0 but host lines at a Unix time (1.7e18 ns, ~19,700
+    days apart) cannot be put on one timeline: refused, not guessed."""
+    from tests.gpu_traces import rebase
+    from tests.xplane_builder import LINE_START_NS
+
+    space = rebase(two_gpu_run(gpu_trace).space, 0)
+    for plane in space.planes:
+        if plane.name == "/host:CPU":
+            for line in plane.lines:
+                line.timestamp_ns += LINE_START_NS
+    with pytest.raises(UnusableTraceError, match=r"19,676 days apart.*not on one clock"):
+        analyze_xspace(space, devices=["/gpu:0", "/gpu:1"])

@@ -209,10 +209,49 @@ def _missing_events_reason(ordinals, idle, planes, busy) -> str:
 _KIND_CODE = {kind: code for code, kind in enumerate(Kind)}
 _EVENT_FIELDS = operator.attrgetter("metadata_id", "offset_ps", "duration_ps")
 _STATS = operator.attrgetter("stats")
-# A stat's id and the fields its value may sit in (unset ones read 0).
-_STAT_FIELDS = operator.attrgetter("metadata_id", "ref_value", "int64_value")
-_UNSIGNED = operator.attrgetter("uint64_value")
+# A stat's id and the fields ids are kept in (unset ones read 0); the others (strings,
+# signed ids) are read stat by stat where these say nothing.
+_STAT_FIELDS = operator.attrgetter("metadata_id", "ref_value", "uint64_value")
 _NO_OP = -1  # an event without a tf_op stat of its own
+
+
+def stat_table(events, count: int) -> tuple[np.ndarray, np.ndarray]:
+    """The stats of ``count`` events as arrays: each stat's event (by position) and an
+    (n, 3) array of its metadata id, ``ref_value`` and ``uint64_value`` (0 when unset).
+    The attribute reads run in C (``map``); no stat becomes a dict."""
+    sizes = np.fromiter(map(len, map(_STATS, events)), np.int64, count)
+    total = int(sizes.sum())
+
+    def flat():
+        stats = itertools.chain.from_iterable(map(_STATS, events))
+        return itertools.chain.from_iterable(map(_STAT_FIELDS, stats))
+
+    try:
+        fields = np.fromiter(flat(), np.int64, 3 * total)
+    except OverflowError:  # a uint64 above 2**63 (not an id): kept as its bits
+        fields = np.fromiter(flat(), np.uint64, 3 * total).view(np.int64)
+    return np.repeat(np.arange(count), sizes), fields.reshape(-1, 3)
+
+
+def _stat_at(events, owner: np.ndarray, index: int):
+    """The ``index``-th stat of ``stat_table``'s rows, as a message."""
+    event = int(owner[index])
+    first = int(np.searchsorted(owner, event))  # owner is sorted: the event's first stat
+    return events[event].stats[index - first]
+
+
+def correlation_ids(events, owner, fields, stat_id: int, count: int) -> np.ndarray:
+    """Each event's ``correlation_id`` (-1: none; CUPTI writes it as uint64, an int64
+    one is read too) from ``stat_table``'s arrays; an event's later stat wins, as in a
+    dict of its stats."""
+    correlation = np.full(count, -1, dtype=np.int64)
+    found = np.flatnonzero(fields[:, 0] == stat_id)
+    if len(found):
+        value = fields[found, 2].copy()
+        for i in np.flatnonzero(value == 0).tolist():  # unset as uint64 (rare)
+            value[i] = _stat_at(events, owner, int(found[i])).int64_value
+        correlation[owner[found]] = value
+    return correlation
 
 
 class _PlaneReader:
@@ -264,35 +303,33 @@ class _PlaneReader:
     def _stat_columns(self, events, count: int):
         """Per event: its ``correlation_id`` (-1: none) and its own ``tf_op`` as a key
         (a stat metadata id for a ref, ``-2 - k`` for the k-th string; -1: none)."""
-        sizes = np.fromiter(map(len, map(_STATS, events)), np.int64, count)
-        stats = list(itertools.chain.from_iterable(map(_STATS, events)))
-        total = len(stats)
-        fields = np.fromiter(
-            itertools.chain.from_iterable(map(_STAT_FIELDS, stats)), np.int64, 3 * total
-        ).reshape(-1, 3)
-        owner = np.repeat(np.arange(count), sizes)
-        correlation = np.full(count, -1, dtype=np.int64)
-        found = np.flatnonzero(fields[:, 0] == self.correlation_id)
-        if len(found):
-            unsigned = np.fromiter(
-                map(_UNSIGNED, (stats[i] for i in found.tolist())), np.uint64, len(found)
-            ).astype(np.int64)
-            # A stat's later value wins, as in a dict of the event's stats.
-            correlation[owner[found]] = np.where(unsigned != 0, unsigned, fields[found, 2])
+        owner, fields = stat_table(events, count)
+        correlation = correlation_ids(events, owner, fields, self.correlation_id, count)
         op = np.full(count, _NO_OP, dtype=np.int64)
         found = np.flatnonzero(fields[:, 0] == self.op_id)
         if len(found):
             key = fields[found, 1]
             for i in np.flatnonzero(key == 0).tolist():  # a string, not a ref (rare)
-                text = stats[int(found[i])].str_value
+                text = _stat_at(events, owner, int(found[i])).str_value
                 key[i] = -2 - self.op_strings.setdefault(text, len(self.op_strings))
             op[owner[found]] = key
         return correlation, op
 
     def _kinds(self, metadata_ids: np.ndarray, op: np.ndarray):
         """Kind codes and the reducing flag per event, from its (metadata, tf_op) pair."""
-        pairs, inverse = np.unique(np.stack([metadata_ids, op]), axis=1, return_inverse=True)
-        roles = [self._role(meta, key) for meta, key in pairs.T.tolist()]
+        if (
+            len(metadata_ids)
+            and max(metadata_ids.max(), op.max()) < 1 << 31
+            and op.min() > -(1 << 31)
+        ):
+            pair = metadata_ids << 32 | (op + (1 << 31))  # one integer per pair: a fast unique
+            unique, inverse = np.unique(pair, return_inverse=True)
+            low = (unique & 0xFFFFFFFF) - (1 << 31)
+            pairs = zip((unique >> 32).tolist(), low.tolist(), strict=True)
+        else:
+            unique, inverse = np.unique(np.stack([metadata_ids, op]), axis=1, return_inverse=True)
+            pairs = unique.T.tolist()
+        roles = [self._role(meta, key) for meta, key in pairs]
         kind = np.array([role[0] for role in roles], dtype=np.int8)
         reducing = np.array([role[1] for role in roles], dtype=bool)
         inverse = inverse.reshape(-1)
