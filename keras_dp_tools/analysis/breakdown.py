@@ -349,10 +349,10 @@ class _PlainRoles:
 
 def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
     """One pass over the host planes: the spans of classified events (into ``columns``;
-    only input waits if ``inputs_only``), and the step markers and CUDA launches as
-    ``TraceEvent`` (few events). Events are classified by their metadata, once, and
-    read line by line into arrays; only the events whose stats matter (collectives,
-    markers, launches) are read one by one."""
+    only input waits if ``inputs_only``), the step markers as ``TraceEvent`` (few
+    events) and the CUDA launches as arrays (``gpu_trace.read_launches``). Events are
+    classified by their metadata, once, and read line by line into arrays; only the
+    events whose stats matter (collectives, markers) are read one by one."""
     markers, launches = [], []
     origin = columns.origin_ps
     for plane in host_planes(space):
@@ -369,6 +369,11 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
                 special[key] = (role, meta.name, _stats(meta.stats, stat_names))
         roles = _PlainRoles(plain)
         special_ids = np.array(sorted(special), dtype=np.int64)
+        # CUDA launches (one per kernel) are read as arrays (gpu_trace.read_launches).
+        launch_ids = np.array([k for k, v in special.items() if v[0][0] == _LAUNCH], np.int64)
+        correlation_stat = next(
+            (k for k, name in stat_names.items() if name == gpu_trace.CORRELATION_STAT), -2
+        )
         for line in plane.lines:
             if not len(line.events):
                 continue
@@ -378,7 +383,14 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
             events = _event_columns(line.events)
             metadata_ids = events[:, 0]
             rows = []  # spans of events read one by one: (event index, span)
-            for index in np.flatnonzero(np.isin(metadata_ids, special_ids)).tolist():
+            launched = np.isin(metadata_ids, launch_ids)
+            if launched.any():
+                launches.append(
+                    gpu_trace.read_launches(
+                        line.events, np.flatnonzero(launched), base + events[:, 1], correlation_stat
+                    )
+                )
+            for index in np.flatnonzero(np.isin(metadata_ids, special_ids) & ~launched).tolist():
                 role, name, meta_stats = special[int(metadata_ids[index])]
                 if len(role) == 4 and not off_python:
                     continue
@@ -392,8 +404,6 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
                 )
                 if role[0] == _MARKER:
                     markers.append(traced)
-                elif role[0] == _LAUNCH:
-                    launches.append(traced)
                 else:
                     rows.append((index, _host_span(role, traced, devices, origin)))
             if off_python:

@@ -374,18 +374,24 @@ def read_device_events(plane, origin_ps: int) -> DeviceEvents:
     return _PlaneReader(plane, origin_ps).read(plane.lines)
 
 
-def launch_links(launches: Sequence[TraceEvent], markers: Sequence[StepMarker], origin_ps: int):
+def read_launches(events, indices: np.ndarray, starts: np.ndarray, stat_id: int):
+    """(correlation ids, starts) of the host CUDA calls at ``indices`` of a line's
+    ``events`` (``starts``: every event's start) that carry a ``correlation_id`` (stat
+    metadata id ``stat_id``), as arrays."""
+    chosen = [events[index] for index in indices.tolist()]
+    owner, fields = stat_table(chosen, len(chosen))
+    correlation = correlation_ids(chosen, owner, fields, stat_id, len(chosen))
+    linked = correlation >= 0
+    return correlation[linked], starts[indices][linked]
+
+
+def launch_links(launches, markers: Sequence[StepMarker], origin_ps: int):
     """(correlation ids sorted, index of the marker enclosing each one's launch) for the
-    host CUDA calls ``launches`` that run inside a step marker. Markers do not overlap
-    (``step_markers`` keeps one set); a correlation id launched twice keeps its last
-    launch."""
-    pairs = [
-        (int(event.stats[CORRELATION_STAT]), event.start_ps - origin_ps)
-        for event in launches
-        if event.stats.get(CORRELATION_STAT) is not None
-    ]
-    correlation = np.array([pair[0] for pair in pairs], dtype=np.int64)
-    at = np.array([pair[1] for pair in pairs], dtype=np.int64)
+    host CUDA calls ``launches`` (``read_launches``' arrays, line by line) that run
+    inside a step marker. Markers do not overlap (``step_markers`` keeps one set); a
+    correlation id launched twice keeps its last launch."""
+    correlation = np.concatenate([ids for ids, _ in launches] or [np.empty(0, np.int64)])
+    at = np.concatenate([starts for _, starts in launches] or [np.empty(0, np.int64)])
     starts = np.array([marker.start_ps - origin_ps for marker in markers], dtype=np.int64)
     ends = np.array([marker.end_ps - origin_ps for marker in markers], dtype=np.int64)
     index = np.searchsorted(starts, at, side="right") - 1
