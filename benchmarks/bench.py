@@ -322,8 +322,9 @@ def bench_gpu(folder: Path, events: int, rounds: int, baseline: str | None) -> d
     ``baseline`` (a git revision) the package at that revision, interleaved."""
     trace = synthetic_gpu_trace(folder / "gpu" / "host.xplane.pb", events)
     roots = {"after": ROOT}
-    if baseline:
-        roots = {"before": export_tree(baseline, folder / "baseline"), **roots}
+    if baseline:  # a revision, or a folder holding the package as it was
+        before = Path(baseline) if Path(baseline).is_dir() else None
+        roots = {"before": before or export_tree(baseline, folder / "baseline"), **roots}
     measured = {label: [] for label in roots}
     for index in range(rounds):  # alternating order: before, after, after, before, ...
         for label, root in list(roots.items())[:: 1 if index % 2 == 0 else -1]:
@@ -889,7 +890,8 @@ def main(argv=None) -> int:
     parser.add_argument(
         "--gpu-baseline",
         metavar="REV",
-        help="git revision whose analysis the synthetic GPU trace is also timed with",
+        help="git revision (or a folder with its keras_dp_tools) whose analysis the "
+        "synthetic GPU trace is also timed with",
     )
     args = parser.parse_args(argv)
     smoke = args.smoke
