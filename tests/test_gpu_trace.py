@@ -353,3 +353,57 @@ def test_lines_on_different_clocks_are_refused_with_the_reason(gpu_trace):
                 line.timestamp_ns += LINE_START_NS
     with pytest.raises(UnusableTraceError, match=r"19,676 days apart.*not on one clock"):
         analyze_xspace(space, devices=["/gpu:0", "/gpu:1"])
+
+
+def test_line_events_read_from_the_wire_match_protobuf(tf):
+    """``xevents`` decodes a line's events and stats with numpy; protobuf's own parser
+    is the reference, on values that need every varint length (negative int64, uint64
+    above 2**63), events longer than 127 bytes, strings, doubles and refs."""
+    import random
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from keras_dp_tools.analysis.xevents import read_line_events
+
+    chance = random.Random(12)
+    line = xplane_pb2.XLine(id=7, name="Stream #7(Compute)", timestamp_ns=1 << 60)
+    for index in range(300):
+        event = line.events.add(
+            metadata_id=chance.choice([1, 200, 1 << 40]),
+            duration_ps=chance.choice([0, 5, 1 << 62]),
+        )
+        if index % 7:
+            event.offset_ps = chance.choice([0, 127, 128, -1, (1 << 63) - 1])
+        else:
+            event.num_occurrences = 3  # the oneof's other member: no offset
+        for _ in range(chance.randrange(5)):
+            stat = event.stats.add(metadata_id=chance.choice([1, 3, 300]))
+            which = chance.randrange(6)
+            if which == 0:
+                stat.uint64_value = chance.choice([0, 1, (1 << 64) - 1])
+            elif which == 1:
+                stat.int64_value = chance.choice([-1, -(1 << 63), 42])
+            elif which == 2:
+                stat.ref_value = chance.choice([0, 9, 1 << 33])
+            elif which == 3:
+                stat.str_value = "x" * chance.choice([0, 3, 200])
+            elif which == 4:
+                stat.double_value = 0.5
+    line.display_name = "after the events"
+    table = read_line_events(line)
+
+    assert table.metadata_id.tolist() == [e.metadata_id for e in line.events]
+    assert table.offset_ps.tolist() == [e.offset_ps for e in line.events]
+    assert table.duration_ps.tolist() == [e.duration_ps for e in line.events]
+    stats = [(i, s) for i, e in enumerate(line.events) for s in e.stats]
+    assert table.event.tolist() == [i for i, _ in stats]
+    assert table.stat_metadata_id.tolist() == [s.metadata_id for _, s in stats]
+    for position, (_, stat) in enumerate(stats):
+        kind = stat.WhichOneof("value")
+        assert table.has_uint64[position] == (kind == "uint64_value")
+        assert int(table.uint64_value[position]) % (1 << 64) == stat.uint64_value
+        assert table.has_int64[position] == (kind == "int64_value")
+        assert table.int64_value[position] == stat.int64_value
+        assert table.has_ref[position] == (kind == "ref_value")
+        assert table.ref_value[position] == stat.ref_value
+        assert table.text(position) == (stat.str_value if kind == "str_value" else None)

@@ -387,7 +387,7 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
             if launched.any():
                 launches.append(
                     gpu_trace.read_launches(
-                        line.events, np.flatnonzero(launched), base + events[:, 1], correlation_stat
+                        line, np.flatnonzero(launched), base + events[:, 1], correlation_stat
                     )
                 )
             for index in np.flatnonzero(np.isin(metadata_ids, special_ids) & ~launched).tolist():

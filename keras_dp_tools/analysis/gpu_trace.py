@@ -24,8 +24,6 @@ the time window of the marker.
 
 from __future__ import annotations
 
-import itertools
-import operator
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from keras_dp_tools.analysis.classify import Kind, classify_device_event
+from keras_dp_tools.analysis.xevents import EventTable, read_line_events
 from keras_dp_tools.analysis.xspace import (
     StepMarker,
     TraceEvent,
@@ -207,50 +206,18 @@ def _missing_events_reason(ordinals, idle, planes, busy) -> str:
 
 
 _KIND_CODE = {kind: code for code, kind in enumerate(Kind)}
-_EVENT_FIELDS = operator.attrgetter("metadata_id", "offset_ps", "duration_ps")
-_STATS = operator.attrgetter("stats")
-# A stat's id and the fields ids are kept in (unset ones read 0); the others (strings,
-# signed ids) are read stat by stat where these say nothing.
-_STAT_FIELDS = operator.attrgetter("metadata_id", "ref_value", "uint64_value")
 _NO_OP = -1  # an event without a tf_op stat of its own
 
 
-def stat_table(events, count: int) -> tuple[np.ndarray, np.ndarray]:
-    """The stats of ``count`` events as arrays: each stat's event (by position) and an
-    (n, 3) array of its metadata id, ``ref_value`` and ``uint64_value`` (0 when unset).
-    The attribute reads run in C (``map``); no stat becomes a dict."""
-    sizes = np.fromiter(map(len, map(_STATS, events)), np.int64, count)
-    total = int(sizes.sum())
-
-    def flat():
-        stats = itertools.chain.from_iterable(map(_STATS, events))
-        return itertools.chain.from_iterable(map(_STAT_FIELDS, stats))
-
-    try:
-        fields = np.fromiter(flat(), np.int64, 3 * total)
-    except OverflowError:  # a uint64 above 2**63 (not an id): kept as its bits
-        fields = np.fromiter(flat(), np.uint64, 3 * total).view(np.int64)
-    return np.repeat(np.arange(count), sizes), fields.reshape(-1, 3)
-
-
-def _stat_at(events, owner: np.ndarray, index: int):
-    """The ``index``-th stat of ``stat_table``'s rows, as a message."""
-    event = int(owner[index])
-    first = int(np.searchsorted(owner, event))  # owner is sorted: the event's first stat
-    return events[event].stats[index - first]
-
-
-def correlation_ids(events, owner, fields, stat_id: int, count: int) -> np.ndarray:
+def correlation_ids(table: EventTable, stat_id: int) -> np.ndarray:
     """Each event's ``correlation_id`` (-1: none; CUPTI writes it as uint64, an int64
-    one is read too) from ``stat_table``'s arrays; an event's later stat wins, as in a
-    dict of its stats."""
-    correlation = np.full(count, -1, dtype=np.int64)
-    found = np.flatnonzero(fields[:, 0] == stat_id)
-    if len(found):
-        value = fields[found, 2].copy()
-        for i in np.flatnonzero(value == 0).tolist():  # unset as uint64 (rare)
-            value[i] = _stat_at(events, owner, int(found[i])).int64_value
-        correlation[owner[found]] = value
+    one is read too); an event's later stat wins, as in a dict of its stats."""
+    correlation = np.full(len(table.metadata_id), -1, dtype=np.int64)
+    found = np.flatnonzero(table.stat_metadata_id == stat_id)
+    unsigned, signed = table.has_uint64[found], table.has_int64[found]
+    value = np.where(unsigned, table.uint64_value[found], table.int64_value[found])
+    valid = unsigned | signed
+    correlation[table.event[found[valid]]] = value[valid]
     return correlation
 
 
@@ -283,37 +250,31 @@ class _PlaneReader:
         return DeviceEvents(*(np.concatenate(column) for column in zip(*parts, strict=True)))
 
     def _line(self, line):
-        events = line.events
-        count = len(events)
-        if not count or not (line.display_name or line.name).startswith(STREAM_LINE_PREFIX):
+        if not len(line.events) or not (line.display_name or line.name).startswith(
+            STREAM_LINE_PREFIX
+        ):
             return None
-        base = line.timestamp_ns * 1000 - self.origin_ps
-        columns = np.fromiter(
-            itertools.chain.from_iterable(map(_EVENT_FIELDS, events)), np.int64, 3 * count
-        ).reshape(-1, 3)
-        start = base + columns[:, 1]
-        end = start + columns[:, 2]
-        correlation, op = self._stat_columns(events, count)
-        kind, reducing = self._kinds(columns[:, 0], op)
-        metadata_correlation = self._metadata_correlation(columns[:, 0], correlation)
+        table = read_line_events(line)
+        start = (line.timestamp_ns * 1000 - self.origin_ps) + table.offset_ps
+        end = start + table.duration_ps
+        correlation = correlation_ids(table, self.correlation_id)
+        kind, reducing = self._kinds(table.metadata_id, self._ops(table))
+        metadata_correlation = self._metadata_correlation(table.metadata_id, correlation)
         if metadata_correlation is not None:
             correlation = metadata_correlation
         return kind, start, end, correlation, reducing
 
-    def _stat_columns(self, events, count: int):
-        """Per event: its ``correlation_id`` (-1: none) and its own ``tf_op`` as a key
-        (a stat metadata id for a ref, ``-2 - k`` for the k-th string; -1: none)."""
-        owner, fields = stat_table(events, count)
-        correlation = correlation_ids(events, owner, fields, self.correlation_id, count)
-        op = np.full(count, _NO_OP, dtype=np.int64)
-        found = np.flatnonzero(fields[:, 0] == self.op_id)
-        if len(found):
-            key = fields[found, 1]
-            for i in np.flatnonzero(key == 0).tolist():  # a string, not a ref (rare)
-                text = _stat_at(events, owner, int(found[i])).str_value
-                key[i] = -2 - self.op_strings.setdefault(text, len(self.op_strings))
-            op[owner[found]] = key
-        return correlation, op
+    def _ops(self, table: EventTable) -> np.ndarray:
+        """Per event its own ``tf_op`` as a key: a stat metadata id for a ref,
+        ``-2 - k`` for the k-th string; -1: none."""
+        op = np.full(len(table.metadata_id), _NO_OP, dtype=np.int64)
+        found = np.flatnonzero(table.stat_metadata_id == self.op_id)
+        key = table.ref_value[found].copy()
+        for i in np.flatnonzero(~table.has_ref[found]).tolist():  # a string (rare)
+            text = table.text(int(found[i])) or ""
+            key[i] = -2 - self.op_strings.setdefault(text, len(self.op_strings))
+        op[table.event[found]] = key
+        return op
 
     def _kinds(self, metadata_ids: np.ndarray, op: np.ndarray):
         """Kind codes and the reducing flag per event, from its (metadata, tf_op) pair."""
@@ -374,13 +335,11 @@ def read_device_events(plane, origin_ps: int) -> DeviceEvents:
     return _PlaneReader(plane, origin_ps).read(plane.lines)
 
 
-def read_launches(events, indices: np.ndarray, starts: np.ndarray, stat_id: int):
+def read_launches(line, indices: np.ndarray, starts: np.ndarray, stat_id: int):
     """(correlation ids, starts) of the host CUDA calls at ``indices`` of a line's
-    ``events`` (``starts``: every event's start) that carry a ``correlation_id`` (stat
+    events (``starts``: every event's start) that carry a ``correlation_id`` (stat
     metadata id ``stat_id``), as arrays."""
-    chosen = [events[index] for index in indices.tolist()]
-    owner, fields = stat_table(chosen, len(chosen))
-    correlation = correlation_ids(chosen, owner, fields, stat_id, len(chosen))
+    correlation = correlation_ids(read_line_events(line), stat_id)[indices]
     linked = correlation >= 0
     return correlation[linked], starts[indices][linked]
 
