@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from keras_dp_tools.analysis.classify import Kind, classify_device_event
-from keras_dp_tools.analysis.xevents import EventTable, read_line_events
+from keras_dp_tools.analysis.xevents import EventTable, read_events, read_line_events
 from keras_dp_tools.analysis.xspace import (
     StepMarker,
     TraceEvent,
@@ -207,6 +207,7 @@ def _missing_events_reason(ordinals, idle, planes, busy) -> str:
 
 _KIND_CODE = {kind: code for code, kind in enumerate(Kind)}
 _NO_OP = -1  # an event without a tf_op stat of its own
+_BATCH_BYTES = 1 << 23  # serialised lines read at once (~150k device events)
 
 
 def correlation_ids(table: EventTable, stat_id: int) -> np.ndarray:
@@ -242,20 +243,30 @@ class _PlaneReader:
         self.roles: dict[tuple[int, int], tuple[int, bool]] = {}
 
     def read(self, lines) -> DeviceEvents:
-        parts = [self._line(line) for line in lines]
-        parts = [part for part in parts if part is not None]
+        """The events of the stream lines among ``lines``, read in batches of about
+        ``_BATCH_BYTES`` of serialised lines (numpy's per-call cost is then small)."""
+        parts, batch, bases, size = [], [], [], 0
+        for line in lines:
+            if not len(line.events) or not (line.display_name or line.name).startswith(
+                STREAM_LINE_PREFIX
+            ):
+                continue
+            batch.append(line.SerializeToString())
+            bases.append(line.timestamp_ns * 1000 - self.origin_ps)
+            size += len(batch[-1])
+            if size >= _BATCH_BYTES:
+                parts.append(self._batch(batch, bases))
+                batch, bases, size = [], [], 0
+        if batch:
+            parts.append(self._batch(batch, bases))
         if not parts:
             empty = np.empty(0, np.int64)
             return DeviceEvents(np.empty(0, np.int8), empty, empty, empty, np.empty(0, bool))
         return DeviceEvents(*(np.concatenate(column) for column in zip(*parts, strict=True)))
 
-    def _line(self, line):
-        if not len(line.events) or not (line.display_name or line.name).startswith(
-            STREAM_LINE_PREFIX
-        ):
-            return None
-        table = read_line_events(line)
-        start = (line.timestamp_ns * 1000 - self.origin_ps) + table.offset_ps
+    def _batch(self, lines: list[bytes], bases: list[int]):
+        table, line_of = read_events(lines)
+        start = np.array(bases, dtype=np.int64)[line_of] + table.offset_ps
         end = start + table.duration_ps
         correlation = correlation_ids(table, self.correlation_id)
         kind, reducing = self._kinds(table.metadata_id, self._ops(table))
