@@ -407,3 +407,30 @@ def test_line_events_read_from_the_wire_match_protobuf(tf):
         assert table.has_ref[position] == (kind == "ref_value")
         assert table.ref_value[position] == stat.ref_value
         assert table.text(position) == (stat.str_value if kind == "str_value" else None)
+
+
+def test_line_timestamps_of_a_streamed_file_in_any_field_order(tf, tmp_path):
+    """``line_timestamps`` reads a streamed line's ``timestamp_ns`` from its first bytes
+    when it precedes the events (as serialisers write it), and parses the line when it
+    follows them: both agree with protobuf; a line without events is left out."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from keras_dp_tools.analysis.xspace import line_timestamps, stream_xspace
+
+    def field(number, payload):  # a length-delimited field (lengths < 128 here)
+        return bytes([number << 3 | 2, len(payload)]) + payload
+
+    event = xplane_pb2.XEvent(metadata_id=1, offset_ps=5, duration_ps=7).SerializeToString()
+    ordered = xplane_pb2.XLine(id=1, name="a", timestamp_ns=1 << 60)
+    ordered.events.add(metadata_id=1, offset_ps=5, duration_ps=7)
+    events_first = field(4, event) + xplane_pb2.XLine(timestamp_ns=123).SerializeToString()
+    empty = xplane_pb2.XLine(id=3, name="empty", timestamp_ns=0).SerializeToString()
+    plane = xplane_pb2.XPlane(id=1, name="/host:CPU").SerializeToString()
+    for line in (ordered.SerializeToString(), events_first, empty):
+        plane += field(3, line)
+    path = tmp_path / "t.xplane.pb"
+    path.write_bytes(field(1, plane))
+    parsed = xplane_pb2.XSpace.FromString(path.read_bytes()).planes[0]
+    assert [line.timestamp_ns for line in parsed.lines] == [1 << 60, 123, 0]
+    assert line_timestamps(stream_xspace(path).planes[0]) == [1 << 60, 123]
+    assert line_timestamps(parsed) == [1 << 60, 123]

@@ -161,12 +161,12 @@ _UNKNOWN = object()
 def _line_timestamp(head: bytes):
     """The ``timestamp_ns`` of the line whose first bytes are ``head`` if it holds
     events, None if it holds none, ``_UNKNOWN`` if ``head`` does not say."""
-    position, timestamp = 0, 0
+    position, timestamp = 0, None
     while position < len(head):
         try:
             tag, position = _varint(head, position)
-            if tag >> 3 == _LINE_EVENTS:
-                return timestamp if position <= len(head) else _UNKNOWN
+            if tag >> 3 == _LINE_EVENTS:  # a timestamp not seen yet may be 0 or follow
+                return _UNKNOWN if timestamp is None else timestamp
             if tag & 7 == 2:
                 length, position = _varint(head, position)
                 position += length
