@@ -359,7 +359,8 @@ def gpu_markdown(gpu: dict) -> list[str]:
     lines = [
         "## Synthetic 8-GPU trace (analysis in a fresh process, interleaved)",
         "",
-        f"{gpu['events']:,} device events and as many host launches, "
+        f"About {gpu['events']:,} device events on 8 GPUs, all but the all-reduce and "
+        f"one kernel per step and GPU launched from the host (a launch event each), "
         f"{gpu['file_mb']:.1f} MB. Memory: growth of the peak RSS during the analysis.",
         "",
         "| code | time (median) | peak RSS growth | rows |",
