@@ -223,9 +223,9 @@ def correlation_ids(table: EventTable, stat_id: int) -> np.ndarray:
 
 
 class _PlaneReader:
-    """Reads the stream lines of one GPU plane into arrays. Kinds are decided once per
-    (event metadata, ``tf_op`` value) pair, never per event; the per-event work is the
-    attribute reads of the events and their stats, run in C by ``map``."""
+    """Reads the stream lines of one GPU plane into arrays. Events and their stats are
+    decoded by ``xevents`` (numpy over the wire format); kinds are decided once per
+    (event metadata, ``tf_op`` value) pair, never per event."""
 
     def __init__(self, plane, origin_ps: int):
         self.origin_ps = origin_ps
@@ -291,6 +291,7 @@ class _PlaneReader:
         """Kind codes and the reducing flag per event, from its (metadata, tf_op) pair."""
         if (
             len(metadata_ids)
+            and metadata_ids.min() >= 0
             and max(metadata_ids.max(), op.max()) < 1 << 31
             and op.min() > -(1 << 31)
         ):
