@@ -159,9 +159,12 @@ else:  # imports done: reset the peak RSS (VmHWM) to the current RSS
         clear.write("5")
 before = status_kib("VmRSS")
 start = time.perf_counter()
-result = analyze_trace(sys.argv[1], allreduce_bytes=1 << 20)
+# Our engine alone: XProf's own conversion (on by default for GPU traces) is timed apart.
+result = analyze_trace(sys.argv[1], allreduce_bytes=1 << 20, xprof=False)
 seconds = time.perf_counter() - start
 measured = {"seconds": seconds, "rows": len(result.replicas)}
+import pandas  # a digest of the rows, to check that two versions agree
+measured["digest"] = int(pandas.util.hash_pandas_object(result.replicas, index=False).sum())
 if traced:
     measured["python_peak_kib"] = tracemalloc.get_traced_memory()[1] / 1024
 else:
@@ -170,13 +173,13 @@ print(json.dumps(measured))
 """
 
 
-def measure_in_child(trace: Path, mode: str = "rss") -> dict:
+def measure_in_child(trace: Path, mode: str = "rss", root: Path = ROOT) -> dict:
     """Analysis time and memory of one trace in a fresh process that has imported
     everything first: with ``mode="rss"`` the growth of the peak RSS during the
     analysis (Linux: the peak is reset after the imports); with ``"tracemalloc"``
     the peak of Python's own allocations (numpy included; not the protobuf arena)."""
     output = subprocess.run(
-        [sys.executable, "-c", _MEASURE_CHILD, str(trace), str(ROOT), mode],
+        [sys.executable, "-c", _MEASURE_CHILD, str(trace), str(root), mode],
         capture_output=True,
         text=True,
         check=True,
@@ -204,6 +207,176 @@ def bench_synthetic(sizes: list[int], folder: Path) -> list[dict]:
         )
         print(f"synthetic {events}: {rows[-1]}", flush=True)
     return rows
+
+
+# -- synthetic GPU traces ------------------------------------------------------------
+
+
+def synthetic_gpu_trace(path: Path, events: int, gpus: int = 8) -> Path:
+    """A GPU trace with the schema of TensorFlow's CUPTI collector (as
+    tests/gpu_traces.py builds it): per step and GPU, an H2D input copy, kernels on a
+    compute stream (some with a ``tf_op``, the optimizer's running after the marker
+    ends), one NCCL all-reduce whose start differs per GPU (sync waits), and a kernel
+    without a launch link; every linked device event has its ``cuLaunchKernel`` on the
+    host (same ``correlation_id``). ~``events`` device events (as many launches)."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    kernels = 56  # + input copy + all-reduce + unlinked kernel = 59 events per GPU-step
+    steps = max(1, round(events / (gpus * (kernels + 3))))
+    line_start_ns = 1_700_000_000_000_000_000
+    space = xplane_pb2.XSpace()
+    host = space.planes.add(id=1, name="/host:CPU")
+    host_stats = ["step_num", "_r", "kdp", "correlation_id", "device_id"]
+    for stat_id, name in enumerate(host_stats, 1):
+        host.stat_metadata[stat_id].id = stat_id
+        host.stat_metadata[stat_id].name = name
+    for event_id, name in enumerate(["train", "cuLaunchKernel", "cuMemcpyHtoDAsync_v2"], 1):
+        host.event_metadata[event_id].id = event_id
+        host.event_metadata[event_id].name = name
+    python = host.lines.add(id=1, name="python", timestamp_ns=line_start_ns)
+    launchers = [
+        host.lines.add(id=2 + g, name=f"tf_Compute/{g}", timestamp_ns=line_start_ns)
+        for g in range(gpus)
+    ]
+    names = [
+        "MemcpyH2D",
+        "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+        "void unlinked_kernel<float>(float*)",
+        *(f"void kernel_{k}<float>(float*, int)" for k in range(kernels)),
+    ]
+    device_stats = ["correlation_id", "context_id", "kernel_details", "tf_op"]
+    ops = [f"model/dense_{k}/MatMul:MatMul" for k in range(8)]
+    stream_lines = ((13, "Stream #13(Compute)"), (14, "Stream #14(MemcpyH2D)"))
+    planes = []
+    for g in range(gpus):
+        plane = space.planes.add(id=2 + g, name=f"/device:GPU:{g}")
+        for stat_id, name in enumerate([*device_stats, "details", *ops], 1):
+            plane.stat_metadata[stat_id].id = stat_id
+            plane.stat_metadata[stat_id].name = name
+        for event_id, name in enumerate(names, 1):
+            plane.event_metadata[event_id].id = event_id
+            plane.event_metadata[event_id].name = name
+        lines = {
+            stream: plane.lines.add(id=stream, name=name, timestamp_ns=line_start_ns)
+            for stream, name in (*stream_lines, (20, "Stream #20(Compute)"))
+        }
+        planes.append(lines)
+    step_ps, per_kernel = 10 * MS, 6 * MS // kernels
+    correlation = 0
+
+    def device_event(lines, stream, metadata_id, start, duration, linked, op=None):
+        nonlocal correlation
+        event = lines[stream].events.add(
+            metadata_id=metadata_id, offset_ps=start, duration_ps=duration
+        )
+        if linked is not None:
+            correlation += 1
+            event.stats.add(metadata_id=1, uint64_value=correlation)
+        event.stats.add(metadata_id=2, str_value="$$1")
+        event.stats.add(metadata_id=3, ref_value=5)
+        if op is not None:
+            event.stats.add(metadata_id=4, ref_value=6 + op)
+        if linked is not None:
+            launcher, at, api = linked
+            launch = launcher.events.add(metadata_id=api, offset_ps=at, duration_ps=5000)
+            launch.stats.add(metadata_id=4, uint64_value=correlation)
+            launch.stats.add(metadata_id=5, uint64_value=0)
+
+    for step in range(steps):
+        base = step * step_ps
+        marker = python.events.add(metadata_id=1, offset_ps=base, duration_ps=8 * MS)
+        for stat_id, value in ((1, step), (2, 1), (3, 1)):
+            marker.stats.add(metadata_id=stat_id, int64_value=value)
+        for g, lines in enumerate(planes):
+            launcher = launchers[g]
+            device_event(lines, 14, 1, base, MS // 5, (launcher, base + 1000, 3))
+            for k in range(kernels):
+                # The last kernels (the optimizer's) run after the marker has ended.
+                start = base + MS // 2 + k * per_kernel + (2 * MS if k >= kernels - 4 else 0)
+                at = base + MS // 10 + k * (MS // 20)
+                op = k % 8 if k % 3 == 0 else None
+                device_event(lines, 13, 4 + k, start, per_kernel - 2000, (launcher, at, 2), op)
+            reduce_start = base + 6 * MS + g * MS // 20
+            device_event(lines, 20, 2, reduce_start, 7 * MS - reduce_start + base, None)
+            lines[20].events[-1].stats.add(metadata_id=1, uint64_value=10**9 + step * gpus + g)
+            device_event(lines, 13, 3, base + 9 * MS, MS // 4, None)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(space.SerializeToString())
+    return path
+
+
+def export_tree(revision: str, folder: Path) -> Path:
+    """The package as it was at a git revision, unpacked into ``folder`` (to import it
+    in a child process beside the working tree's)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", revision, "keras_dp_tools"],
+        capture_output=True,
+        check=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive, check=True)
+    return folder
+
+
+def bench_gpu(folder: Path, events: int, rounds: int, baseline: str | None) -> dict:
+    """Analysis of a synthetic 8-GPU trace in fresh processes: this tree, and with
+    ``baseline`` (a git revision) the package at that revision, interleaved."""
+    trace = synthetic_gpu_trace(folder / "gpu" / "host.xplane.pb", events)
+    roots = {"after": ROOT}
+    if baseline:  # a revision, or a folder holding the package as it was
+        before = Path(baseline) if Path(baseline).is_dir() else None
+        roots = {"before": before or export_tree(baseline, folder / "baseline"), **roots}
+    measured = {label: [] for label in roots}
+    for index in range(rounds):  # alternating order: before, after, after, before, ...
+        for label, root in list(roots.items())[:: 1 if index % 2 == 0 else -1]:
+            measured[label].append(measure_in_child(trace, root=root))
+            print(f"gpu {label}: {measured[label][-1]}", flush=True)
+    result = {
+        "events": events,
+        "file_mb": trace.stat().st_size / 1e6,
+        "baseline": baseline,
+        "rows": {label: runs[0]["rows"] for label, runs in measured.items()},
+        "same_rows": len({runs[0]["digest"] for runs in measured.values()}) == 1,
+    }
+    for label, runs in measured.items():
+        result[label] = {
+            "seconds": statistics.median(run["seconds"] for run in runs),
+            "memory_mb": statistics.median(run["growth_kib"] for run in runs) * 1024 / 1e6,
+        }
+    if baseline:
+        result["time_ratio"] = ratios(
+            [
+                {"before": a["seconds"], "after": b["seconds"]}
+                for a, b in zip(measured["before"], measured["after"], strict=True)
+            ],
+            "after",
+            "before",
+        )
+    return result
+
+
+def gpu_markdown(gpu: dict) -> list[str]:
+    lines = [
+        "## Synthetic 8-GPU trace (analysis in a fresh process, interleaved)",
+        "",
+        f"About {gpu['events']:,} device events on 8 GPUs, all but the all-reduce and "
+        f"one kernel per step and GPU launched from the host (a launch event each), "
+        f"{gpu['file_mb']:.1f} MB. Memory: growth of the peak RSS during the analysis.",
+        "",
+        "| code | time (median) | peak RSS growth | rows |",
+        "|---|---|---|---|",
+    ]
+    for label in ("before", "after"):
+        if label in gpu:
+            name = f"`{gpu['baseline']}`" if label == "before" else "this tree"
+            lines.append(
+                f"| {name} | {gpu[label]['seconds']:.2f} s | "
+                f"{gpu[label]['memory_mb']:.0f} MB | {gpu['rows'][label]} |"
+            )
+    if "time_ratio" in gpu:
+        same = "identical" if gpu["same_rows"] else "DIFFERENT"
+        lines += ["", f"Time after / before: {fmt(gpu['time_ratio'])}; rows {same}."]
+    return lines
 
 
 # -- analysis vs XProf -------------------------------------------------------------
@@ -691,6 +864,8 @@ def markdown(results: dict, smoke: bool) -> str:
         "",
     ]
     lines += synthetic_markdown(results["synthetic"])
+    if "gpu" in results:
+        lines += ["", *gpu_markdown(results["gpu"])]
     lines += [
         "",
         "## `Report.load` of step records (goal 1M rows < 2 s)",
@@ -718,8 +893,14 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=["training", "synthetic"],
+        choices=["training", "synthetic", "gpu"],
         help="run one section and replace only it (and the notes) in the existing output",
+    )
+    parser.add_argument(
+        "--gpu-baseline",
+        metavar="REV",
+        help="git revision (or a folder with its keras_dp_tools) whose analysis the "
+        "synthetic GPU trace is also timed with",
     )
     args = parser.parse_args(argv)
     smoke = args.smoke
@@ -730,6 +911,11 @@ def main(argv=None) -> int:
         rerun = "Rerun alone (`bench.py --only synthetic`); the sections above are from the last"
         section = [*synthetic_markdown(rows), "", rerun + " `make bench`."]
         return write_section(args, section, smoke)
+    gpu_events, gpu_rounds = (2000, 1) if smoke else (500_000, 4)
+    if args.only == "gpu":
+        with tempfile.TemporaryDirectory(prefix="kdp_bench_") as scratch:
+            gpu = bench_gpu(Path(scratch), gpu_events, gpu_rounds, args.gpu_baseline)
+        return write_section(args, gpu_markdown(gpu), smoke)
     import keras_dp_tools as kdt
 
     kdt.configure_devices(4)
@@ -773,6 +959,7 @@ def main(argv=None) -> int:
         print(f"analysis vs xprof: {xprof}", flush=True)
         sizes = [2000] if smoke else [10_000, 100_000, 1_000_000]
         results["synthetic"] = bench_synthetic(sizes, folder)
+        results["gpu"] = bench_gpu(folder, gpu_events, gpu_rounds, args.gpu_baseline)
         load_sizes = [1000] if smoke else [10_000, 100_000, 1_000_000]
         results["report_load"] = bench_load(load_sizes, folder, 1 if smoke else 3)
     if args.notes.exists() and not smoke:

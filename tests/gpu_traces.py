@@ -142,3 +142,22 @@ class GpuTrace:
     def write(self, directory):
         self.space  # noqa: B018 (sorts the lines)
         return self.builder.write(directory)
+
+
+def rebase(space, epoch_ns: int):
+    """``space`` with each line starting at its first event, on a clock whose zero is
+    ``epoch_ns`` ns before the builder's time 0 (0: the first line's ``timestamp_ns``
+    is 0, as on a profiler clock counted from the session's start). The events keep
+    their times relative to each other."""
+    from tests.xplane_builder import LINE_START_NS
+
+    for plane in space.planes:
+        for line in plane.lines:
+            if not len(line.events):
+                continue
+            start_ps = (line.timestamp_ns - LINE_START_NS) * 1000
+            first_ns = (start_ps + min(event.offset_ps for event in line.events)) // 1000
+            line.timestamp_ns = epoch_ns + first_ns
+            for event in line.events:
+                event.offset_ps += start_ps - first_ns * 1000
+    return space

@@ -281,3 +281,156 @@ def test_window_without_device_events_is_marked_failed(tmp_path, keras, strategy
     window = kdt.Report.load(tmp_path).windows.iloc[0]
     assert window["status"] == "failed"
     assert "UnusableTraceError" in window["reason"] and "CUPTI" in window["reason"]
+
+
+# two_gpu_run's rows, computed by hand in the docstrings above: (step, replica) ->
+# step, compute, all-reduce, sync wait, input and other ms.
+TWO_GPU_ROWS = {
+    (1, 0): (11.0, 6.0, 3.5, 1.5, 0.4, 1.1),
+    (1, 1): (11.0, 6.5, 2.5, 0.0, 0.0, 2.0),
+    (2, 0): (10.0, 5.5, 2.0, 0.0, 0.0, 2.5),
+    (2, 1): (10.0, 4.5, 2.0, 0.0, 0.0, 3.5),
+}
+
+
+def assert_two_gpu_rows(replicas):
+    columns = ["step_ms", "compute_ms", "allreduce_ms", "sync_wait_ms", "input_ms", "other_ms"]
+    rows = rows_by(replicas)
+    assert sorted(rows) == sorted(TWO_GPU_ROWS)
+    for key, expected in TWO_GPU_ROWS.items():
+        assert [rows[key][column] for column in columns] == pytest.approx(expected), key
+
+
+def analysed(space, tmp_path, from_file):
+    devices = ["/gpu:0", "/gpu:1"]
+    if not from_file:
+        return analyze_xspace(space, devices=devices).replicas
+    path = tmp_path / "plugins" / "profile" / "2026_11_29_10_00_00" / "host.xplane.pb"
+    path.parent.mkdir(parents=True)
+    path.write_bytes(space.SerializeToString())  # read back streamed, line by line
+    return analyze_trace(path, devices=devices, xprof=False).replicas
+
+
+@pytest.mark.parametrize("from_file", [False, True])
+def test_a_first_line_at_timestamp_zero_does_not_move_the_origin(gpu_trace, tmp_path, from_file):
+    """A line without events at ``timestamp_ns`` 0 first in the host plane, the others
+    at a Unix time (1.7e18 ns; 1.7e21 ps from 0 overflows int64): the rows are the
+    hand-computed ones. (This failed with OverflowError before.)"""
+    space = two_gpu_run(gpu_trace).space
+    host = next(plane for plane in space.planes if plane.name == "/host:CPU")
+    lines = [type(line)() for line in host.lines]
+    for copy, line in zip(lines, host.lines, strict=True):
+        copy.CopyFrom(line)
+    del host.lines[:]
+    host.lines.add(id=99, name="empty", timestamp_ns=0)
+    host.lines.extend(lines)
+    assert_two_gpu_rows(analysed(space, tmp_path, from_file))
+
+
+@pytest.mark.parametrize("from_file", [False, True])
+def test_a_clock_counted_from_zero_gives_the_same_rows(gpu_trace, tmp_path, from_file):
+    """Every line starts at its first event on a clock whose zero is the first event:
+    the host's python line is at ``timestamp_ns`` 0 (a field the file then omits), the
+    GPU streams at 0, 1, 2, 5.5, 7 and 9 ms. Same hand-computed rows."""
+    from tests.gpu_traces import rebase
+
+    space = rebase(two_gpu_run(gpu_trace).space, 0)
+    timestamps = {line.timestamp_ns for plane in space.planes for line in plane.lines}
+    assert 0 in timestamps and 5_500_000 in timestamps  # the lines start apart
+    assert_two_gpu_rows(analysed(space, tmp_path, from_file))
+
+
+def test_lines_on_different_clocks_are_refused_with_the_reason(gpu_trace):
+    """Device lines counted from 0 but host lines at a Unix time (1.7e18 ns, ~19,700
+    days apart) cannot be put on one timeline: refused, not guessed."""
+    from tests.gpu_traces import rebase
+    from tests.xplane_builder import LINE_START_NS
+
+    space = rebase(two_gpu_run(gpu_trace).space, 0)
+    for plane in space.planes:
+        if plane.name == "/host:CPU":
+            for line in plane.lines:
+                line.timestamp_ns += LINE_START_NS
+    with pytest.raises(UnusableTraceError, match=r"19,676 days apart.*not on one clock"):
+        analyze_xspace(space, devices=["/gpu:0", "/gpu:1"])
+
+
+def test_line_events_read_from_the_wire_match_protobuf(tf):
+    """``xevents`` decodes a line's events and stats with numpy; protobuf's own parser
+    is the reference, on values that need every varint length (negative int64, uint64
+    above 2**63), events longer than 127 bytes, strings, doubles and refs."""
+    import random
+
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from keras_dp_tools.analysis.xevents import read_line_events
+
+    chance = random.Random(12)
+    line = xplane_pb2.XLine(id=7, name="Stream #7(Compute)", timestamp_ns=1 << 60)
+    for index in range(300):
+        event = line.events.add(
+            metadata_id=chance.choice([1, 200, 1 << 40]),
+            duration_ps=chance.choice([0, 5, 1 << 62]),
+        )
+        if index % 7:
+            event.offset_ps = chance.choice([0, 127, 128, -1, (1 << 63) - 1])
+        else:
+            event.num_occurrences = 3  # the oneof's other member: no offset
+        for _ in range(chance.randrange(5)):
+            stat = event.stats.add(metadata_id=chance.choice([1, 3, 300]))
+            which = chance.randrange(6)
+            if which == 0:
+                stat.uint64_value = chance.choice([0, 1, (1 << 64) - 1])
+            elif which == 1:
+                stat.int64_value = chance.choice([-1, -(1 << 63), 42])
+            elif which == 2:
+                stat.ref_value = chance.choice([0, 9, 1 << 33])
+            elif which == 3:
+                stat.str_value = "x" * chance.choice([0, 3, 200])
+            elif which == 4:
+                stat.double_value = 0.5
+    line.display_name = "after the events"
+    table = read_line_events(line)
+
+    assert table.metadata_id.tolist() == [e.metadata_id for e in line.events]
+    assert table.offset_ps.tolist() == [e.offset_ps for e in line.events]
+    assert table.duration_ps.tolist() == [e.duration_ps for e in line.events]
+    stats = [(i, s) for i, e in enumerate(line.events) for s in e.stats]
+    assert table.event.tolist() == [i for i, _ in stats]
+    assert table.stat_metadata_id.tolist() == [s.metadata_id for _, s in stats]
+    for position, (_, stat) in enumerate(stats):
+        kind = stat.WhichOneof("value")
+        assert table.has_uint64[position] == (kind == "uint64_value")
+        assert int(table.uint64_value[position]) % (1 << 64) == stat.uint64_value
+        assert table.has_int64[position] == (kind == "int64_value")
+        assert table.int64_value[position] == stat.int64_value
+        assert table.has_ref[position] == (kind == "ref_value")
+        assert table.ref_value[position] == stat.ref_value
+        assert table.text(position) == (stat.str_value if kind == "str_value" else None)
+
+
+def test_line_timestamps_of_a_streamed_file_in_any_field_order(tf, tmp_path):
+    """``line_timestamps`` reads a streamed line's ``timestamp_ns`` from its first bytes
+    when it precedes the events (as serialisers write it), and parses the line when it
+    follows them: both agree with protobuf; a line without events is left out."""
+    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+
+    from keras_dp_tools.analysis.xspace import line_timestamps, stream_xspace
+
+    def field(number, payload):  # a length-delimited field (lengths < 128 here)
+        return bytes([number << 3 | 2, len(payload)]) + payload
+
+    event = xplane_pb2.XEvent(metadata_id=1, offset_ps=5, duration_ps=7).SerializeToString()
+    ordered = xplane_pb2.XLine(id=1, name="a", timestamp_ns=1 << 60)
+    ordered.events.add(metadata_id=1, offset_ps=5, duration_ps=7)
+    events_first = field(4, event) + xplane_pb2.XLine(timestamp_ns=123).SerializeToString()
+    empty = xplane_pb2.XLine(id=3, name="empty", timestamp_ns=0).SerializeToString()
+    plane = xplane_pb2.XPlane(id=1, name="/host:CPU").SerializeToString()
+    for line in (ordered.SerializeToString(), events_first, empty):
+        plane += field(3, line)
+    path = tmp_path / "t.xplane.pb"
+    path.write_bytes(field(1, plane))
+    parsed = xplane_pb2.XSpace.FromString(path.read_bytes()).planes[0]
+    assert [line.timestamp_ns for line in parsed.lines] == [1 << 60, 123, 0]
+    assert line_timestamps(stream_xspace(path).planes[0]) == [1 << 60, 123]
+    assert line_timestamps(parsed) == [1 << 60, 123]

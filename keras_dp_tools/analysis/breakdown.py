@@ -57,6 +57,7 @@ from keras_dp_tools.analysis.xspace import (
     _stats,
     gpu_planes,
     host_planes,
+    line_timestamps,
     step_markers,
     stream_xspace,
 )
@@ -174,6 +175,9 @@ class _SpanColumns:
         self.rows: list[tuple[int, int, int, int]] = []  # added one by one, not yet chunked
         self.launched: dict[int, int] = {}
         self.not_reducing: list[int] = []
+        # (first position, array) of the launch links and bandwidth flags ``extend`` took.
+        self.launched_runs: list[tuple[int, np.ndarray]] = []
+        self.reducing_runs: list[tuple[int, np.ndarray]] = []
         self.keys, self.names = {}, {}
 
     def add(self, kind, replica, start, end, launched=-1, reducing=True, key=None, name=""):
@@ -189,13 +193,20 @@ class _SpanColumns:
         self.rows.append((kind, _NO_REPLICA if replica is None else replica, start, end))
         self.count += 1
 
-    def extend(self, kind, replica, start, end, keys=None, names=None) -> None:
-        """Appends spans given as arrays; ``keys`` and ``names`` by index in them."""
+    def extend(
+        self, kind, replica, start, end, keys=None, names=None, launched=None, reducing=None
+    ) -> None:
+        """Appends spans given as arrays; ``keys`` and ``names`` by index in them;
+        ``launched`` and ``reducing`` as arrays (as ``add``'s arguments per span)."""
         self._chunk_rows()
         for index, key in sorted((keys or {}).items()):  # in trace order, as ``add``
             self.keys[self.count + index] = key
         for index, name in sorted((names or {}).items()):
             self.names[self.count + index] = name
+        if launched is not None:
+            self.launched_runs.append((self.count, launched))
+        if reducing is not None:
+            self.reducing_runs.append((self.count, reducing))
         self._append(kind, replica, start, end)
         self.count += len(kind)
 
@@ -219,14 +230,24 @@ class _SpanColumns:
             for column, dtype in enumerate((np.int8, np.int16, np.int64, np.int64))
         )
         # Marker indices: int32 unless a trace ever holds 2**31 markers.
-        launched = np.full(
-            self.count, -1, dtype=_index_dtype(max(self.launched.values(), default=0))
+        largest = max(
+            [
+                *self.launched.values(),
+                *(int(run.max()) for _, run in self.launched_runs if len(run)),
+            ],
+            default=0,
         )
+        launched = np.full(self.count, -1, dtype=_index_dtype(largest))
         launched[np.fromiter(self.launched, np.int64)] = np.fromiter(
             self.launched.values(), np.int64
         )
         reducing = np.ones(self.count, dtype=bool)
         reducing[self.not_reducing] = False
+        for first, run in self.launched_runs:
+            launched[first : first + len(run)] = run
+        for first, run in self.reducing_runs:
+            reducing[first : first + len(run)] = run
+        self.launched_runs, self.reducing_runs = [], []
         keys, names, self.keys, self.names = self.keys, self.names, {}, {}  # handed over
         return _Spans(self.origin_ps, kind, replica, start, end, launched, reducing, keys, names)
 
@@ -307,12 +328,36 @@ def _malloc_trim():
         return None
 
 
+# Relative picoseconds must fit int64 (~106 days) with room for the events' offsets.
+_MAX_SPREAD_PS = 1 << 62
+
+
 def _origin_ps(space) -> int:
-    """A time near the trace's events, so relative picoseconds fit int64."""
-    for plane in space.planes:
-        for line in plane.lines:
-            return line.timestamp_ns * 1000
-    return 0
+    """The earliest start of a line that holds events on the planes the analysis reads
+    (host and GPU), so every relative picosecond is >= about 0 and fits int64. Lines
+    without events are left out: their ``timestamp_ns`` may be 0.
+
+    Raises:
+        gpu_trace.UnusableTraceError: the lines start too far apart (different clocks)
+            for one timeline.
+    """
+    starts = [
+        timestamp * 1000
+        for plane in [*host_planes(space), *gpu_planes(space).values()]
+        for timestamp in line_timestamps(plane)
+    ]
+    if not starts:
+        return 0
+    earliest, latest = min(starts), max(starts)
+    if latest - earliest > _MAX_SPREAD_PS:
+        days = (latest - earliest) / 1e12 / 86400
+        raise gpu_trace.UnusableTraceError(
+            f"The trace's lines start {days:,.0f} days apart (timestamp_ns "
+            f"{earliest // 1000} and {latest // 1000}): they are not on one clock, so its "
+            "events cannot be placed in the steps. Capture the window again; if it "
+            "recurs, report the trace."
+        )
+    return earliest
 
 
 def _host_metadata(name: str, inputs_only: bool):
@@ -365,10 +410,10 @@ class _PlainRoles:
 
 def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
     """One pass over the host planes: the spans of classified events (into ``columns``;
-    only input waits if ``inputs_only``), and the step markers and CUDA launches as
-    ``TraceEvent`` (few events). Events are classified by their metadata, once, and
-    read line by line into arrays; only the events whose stats matter (collectives,
-    markers, launches) are read one by one."""
+    only input waits if ``inputs_only``), the step markers as ``TraceEvent`` (few
+    events) and the CUDA launches as arrays (``gpu_trace.read_launches``). Events are
+    classified by their metadata, once, and read line by line into arrays; only the
+    events whose stats matter (collectives, markers) are read one by one."""
     markers, launches = [], []
     origin = columns.origin_ps
     for plane in host_planes(space):
@@ -385,6 +430,11 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
                 special[key] = (role, meta.name, _stats(meta.stats, stat_names))
         roles = _PlainRoles(plain)
         special_ids = np.array(sorted(special), dtype=np.int64)
+        # CUDA launches (one per kernel) are read as arrays (gpu_trace.read_launches).
+        launch_ids = np.array([k for k, v in special.items() if v[0][0] == _LAUNCH], np.int64)
+        correlation_stat = next(
+            (k for k, name in stat_names.items() if name == gpu_trace.CORRELATION_STAT), -2
+        )
         for line in plane.lines:
             if not len(line.events):
                 continue
@@ -394,7 +444,14 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
             events = _event_columns(line.events)
             metadata_ids = events[:, 0]
             rows = []  # spans of events read one by one: (event index, span)
-            for index in np.flatnonzero(np.isin(metadata_ids, special_ids)).tolist():
+            launched = np.isin(metadata_ids, launch_ids)
+            if launched.any():
+                launches.append(
+                    gpu_trace.read_launches(
+                        line, np.flatnonzero(launched), base + events[:, 1], correlation_stat
+                    )
+                )
+            for index in np.flatnonzero(np.isin(metadata_ids, special_ids) & ~launched).tolist():
                 role, name, meta_stats = special[int(metadata_ids[index])]
                 if len(role) == 4 and not off_python:
                     continue
@@ -408,8 +465,6 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
                 )
                 if role[0] == _MARKER:
                     markers.append(traced)
-                elif role[0] == _LAUNCH:
-                    launches.append(traced)
                 else:
                     rows.append((index, _host_span(role, traced, devices, origin)))
             if off_python:
@@ -525,14 +580,18 @@ def _op_type(name: str) -> str:
     return name.rpartition(":")[2]
 
 
-def _add_gpu_spans(space, ordinals: Sequence[int], columns: _SpanColumns, launches, markers):
-    marker_index = {(marker.step, marker.start_ps): i for i, marker in enumerate(markers)}
-    origin = columns.origin_ps
-    for s in gpu_trace.device_spans(space, ordinals, gpu_trace.launch_markers(launches, markers)):
-        launched = -1 if s.launched_in is None else marker_index[s.launched_in]
-        reducing = s.collective in (None, "all_reduce")
-        columns.add(
-            _CODE[s.kind], s.replica, s.start_ps - origin, s.end_ps - origin, launched, reducing
+def _add_gpu_spans(gpus: gpu_trace.ReplicaGpus, columns: _SpanColumns, launches, markers):
+    """Adds each replica's device events as arrays, each linked by its correlation id
+    to the marker that enclosed its host launch."""
+    links = gpu_trace.launch_links(launches, markers, columns.origin_ps)
+    for replica, events in enumerate(gpus.events):
+        columns.extend(
+            events.kind,
+            np.full(len(events.kind), replica, dtype=np.int16),
+            events.start,
+            events.end,
+            launched=gpu_trace.launching_markers(events.correlation, links),
+            reducing=events.reducing,
         )
 
 
@@ -1130,13 +1189,15 @@ class _Trace:
 def _read_trace(space, replicas: int | None, devices: Sequence[str] | None) -> _Trace:
     columns = _SpanColumns(_origin_ps(space))
     # The strategy's devices choose the path; a CPU strategy ignores GPU planes.
-    ordinals = gpu_trace.choose_gpu_planes(space, devices)
-    markers, launches = _read_host(space, devices, columns, inputs_only=ordinals is not None)
-    if ordinals is not None:
-        _add_gpu_spans(space, ordinals, columns, launches, markers)
+    gpus = gpu_trace.read_replica_gpus(space, devices, columns.origin_ps)
+    markers, launches = _read_host(space, devices, columns, inputs_only=gpus is not None)
+    if gpus is not None:
+        _add_gpu_spans(gpus, columns, launches, markers)
+        replica_count = replicas or len(gpus.ordinals)
+        del gpus  # the spans hold the events now
         spans = columns.build()
         _sort_by_start(spans)
-        return _Trace(markers, spans, replicas or len(ordinals), None, True)
+        return _Trace(markers, spans, replica_count, None, True)
     spans = columns.build()
     replica_count = replicas or _cpu_replica_count(spans)
     spans, attribution = _attribute_cpu_replicas(spans, replica_count)  # in trace order

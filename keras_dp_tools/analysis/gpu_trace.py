@@ -24,16 +24,25 @@ the time window of the marker.
 
 from __future__ import annotations
 
-import bisect
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+import numpy as np
+
 from keras_dp_tools.analysis.classify import Kind, classify_device_event
-from keras_dp_tools.analysis.xspace import StepMarker, TraceEvent, gpu_planes, plane_events
+from keras_dp_tools.analysis.xevents import EventTable, read_events, read_line_events
+from keras_dp_tools.analysis.xspace import (
+    StepMarker,
+    TraceEvent,
+    _stats,
+    gpu_planes,
+    plane_events,
+)
 from keras_dp_tools.contract import gpu_ordinal
 
 CORRELATION_STAT = "correlation_id"
+TF_OP_STAT = "tf_op"
 STREAM_LINE_PREFIX = "Stream #"
 # Host CUDA API calls (driver ``cu*`` and runtime ``cuda*``) that start device work.
 _CUDA_API_CALL = re.compile(r"^cu[A-Z]|^cuda[A-Z]")
@@ -69,23 +78,6 @@ class UnusableTraceError(ValueError):
     and what to do. A profiler window whose trace raises it is marked failed."""
 
 
-@dataclass(frozen=True, slots=True)
-class DeviceSpan:
-    """A kernel or copy of one replica's GPU.
-
-    ``launched_in`` is ``(step, marker start)`` of the step marker that enclosed the
-    host launch, None when the trace does not link the event to a launch inside a marker.
-    ``collective`` names an NCCL kernel's operation (``all_reduce``, ``all_gather``, ...).
-    """
-
-    kind: Kind
-    replica: int
-    start_ps: int
-    end_ps: int
-    launched_in: tuple[int, int] | None = None
-    collective: str | None = None
-
-
 def nccl_collective(name: str) -> str | None:
     """The collective an NCCL kernel runs (``all_reduce``, ``reduce_scatter``,
     ``all_gather``, ``broadcast``, ``send_recv``, ``reduce``; ``other`` if the name does
@@ -117,35 +109,71 @@ def _has_stream_events(plane) -> bool:
     )
 
 
-def choose_gpu_planes(space, devices: Sequence[str] | None) -> list[int] | None:
-    """The GPU ordinals whose planes hold the replicas' work, in replica order; None
-    for a CPU-device run.
+@dataclass(slots=True)
+class DeviceEvents:
+    """The kernels and copies of one GPU's stream lines as arrays, in trace order (line
+    by line, each line's events in order).
+
+    ``kind``: index in ``list(Kind)``; ``start``, ``end``: picoseconds from the origin
+    the reader was given; ``correlation``: the ``correlation_id`` linking each event to
+    its host launch (-1: none); ``reducing``: False for NCCL kernels of collectives
+    other than all-reduce (they do not count towards the all-reduce bandwidth).
+    """
+
+    kind: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    correlation: np.ndarray
+    reducing: np.ndarray
+
+
+@dataclass(slots=True)
+class ReplicaGpus:
+    """The GPUs of a GPU run: ``ordinals[k]`` is replica k's CUDA ordinal, ``events[k]``
+    its device events."""
+
+    ordinals: list[int]
+    events: list[DeviceEvents]
+
+
+def read_replica_gpus(space, devices: Sequence[str] | None, origin_ps: int) -> ReplicaGpus | None:
+    """The device events of each replica's GPU, each GPU plane read once; None for a
+    CPU-device run.
 
     With the strategy's ``devices``, their kind decides: CPU devices take the CPU path
-    even when the trace also has GPU planes (a CPU strategy on a GPU machine). Without
-    them, GPU planes that hold device events mean a GPU run.
+    even when the trace also has GPU planes (a CPU strategy on a GPU machine; the GPU
+    planes are then not read). Without them, GPU planes that hold device events mean a
+    GPU run, one replica per such plane.
 
     Raises:
         UnusableTraceError: a replica's GPU has no device events in the trace (no
             CUPTI, or TensorFlow's GPU ids differ from the CUDA ordinals the planes are
             named by), or the devices mix GPUs and CPUs.
     """
-    planes = gpu_planes(space)
-    busy = {ordinal for ordinal, plane in planes.items() if _has_stream_events(plane)}
     ordinals = [gpu_ordinal(device) for device in devices or ()]
-    if not ordinals:
-        return sorted(busy) or None
-    if all(ordinal is None for ordinal in ordinals):
+    if ordinals and all(ordinal is None for ordinal in ordinals):
         return None
     if None in ordinals:
         raise UnusableTraceError(
             f"The strategy's devices mix GPUs and other devices ({list(devices)}); only "
             "all-GPU or all-CPU replicas can be broken down."
         )
+    planes = gpu_planes(space)
+    read = {
+        ordinal: read_device_events(planes[ordinal], origin_ps)
+        for ordinal in ordinals or planes
+        if ordinal in planes
+    }
+    busy = {ordinal for ordinal, events in read.items() if len(events.kind)}
+    if not ordinals:
+        ordinals = sorted(busy)
+        if not ordinals:
+            return None
     idle = [ordinal for ordinal in ordinals if ordinal not in busy]
-    if idle:
+    if idle:  # the reason names the planes that do hold events: read those (error path)
+        busy |= {o for o, plane in planes.items() if o not in read and _has_stream_events(plane)}
         raise UnusableTraceError(_missing_events_reason(ordinals, idle, planes, busy))
-    return ordinals
+    return ReplicaGpus(ordinals, [read[ordinal] for ordinal in ordinals])
 
 
 def _missing_events_reason(ordinals, idle, planes, busy) -> str:
@@ -177,38 +205,183 @@ def _missing_events_reason(ordinals, idle, planes, busy) -> str:
     )
 
 
-def launch_markers(host_events: list[TraceEvent], markers: list[StepMarker]) -> dict[int, tuple]:
-    """``correlation_id`` -> ``(step, marker start)`` for every host CUDA call inside a
-    step marker. Markers do not overlap (``step_markers`` keeps one set)."""
-    starts = [marker.start_ps for marker in markers]
-    launches = {}
-    for event in host_events:
-        correlation = event.stats.get(CORRELATION_STAT)
-        if correlation is None or not is_cuda_api_call(event.name):
-            continue
-        index = bisect.bisect_right(starts, event.start_ps) - 1
-        if index >= 0 and event.start_ps < markers[index].end_ps:
-            marker = markers[index]
-            launches[int(correlation)] = (marker.step, marker.start_ps)
-    return launches
+_KIND_CODE = {kind: code for code, kind in enumerate(Kind)}
+_NO_OP = -1  # an event without a tf_op stat of its own
+_BATCH_BYTES = 1 << 23  # serialised lines read at once (~150k device events)
 
 
-def device_spans(space, ordinals: Sequence[int], launches: dict[int, tuple]) -> list[DeviceSpan]:
-    """Kernels and copies of each replica's GPU (replica k on ``ordinals[k]``), each
-    tied to the step that launched it where the trace links them."""
-    planes = gpu_planes(space)
-    spans = []
-    for replica, ordinal in enumerate(ordinals):
-        for event in stream_events(planes[ordinal]):
-            correlation = event.stats.get(CORRELATION_STAT)
-            launched_in = None if correlation is None else launches.get(int(correlation))
-            collective = nccl_collective(event.name)
+def correlation_ids(table: EventTable, stat_id: int) -> np.ndarray:
+    """Each event's ``correlation_id`` (-1: none; CUPTI writes it as uint64, an int64
+    one is read too); an event's later stat wins, as in a dict of its stats."""
+    correlation = np.full(len(table.metadata_id), -1, dtype=np.int64)
+    found = np.flatnonzero(table.stat_metadata_id == stat_id)
+    unsigned, signed = table.has_uint64[found], table.has_int64[found]
+    value = np.where(unsigned, table.uint64_value[found], table.int64_value[found])
+    valid = unsigned | signed
+    correlation[table.event[found[valid]]] = value[valid]
+    return correlation
+
+
+class _PlaneReader:
+    """Reads the stream lines of one GPU plane into arrays. Events and their stats are
+    decoded by ``xevents`` (numpy over the wire format); kinds are decided once per
+    (event metadata, ``tf_op`` value) pair, never per event."""
+
+    def __init__(self, plane, origin_ps: int):
+        self.origin_ps = origin_ps
+        self.plane_name = plane.name
+        self.stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
+        ids = {name: key for key, name in self.stat_names.items()}
+        # -2 never matches a stat id (ids are >= 0).
+        self.correlation_id = ids.get(CORRELATION_STAT, -2)
+        self.op_id = ids.get(TF_OP_STAT, -2)
+        self.metadata = {
+            key: (meta.name, _stats(meta.stats, self.stat_names))
+            for key, meta in plane.event_metadata.items()
+        }
+        self.op_strings: dict[str, int] = {}  # tf_op given as a string, not a ref
+        self.roles: dict[tuple[int, int], tuple[int, bool]] = {}
+
+    def read(self, lines) -> DeviceEvents:
+        """The events of the stream lines among ``lines``, read in batches of about
+        ``_BATCH_BYTES`` of serialised lines (numpy's per-call cost is then small)."""
+        parts, batch, bases, size = [], [], [], 0
+        for line in lines:
+            if not len(line.events) or not (line.display_name or line.name).startswith(
+                STREAM_LINE_PREFIX
+            ):
+                continue
+            batch.append(line.SerializeToString())
+            bases.append(line.timestamp_ns * 1000 - self.origin_ps)
+            size += len(batch[-1])
+            if size >= _BATCH_BYTES:
+                parts.append(self._batch(batch, bases))
+                batch, bases, size = [], [], 0
+        if batch:
+            parts.append(self._batch(batch, bases))
+        if not parts:
+            empty = np.empty(0, np.int64)
+            return DeviceEvents(np.empty(0, np.int8), empty, empty, empty, np.empty(0, bool))
+        return DeviceEvents(*(np.concatenate(column) for column in zip(*parts, strict=True)))
+
+    def _batch(self, lines: list[bytes], bases: list[int]):
+        table, line_of = read_events(lines)
+        start = np.array(bases, dtype=np.int64)[line_of] + table.offset_ps
+        end = start + table.duration_ps
+        correlation = correlation_ids(table, self.correlation_id)
+        kind, reducing = self._kinds(table.metadata_id, self._ops(table))
+        metadata_correlation = self._metadata_correlation(table.metadata_id, correlation)
+        if metadata_correlation is not None:
+            correlation = metadata_correlation
+        return kind, start, end, correlation, reducing
+
+    def _ops(self, table: EventTable) -> np.ndarray:
+        """Per event its own ``tf_op`` as a key: a stat metadata id for a ref,
+        ``-2 - k`` for the k-th string; -1: none."""
+        op = np.full(len(table.metadata_id), _NO_OP, dtype=np.int64)
+        found = np.flatnonzero(table.stat_metadata_id == self.op_id)
+        key = table.ref_value[found].copy()
+        for i in np.flatnonzero(~table.has_ref[found]).tolist():  # a string (rare)
+            text = table.text(int(found[i])) or ""
+            key[i] = -2 - self.op_strings.setdefault(text, len(self.op_strings))
+        op[table.event[found]] = key
+        return op
+
+    def _kinds(self, metadata_ids: np.ndarray, op: np.ndarray):
+        """Kind codes and the reducing flag per event, from its (metadata, tf_op) pair."""
+        if (
+            len(metadata_ids)
+            and metadata_ids.min() >= 0
+            and max(metadata_ids.max(), op.max()) < 1 << 31
+            and op.min() > -(1 << 31)
+        ):
+            pair = metadata_ids << 32 | (op + (1 << 31))  # one integer per pair: a fast unique
+            unique, inverse = np.unique(pair, return_inverse=True)
+            low = (unique & 0xFFFFFFFF) - (1 << 31)
+            pairs = zip((unique >> 32).tolist(), low.tolist(), strict=True)
+        else:
+            unique, inverse = np.unique(np.stack([metadata_ids, op]), axis=1, return_inverse=True)
+            pairs = unique.T.tolist()
+        roles = [self._role(meta, key) for meta, key in pairs]
+        kind = np.array([role[0] for role in roles], dtype=np.int8)
+        reducing = np.array([role[1] for role in roles], dtype=bool)
+        inverse = inverse.reshape(-1)
+        return kind[inverse], reducing[inverse]
+
+    def _role(self, metadata_id: int, op_key: int) -> tuple[int, bool]:
+        role = self.roles.get((metadata_id, op_key))
+        if role is None:
+            name, stats = self.metadata.get(metadata_id, ("", {}))
+            if op_key != _NO_OP:
+                strings = list(self.op_strings)
+                value = self.stat_names.get(op_key) if op_key >= 0 else strings[-2 - op_key]
+                stats = {**stats, TF_OP_STAT: value}
+            collective = nccl_collective(name)
             # An all-gather is accounted apart from the all-reduce, as on CPU traces.
+            event = TraceEvent(self.plane_name, "", name, 0, 0, stats)
             kind = Kind.GATHER if collective == "all_gather" else classify_device_event(event)
-            spans.append(
-                DeviceSpan(kind, replica, event.start_ps, event.end_ps, launched_in, collective)
-            )
-    return spans
+            role = _KIND_CODE[kind], collective in (None, "all_reduce")
+            self.roles[(metadata_id, op_key)] = role
+        return role
+
+    def _metadata_correlation(self, metadata_ids: np.ndarray, correlation: np.ndarray):
+        """``correlation`` with the ids event metadata carry (rare) for events that
+        carry none of their own; None when no metadata carries one."""
+        given = {
+            key: int(stats[CORRELATION_STAT])
+            for key, (_, stats) in self.metadata.items()
+            if isinstance(stats.get(CORRELATION_STAT), int)
+        }
+        if not given:
+            return None
+        keys = np.array(sorted(given), dtype=np.int64)
+        values = np.array([given[key] for key in keys.tolist()], dtype=np.int64)
+        index = np.minimum(np.searchsorted(keys, metadata_ids), len(keys) - 1)
+        inherit = (correlation < 0) & (keys[index] == metadata_ids)
+        return np.where(inherit, values[index], correlation)
+
+
+def read_device_events(plane, origin_ps: int) -> DeviceEvents:
+    """The kernels and copies on a GPU plane's ``Stream #`` lines, read once, as arrays
+    (times in picoseconds from ``origin_ps``)."""
+    return _PlaneReader(plane, origin_ps).read(plane.lines)
+
+
+def read_launches(line, indices: np.ndarray, starts: np.ndarray, stat_id: int):
+    """(correlation ids, starts) of the host CUDA calls at ``indices`` of a line's
+    events (``starts``: every event's start) that carry a ``correlation_id`` (stat
+    metadata id ``stat_id``), as arrays."""
+    correlation = correlation_ids(read_line_events(line), stat_id)[indices]
+    linked = correlation >= 0
+    return correlation[linked], starts[indices][linked]
+
+
+def launch_links(launches, markers: Sequence[StepMarker], origin_ps: int):
+    """(correlation ids sorted, index of the marker enclosing each one's launch) for the
+    host CUDA calls ``launches`` (``read_launches``' arrays, line by line) that run
+    inside a step marker. Markers do not overlap (``step_markers`` keeps one set); a
+    correlation id launched twice keeps its last launch."""
+    correlation = np.concatenate([ids for ids, _ in launches] or [np.empty(0, np.int64)])
+    at = np.concatenate([starts for _, starts in launches] or [np.empty(0, np.int64)])
+    starts = np.array([marker.start_ps - origin_ps for marker in markers], dtype=np.int64)
+    ends = np.array([marker.end_ps - origin_ps for marker in markers], dtype=np.int64)
+    index = np.searchsorted(starts, at, side="right") - 1
+    inside = index >= 0
+    inside[inside] = at[inside] < ends[index[inside]]
+    correlation, index = correlation[inside][::-1], index[inside][::-1]
+    ids, last = np.unique(correlation, return_index=True)  # first of reversed: last launch
+    return ids, index[last]
+
+
+def launching_markers(correlation: np.ndarray, links) -> np.ndarray:
+    """Per device event, the index of the marker that launched it (-1: none), from
+    ``launch_links``."""
+    ids, marker = links
+    if not len(ids):
+        return np.full(len(correlation), -1, dtype=np.int64)
+    position = np.minimum(np.searchsorted(ids, correlation), len(ids) - 1)
+    linked = (ids[position] == correlation) & (correlation >= 0)
+    return np.where(linked, marker[position], -1)
 
 
 def check_bandwidth(busbw_gbps: float | None, peak_gbps: float | None) -> str | None:

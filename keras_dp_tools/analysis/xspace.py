@@ -130,6 +130,56 @@ class StreamedPlane:
             raise ValueError(f"{self._path} is not an XSpace profile ({error}).") from None
 
 
+def line_timestamps(plane) -> list[int]:
+    """``timestamp_ns`` of each line of a plane that holds events. A streamed plane's
+    lines are not parsed: serialisers write a line's ``timestamp_ns`` before its events
+    (by field number), so a few bytes of each line say both."""
+    if not isinstance(plane, StreamedPlane):
+        return [line.timestamp_ns for line in plane.lines if len(line.events)]
+    timestamps = []
+    try:
+        with open(plane._path, "rb") as file:
+            for start, stop in plane._lines:
+                file.seek(start)
+                timestamp = _line_timestamp(file.read(min(stop - start, _HEAD_BYTES)))
+                if timestamp is _UNKNOWN:  # fields in another order: read the line
+                    file.seek(start)
+                    line = _xplane_pb2().XLine.FromString(file.read(stop - start))
+                    timestamp = line.timestamp_ns if len(line.events) else None
+                if timestamp is not None:
+                    timestamps.append(timestamp)
+    except (_Malformed, _decode_error()) as error:
+        raise ValueError(f"{plane._path} is not an XSpace profile ({error}).") from None
+    return timestamps
+
+
+_LINE_TIMESTAMP = 3
+_HEAD_BYTES = 512  # a line's id, name and timestamp come first
+_UNKNOWN = object()
+
+
+def _line_timestamp(head: bytes):
+    """The ``timestamp_ns`` of the line whose first bytes are ``head`` if it holds
+    events, None if it holds none, ``_UNKNOWN`` if ``head`` does not say."""
+    position, timestamp = 0, None
+    while position < len(head):
+        try:
+            tag, position = _varint(head, position)
+            if tag >> 3 == _LINE_EVENTS:  # a timestamp not seen yet may be 0 or follow
+                return _UNKNOWN if timestamp is None else timestamp
+            if tag & 7 == 2:
+                length, position = _varint(head, position)
+                position += length
+            elif tag >> 3 == _LINE_TIMESTAMP and tag & 7 == 0:
+                timestamp, position = _varint(head, position)
+                timestamp -= (timestamp >> 63) << 64  # int64: two's complement
+            else:
+                position += _fixed_or_varint_size(head, position, tag & 7)
+        except _Malformed:
+            return _UNKNOWN  # cut off inside a field
+    return _UNKNOWN if position > len(head) or len(head) == _HEAD_BYTES else None
+
+
 def _streamed_plane(path: Path, file, start: int, stop: int) -> StreamedPlane:
     """The plane at ``file[start:stop]``: every field but the lines parsed (protobuf
     merges fields given in pieces), the lines' byte ranges kept."""
