@@ -24,7 +24,8 @@ _PADDING = bytes(16)  # varint reads may look past a message's end before checki
 
 
 class WireError(ValueError):
-    """Bytes that are not an ``XLine`` in the protobuf wire format."""
+    """Bytes that are not the protobuf wire format (of an ``XLine``, or of the file
+    around it that ``xspace`` walks)."""
 
 
 @dataclass
@@ -104,16 +105,16 @@ def _event_records(raw: bytes) -> tuple[np.ndarray, np.ndarray]:
             position += 2 + raw[position + 1]
             ends.append(position)
             continue
-        tag, position = _varint(raw, position)
+        tag, position = read_varint(raw, position)
         wire = tag & 7
         if wire == 2:
-            length, position = _varint(raw, position)
+            length, position = read_varint(raw, position)
             if tag >> 3 == _LINE_EVENTS:
                 starts.append(position)
                 ends.append(position + length)
             position += length
         elif wire == 0:
-            position = _varint(raw, position)[1]
+            position = read_varint(raw, position)[1]
         elif wire in (1, 5):
             position += 8 if wire == 1 else 4
         else:
@@ -123,7 +124,8 @@ def _event_records(raw: bytes) -> tuple[np.ndarray, np.ndarray]:
     return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
 
 
-def _varint(raw: bytes, position: int) -> tuple[int, int]:
+def read_varint(raw: bytes, position: int) -> tuple[int, int]:
+    """The varint at ``raw[position:]`` and the position after it."""
     result = shift = 0
     while shift < 70:
         if position >= len(raw):

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # The step marker and capture path (keras_dp_tools.contract), shared with capture.
+from keras_dp_tools.analysis.xevents import WireError, read_varint
 from keras_dp_tools.contract import OWN_MARKER_STAT, PROFILE_SUBDIR, STEP_EVENT_NAME, TRACE_SUFFIX
 
 HOST_PLANE_PREFIX = "/host:"
@@ -73,7 +74,7 @@ def stream_xspace(path: str | os.PathLike):
                 for number, _, start, stop in _file_fields(file, 0, end)
                 if number == _SPACE_PLANES
             ]
-    except (_Malformed, _decode_error()):
+    except (WireError, _decode_error()):
         return load_xspace(path)  # raises the parser's own error, or reads what we could not
     if not planes:
         raise ValueError(f"{path} holds no trace planes: the profiler captured nothing.")
@@ -84,10 +85,6 @@ def stream_xspace(path: str | os.PathLike):
 _SPACE_PLANES, _PLANE_LINES, _LINE_EVENTS = 1, 3, 4
 _EVENTS_TAG = _LINE_EVENTS << 3 | 2  # length-delimited: one byte, as the field number < 16
 _GROUP_BYTES = 1 << 18  # events parsed at once (~15k small events)
-
-
-class _Malformed(Exception):
-    """Bytes that are not the protobuf wire format this reader walks."""
 
 
 def _decode_error():
@@ -124,9 +121,9 @@ class StreamedPlane:
                     file.seek(start)
                     data = file.read(stop - start)
                     if len(data) != stop - start:
-                        raise _Malformed("the file ends inside a line")
+                        raise WireError("the file ends inside a line")
                     yield from _line_pieces(line_class, data)
-        except (_Malformed, _decode_error()) as error:
+        except (WireError, _decode_error()) as error:
             raise ValueError(f"{self._path} is not an XSpace profile ({error}).") from None
 
 
@@ -148,7 +145,7 @@ def line_timestamps(plane) -> list[int]:
                     timestamp = line.timestamp_ns if len(line.events) else None
                 if timestamp is not None:
                     timestamps.append(timestamp)
-    except (_Malformed, _decode_error()) as error:
+    except (WireError, _decode_error()) as error:
         raise ValueError(f"{plane._path} is not an XSpace profile ({error}).") from None
     return timestamps
 
@@ -164,18 +161,18 @@ def _line_timestamp(head: bytes):
     position, timestamp = 0, None
     while position < len(head):
         try:
-            tag, position = _varint(head, position)
+            tag, position = read_varint(head, position)
             if tag >> 3 == _LINE_EVENTS:  # a timestamp not seen yet may be 0 or follow
                 return _UNKNOWN if timestamp is None else timestamp
             if tag & 7 == 2:
-                length, position = _varint(head, position)
+                length, position = read_varint(head, position)
                 position += length
             elif tag >> 3 == _LINE_TIMESTAMP and tag & 7 == 0:
-                timestamp, position = _varint(head, position)
+                timestamp, position = read_varint(head, position)
                 timestamp -= (timestamp >> 63) << 64  # int64: two's complement
             else:
                 position += _fixed_or_varint_size(head, position, tag & 7)
-        except _Malformed:
+        except WireError:
             return _UNKNOWN  # cut off inside a field
     return _UNKNOWN if position > len(head) or len(head) == _HEAD_BYTES else None
 
@@ -200,40 +197,25 @@ def _file_fields(file, start: int, stop: int) -> Iterator[tuple[int, int, int, i
     while position < stop:
         file.seek(position)
         head = file.read(22)  # a tag and a length: two varints of at most 10 bytes
-        tag, used = _varint(head, 0)
+        tag, used = read_varint(head, 0)
         if tag & 7 == 2:
-            length, used = _varint(head, used)
+            length, used = read_varint(head, used)
             value, end = position + used, position + used + length
         else:
             value = position + used
             end = value + _fixed_or_varint_size(head, used, tag & 7)
         if end > stop:
-            raise _Malformed(f"a field runs past its message (byte {position})")
+            raise WireError(f"a field runs past its message (byte {position})")
         yield tag >> 3, position, value, end
         position = end
 
 
 def _fixed_or_varint_size(data: bytes, position: int, wire_type: int) -> int:
     if wire_type == 0:
-        return _varint(data, position)[1] - position
+        return read_varint(data, position)[1] - position
     if wire_type in (1, 5):
         return 8 if wire_type == 1 else 4
-    raise _Malformed(f"wire type {wire_type}")
-
-
-def _varint(data, position: int) -> tuple[int, int]:
-    """The varint at ``data[position:]`` and the position after it."""
-    result = shift = 0
-    while shift < 64:
-        if position >= len(data):
-            raise _Malformed("truncated varint")
-        byte = data[position]
-        position += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, position
-        shift += 7
-    raise _Malformed("varint longer than 10 bytes")
+    raise WireError(f"wire type {wire_type}")
 
 
 def _line_pieces(line_class, data: bytes) -> Iterator:
@@ -252,7 +234,7 @@ def _line_pieces(line_class, data: bytes) -> Iterator:
                 if length < 0x80:
                     position += 2 + length
                 else:
-                    length, position = _varint(data, position + 1)
+                    length, position = read_varint(data, position + 1)
                     position += length
                 if position - run >= group:
                     runs.append((run, position))
@@ -263,16 +245,16 @@ def _line_pieces(line_class, data: bytes) -> Iterator:
             runs.append((run, min(position, end)))
         if position >= end:
             break
-        tag, value = _varint(data, position)
+        tag, value = read_varint(data, position)
         if tag & 7 == 2:
-            length, value = _varint(data, value)
+            length, value = read_varint(data, value)
             stop = value + length
         else:
             stop = value + _fixed_or_varint_size(data, value, tag & 7)
         header.append(data[position:stop])
         position = stop
     if position != end:
-        raise _Malformed("a field runs past its line")
+        raise WireError("a field runs past its line")
     head = b"".join(header)
     if not runs:
         yield line_class.FromString(head)
