@@ -11,7 +11,7 @@ from __future__ import annotations
 from unittest import mock
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from keras_dp_tools.analysis import analyze_xspace
@@ -63,14 +63,18 @@ def reference_rows(steps, events, replicas, allreduce_bytes):
         for event in events:
             clipped = _clip(event, start, end)
             if clipped is not None:
-                inside.append({**event, "start": clipped[0], "end": clipped[1]})
+                clipped_event = {**event, "start": clipped[0], "end": clipped[1]}
+                inside.append({**clipped_event, "real_start": event["start"]})
         # W: each collective's part before the last peer of the same operation started.
-        # Peers: the same instance_key, else the i-th collective of each replica.
+        # Peers: the same instance_key, else the i-th collective of each replica, in
+        # order of start in the step, then of real start, then of trace order (the
+        # list's: Python's sort is stable).
         collectives = [e for e in inside if e["kind"] == "collective"]
         peers: dict[object, list[dict]] = {}
         for replica in range(replicas):
             mine = sorted(
-                (e for e in collectives if e["replica"] == replica), key=lambda e: e["start"]
+                (e for e in collectives if e["replica"] == replica),
+                key=lambda e: (e["start"], e["real_start"]),
             )
             for ordinal, event in enumerate(mine):
                 key = event["key"] if event["key"] is not None else ("nth", ordinal)
@@ -202,8 +206,46 @@ _SETTINGS = {
 }
 
 
+def _collective(replica, start_ms, end_ms):
+    return {
+        "kind": "collective",
+        "replica": replica,
+        "start": int(start_ms * MS),
+        "end": int(end_ms * MS),
+        "key": None,
+    }
+
+
+# Two unkeyed collectives of replica 0 clipped to the start of step 2 (both began in step
+# 1), listed in the trace against the order they started in (the review's case).
+TIE = (
+    2,
+    {1: (0, 10 * MS), 2: (10 * MS, 20 * MS)},
+    [
+        _collective(0, 9.5, 11.0),
+        _collective(1, 10.5, 11.0),
+        _collective(0, 9.0, 12.0),
+        _collective(1, 13.0, 14.0),
+    ],
+)
+
+
+def test_collectives_clipped_to_one_start_pair_up_by_real_start():
+    """By hand: in step 2, replica 0's first collective is the one that started first
+    (9.0-12.0, clipped to 10-12), peer of replica 1's 10.5-11: it waits 10-10.5. Its
+    second (9.5-11.0, clipped to 10-11) is the peer of 13-14: it waits 10-11. The union
+    is 1.0 ms (trace order would pair 9.5-11 first and give 0.5 + 2.0 -> 2.0 ms)."""
+    replicas, steps, events = TIE
+    breakdown = analyze_xspace(build(replicas, steps, events), replicas=replicas)
+    waits = breakdown.replicas.set_index(["step", "replica"])["sync_wait_ms"]
+    assert waits[(2, 0)] == pytest.approx(1.0)
+    assert waits[(2, 1)] == 0
+    assert waits[(1, 0)] == waits[(1, 1)] == 0  # replica 1 has no collective in step 1
+
+
 @settings(max_examples=60, **_SETTINGS)
 @given(traces())
+@example(TIE)
 def test_engine_matches_the_brute_force_reference_on_random_traces(trace):
     _check_against_reference(*trace)
 

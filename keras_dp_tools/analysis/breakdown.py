@@ -254,9 +254,10 @@ class _SpanColumns:
 
 def _sort_by_start(spans: _Spans) -> None:
     """Puts the spans in order of start, in place (stable: equal starts keep trace
-    order, which the sync waits' tie-break follows), so the step index needs no
-    positions and no copy of the starts. Holds a column twice at most, one at a time;
-    columns of one value (CPU traces: launch links, bandwidth use) take no memory."""
+    order), so the step index needs no positions and no copy of the starts. The sync
+    waits break ties of clipped starts by this order: real start, then trace order.
+    Holds a column twice at most, one at a time; columns of one value (CPU traces:
+    launch links, bandwidth use) take no memory."""
     count = len(spans.start)
     for column in ("launched", "reducing"):
         values = getattr(spans, column)
@@ -726,9 +727,9 @@ class _StepIndex:
 
 def _step_pairs(starts, marker_ends, spans: _Spans, candidates, first: int):
     """Which spans each of a run of markers holds, clipped to the step, as parallel
-    arrays: marker index (in the run), span position, start, end, and whether the span
-    counts by time; plus each step's end. ``candidates``: positions of the spans that
-    may belong to the run, whose first marker is marker ``first`` of the trace.
+    arrays: marker index (in the run), span position, start, end; plus each step's
+    end. ``candidates``: positions of the spans that may belong to the run, whose first
+    marker is marker ``first`` of the trace.
 
     A device event launched inside a marker belongs to it whenever it ran; the step then
     lasts until its last launched event ends. Events without that link belong to every
@@ -754,25 +755,27 @@ def _step_pairs(starts, marker_ends, spans: _Spans, candidates, first: int):
     stop = np.concatenate([ends[launcher], marker_ends[owners]])
     pair_start = np.maximum(spans.start[position], starts[marker])
     pair_end = np.minimum(spans.end[position], stop)
-    by_time = np.arange(len(position)) >= len(launched)
-    return marker, position, pair_start, pair_end, by_time, ends
+    return marker, position, pair_start, pair_end, ends
 
 
-def _sync_waits(marker, position, start, end, by_time, spans: _Spans, key_ids):
+def _sync_waits(marker, position, start, end, spans: _Spans, key_ids):
     """The time each collective spent before the last peer of the same collective
     started, as (marker, replica, start, end) arrays: what better balance would save.
 
     Peers share a peer key (``instance_key`` ...); without one (NCCL kernels) the i-th
     collective of each replica in a step (by start) is the same operation, as NCCL
     requires the same order on every rank. All-reduces and all-gathers wait apart.
+    Collectives clipped to the same start (both began before the step) are in the order
+    they really started, then in trace order.
     """
     kind = spans.kind[position].astype(np.int64)
     peer = np.flatnonzero((kind == _CODE[Kind.COLLECTIVE]) | (kind == _CODE[Kind.GATHER]))
     marker, position, kind = marker[peer], position[peer], kind[peer]
-    start, end, by_time = start[peer], end[peer], by_time[peer]
+    start, end = start[peer], end[peer]
     replica, key = spans.replica[position], key_ids[position]
-    # Each replica's collectives of a step in order: by start, then as the step lists them.
-    order = np.lexsort((position, by_time, start, replica, kind, marker))
+    # Each replica's collectives of a step in order: by start in the step, then by real
+    # start and trace order (the spans' positions, sorted stably by start).
+    order = np.lexsort((position, start, replica, kind, marker))
     ordinal = np.empty(len(order), dtype=np.int64)
     ordinal[order] = _rank_in_group(marker[order], kind[order], replica[order])
     keyed = key >= 0
@@ -864,7 +867,7 @@ def _batch_lengths(
     whether it all-gathers; per (marker, replica) the ``_LENGTHS``."""
     key_ids, iteration_ids = keys
     count = len(step_start)
-    marker, position, start, end, by_time, step_end = _step_pairs(
+    marker, position, start, end, step_end = _step_pairs(
         step_start, marker_ends, spans, candidates, first
     )
     kind = spans.kind[position]
@@ -906,7 +909,7 @@ def _batch_lengths(
         flags[kind == _CODE[Kind.GATHER]] = _GATHER
         flags[(kind == _CODE[Kind.COLLECTIVE]) & spans.reducing[position]] |= _REDUCING
     wait_marker, wait_replica, wait_start, wait_end = _sync_waits(
-        marker, position, start, end, by_time, spans, key_ids
+        marker, position, start, end, spans, key_ids
     )
     # Each replica's items: its own spans, the shared ones (copied to every replica),
     # and its waits; grouped by (step, replica).
@@ -927,7 +930,7 @@ def _batch_lengths(
     item_flags = np.concatenate(
         [flags[own], np.repeat(flags[shared], replica_count), np.full(waits.sum(), _WAIT, np.int8)]
     )
-    del marker, position, start, end, by_time, kind, owner, flags
+    del marker, position, start, end, kind, owner, flags
     order = np.lexsort((item_start, group))
     group, item_start, item_end, item_flags = (
         group[order],
