@@ -160,7 +160,13 @@ else:  # imports done: reset the peak RSS (VmHWM) to the current RSS
 before = status_kib("VmRSS")
 start = time.perf_counter()
 # Our engine alone: XProf's own conversion (on by default for GPU traces) is timed apart.
-result = analyze_trace(sys.argv[1], allreduce_bytes=1 << 20, xprof=False)
+# A process of its own, as the profiler's child: freed memory handed back where the
+# revision can (a baseline revision may predate release_memory).
+import inspect
+own_process = {"release_memory": True}
+if "release_memory" not in inspect.signature(analyze_trace).parameters:
+    own_process = {}
+result = analyze_trace(sys.argv[1], allreduce_bytes=1 << 20, xprof=False, **own_process)
 seconds = time.perf_counter() - start
 measured = {"seconds": seconds, "rows": len(result.replicas)}
 import pandas  # a digest of the rows, to check that two versions agree

@@ -338,6 +338,7 @@ def run_analyze_command(args: argparse.Namespace) -> int:
                 group_size=known.get("replicas"),
                 sparse_bytes=known.get("sparse_bytes"),
                 gather_bytes=known.get("gather_bytes"),
+                release_memory=True,  # this process does nothing else meanwhile
             )
         except ValueError as error:  # a partial capture (killed while writing) costs only itself
             print(f"skipped {trace}: {error}", file=sys.stderr, flush=True)

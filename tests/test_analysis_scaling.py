@@ -10,10 +10,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from keras_dp_tools.analysis import analyze_trace
+from keras_dp_tools.analysis import breakdown as breakdown_module
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks" / "bench.py"
@@ -61,7 +63,7 @@ def kib(field):
 with open("/proc/self/clear_refs", "w") as clear:
     clear.write("5")
 before = kib("VmRSS")
-analyze_trace(sys.argv[1])
+analyze_trace(sys.argv[1], release_memory=True)  # a process of its own, as the child
 print(json.dumps(kib("VmHWM") - before))
 """
 
@@ -85,3 +87,36 @@ def test_peak_memory_of_an_analysis_is_under_three_times_its_file(tmp_path, tf):
     ).stdout
     growth = json.loads(output.strip().splitlines()[-1]) * 1024
     assert growth < 3 * large.stat().st_size, (growth, large.stat().st_size)
+
+
+class _CountedTrim:
+    """Stands in for glibc's ``malloc_trim``: counts the calls, trims nothing."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, pad: int) -> int:
+        self.calls += 1
+        return 0
+
+
+def test_the_heap_is_trimmed_only_where_the_analysis_has_its_process(tmp_path, monkeypatch):
+    """Trimming takes glibc's heap locks (TF's threads stall) and pages fault back in:
+    the profiler's analysis in a thread of the training process (traces under
+    ``CHILD_PROCESS_MIN_BYTES``) never trims; a caller with a process of its own (the
+    child analysis, the CLI) asks for it, and then the analysis trims between stages."""
+    from keras_dp_tools.capture import data_parallel_profiler as profiler_module
+
+    trace = _bench().synthetic_trace(tmp_path / "host.xplane.pb", 2_000)
+    assert trace.stat().st_size < profiler_module.CHILD_PROCESS_MIN_BYTES
+    trim = _CountedTrim()
+    monkeypatch.setattr(breakdown_module, "_malloc_trim", lambda: trim)
+    names = ("allreduce_bytes", "replicas", "devices", "group_size", "sparse_bytes")
+    profiler = SimpleNamespace(_run_facts=dict.fromkeys((*names, "gather_bytes")))
+    breakdown = profiler_module.DataParallelProfiler._analyze(profiler, trace, {}, {})
+    assert len(breakdown.steps) > 0
+    assert trim.calls == 0  # the training process's heap is left alone
+    analyze_trace(trace)
+    assert trim.calls == 0  # the default: callers may be training
+    analyze_trace(trace, release_memory=True)
+    assert trim.calls > 0

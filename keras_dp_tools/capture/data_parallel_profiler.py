@@ -345,9 +345,9 @@ class DataParallelProfiler(DataParallelCallback):
 
     def _analyze(self, trace: Path, record: dict, steps_covered: dict):
         large = trace.stat().st_size >= CHILD_PROCESS_MIN_BYTES
-        if large:
+        if large:  # a process of its own, which hands freed memory back (release_memory)
             analyze = analyze_in_child
-        else:
+        else:  # a thread beside training: the heap it shares is not trimmed (the default)
             from keras_dp_tools.analysis import analyze_trace as analyze
         try:
             return analyze(
@@ -555,7 +555,7 @@ with open(sys.argv[1], "rb") as file:
 try:
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        result = analyze_trace(trace, **arguments)
+        result = analyze_trace(trace, release_memory=True, **arguments)
 except Exception as error:
     try:
         pickle.dumps(error)
