@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from unittest import mock
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -276,3 +277,33 @@ def _check_against_reference(replicas, steps, events):
                 assert row[column] != row[column], (index, column)  # NaN: not shown
             else:
                 assert row[column] == pytest.approx(value, abs=1e-9), (index, column)
+
+
+def test_step_index_finds_every_span_of_a_window_beside_long_and_launched_spans():
+    """The index's blocks against a brute-force overlap test, on spans of which some
+    were launched by markers (found by marker, left out of the blocks' maxima) and a few
+    last the whole trace; blocks of 4 spans, so the maxima are computed over many
+    pieces (of 256 blocks) too."""
+    rng = np.random.default_rng(7)
+    count = 5_000
+    start = np.sort(rng.integers(0, 10**6, count))
+    end = start + rng.integers(0, 2_000, count)
+    end[rng.choice(count, 3, replace=False)] = 2 * 10**6  # last past everything
+    launched = np.where(rng.random(count) < 0.5, rng.integers(0, 50, count), -1)
+    spans = breakdown_module._Spans(
+        0,
+        np.zeros(count, np.int8),
+        np.zeros(count, np.int16),
+        start,
+        end,
+        launched.astype(np.int32),
+        np.ones(count, bool),
+    )
+    with mock.patch.object(breakdown_module, "_REACH_BLOCK", 4):
+        index = breakdown_module._StepIndex(spans)
+        for first, stop, low, high in [(0, 5, 0, 10**4), (10, 12, 4 * 10**5, 5 * 10**5)]:
+            found = set(index.spans(first, stop, low, high).tolist())
+            by_time = (launched < 0) & (start < high) & (end > low)
+            by_marker = (launched >= first) & (launched < stop)
+            assert set(np.flatnonzero(by_time | by_marker).tolist()) <= found
+            assert not any(launched[p] >= 0 and not by_marker[p] for p in found)

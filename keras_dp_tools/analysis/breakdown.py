@@ -701,9 +701,11 @@ _REACH_BLOCK = 256
 class _StepIndex:
     """Finds the spans of a run of markers without scanning them all: spans launched by
     a marker are sorted by marker; the others are found by time in the spans sorted
-    by start (``_sort_by_start``), bounded by two binary searches: on the starts, and
-    on the running maximum of the ends block by block (a few kB, not a span-sized
-    array: a block reached before the window starts holds none of its spans)."""
+    by start (``_sort_by_start``): up to a binary search on the starts, in the blocks
+    (of ``_REACH_BLOCK`` spans) whose latest end comes after the run starts. One
+    maximum per block (a few kB, not a span-sized array), and not a running maximum: a
+    span lasting the whole trace brings its own block into every run, not every block
+    after it. Launched spans are left out of the maxima (they are found by marker)."""
 
     def __init__(self, spans: _Spans):
         linked = spans.launched >= 0
@@ -712,12 +714,8 @@ class _StepIndex:
         self.launcher = spans.launched[self.launched]
         self.linked = linked if len(launched) else None  # CPU traces: every span by time
         del linked, launched
-        ends = spans.end
-        heads = np.arange(0, len(ends), _REACH_BLOCK)
-        self.reached = (
-            np.maximum.accumulate(np.maximum.reduceat(ends, heads)) if len(ends) else ends
-        )
-        self.starts, self.ends = spans.start, ends
+        self.reach = _block_maxima(spans.end, self.linked)
+        self.starts, self.ends = spans.start, spans.end
 
     def spans(self, first: int, stop: int, start: int, end: int) -> np.ndarray:
         """Positions of the spans launched by markers ``first..stop-1`` or overlapping
@@ -725,12 +723,29 @@ class _StepIndex:
         launched = self.launched[
             np.searchsorted(self.launcher, first) : np.searchsorted(self.launcher, stop)
         ]
-        low = int(np.searchsorted(self.reached, start, side="right")) * _REACH_BLOCK
         high = int(np.searchsorted(self.starts, end, side="left"))
-        candidates = np.arange(low, max(low, high))
+        blocks = np.flatnonzero(self.reach[: -(-high // _REACH_BLOCK)] > start)
+        candidates = (blocks[:, None] * _REACH_BLOCK + np.arange(_REACH_BLOCK)).ravel()
+        candidates = candidates[candidates < high]
         if self.linked is not None:
             candidates = candidates[~self.linked[candidates]]
         return np.concatenate([launched, candidates[self.ends[candidates] > start]])
+
+
+def _block_maxima(ends: np.ndarray, skipped: np.ndarray | None) -> np.ndarray:
+    """The latest end of each block of ``_REACH_BLOCK`` spans, leaving out the
+    ``skipped`` ones (a block of only those: the smallest int64), a few blocks at a time
+    so that no span-sized temporary is made."""
+    if skipped is None:
+        heads = np.arange(0, len(ends), _REACH_BLOCK)
+        return np.maximum.reduceat(ends, heads) if len(ends) else ends.copy()
+    lowest = np.iinfo(np.int64).min
+    piece = _REACH_BLOCK * 256
+    maxima = []
+    for first in range(0, len(ends), piece):
+        kept = np.where(skipped[first : first + piece], lowest, ends[first : first + piece])
+        maxima.append(np.maximum.reduceat(kept, np.arange(0, len(kept), _REACH_BLOCK)))
+    return np.concatenate(maxima) if maxima else np.empty(0, np.int64)
 
 
 def _step_pairs(starts, marker_ends, spans: _Spans, candidates, first: int):
