@@ -694,7 +694,7 @@ def _nullable(values: np.ndarray, present: np.ndarray) -> list:
 _COMPUTE, _REDUCE, _GATHER, _INPUT, _REDUCING, _WAIT = (1 << bit for bit in range(6))
 
 
-# Spans per block of the step index's running maximum of ends.
+# Spans per block of the step index's maxima of ends.
 _REACH_BLOCK = 256
 
 
@@ -1179,7 +1179,7 @@ def analyze_xspace(
             is not shown. GPU traces default to the fastest NVLink.
         release_memory: hand the memory each stage frees back to the system as the
             analysis goes (glibc's ``malloc_trim``; no effect elsewhere), for a lower
-            peak: 2.3x the file instead of 3.2x (1M synthetic events). For a
+            peak: 2.3-2.4x the file instead of 3.2x (1M synthetic events). For a
             process that does nothing else (the profiler's child analysis, the CLI);
             off by default, as trimming takes the heap's locks while other threads
             (training) allocate, and the pages they reuse fault back in.
