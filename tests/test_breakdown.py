@@ -129,6 +129,19 @@ def test_nth_collective_of_each_gpu_is_one_operation(builder):
     assert rows.loc[1, "sync_wait_ms"] == pytest.approx(1.0)
 
 
+def test_nccl_kernels_clipped_to_one_step_start_pair_up_by_real_start(builder):
+    """GPU 0 runs two all-reduces across the step 1/2 boundary, the later-started one
+    listed first. In step 2 its first kernel is the one that started first (9.0-12.0,
+    clipped to 10-12), peer of GPU 1's 10.5-11: waits 10-10.5; then 9.5-11 (10-11), peer
+    of 13-14: waits 10-11. Union 1.0 ms (pairing in trace order would give 2.0)."""
+    space = builder().step(1, 0.0, 10.0).step(2, 10.0, 20.0)
+    space.gpu(0).event(NCCL_STREAM, NCCL, 9.5, 11.0).event("Stream #21(Nccl)", NCCL, 9.0, 12.0)
+    space.gpu(1).event(NCCL_STREAM, NCCL, 10.5, 11.0).event(NCCL_STREAM, NCCL, 13.0, 14.0)
+    rows = analyze_xspace(space.space).replicas.set_index(["step", "replica"])
+    assert rows.loc[(2, 0), "sync_wait_ms"] == pytest.approx(1.0)
+    assert rows.loc[(2, 1), "sync_wait_ms"] == 0
+
+
 def test_peer_copies_count_as_allreduce_without_wait(builder):
     space = builder().step(3, 0.0, 4.0)
     space.gpu(0).event("Stream #30(MemcpyP2P)", "MemcpyP2P", 1.0, 2.0)
