@@ -298,22 +298,27 @@ def _stat_value(stat, stat_names: Mapping[int, str]):
     return stat_names.get(value) if kind == "ref_value" else value
 
 
-def _stats(stats, stat_names: Mapping[int, str]) -> dict[str, object]:
+def named_stats(stats, stat_names: Mapping[int, str]) -> dict[str, object]:
+    """``stats`` (``XStat`` messages) by their names in ``stat_names``; of stats of one
+    name the last wins, as a stat counts by its name, not its metadata id."""
     return {stat_names.get(s.metadata_id, ""): _stat_value(s, stat_names) for s in stats}
 
 
-def plane_events(plane) -> Iterator[TraceEvent]:
-    """Every event of a plane, with the stats of its metadata and its own (which win)."""
+def plane_events(plane, lines=None) -> Iterator[TraceEvent]:
+    """Every event of a plane (of ``lines`` of it if given), with the stats of its
+    metadata and its own (which win)."""
     stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
     metadata = {}
     for key, meta in plane.event_metadata.items():
-        metadata[key] = (meta.name, _stats(meta.stats, stat_names))
-    for line in plane.lines:
+        metadata[key] = (meta.name, named_stats(meta.stats, stat_names))
+    for line in plane.lines if lines is None else lines:
         line_name = line.display_name or line.name
         base_ps = line.timestamp_ns * 1000
         for event in line.events:
             name, meta_stats = metadata.get(event.metadata_id, ("", {}))
-            stats = {**meta_stats, **_stats(event.stats, stat_names)} if event.stats else meta_stats
+            stats = meta_stats
+            if event.stats:
+                stats = {**meta_stats, **named_stats(event.stats, stat_names)}
             start = base_ps + event.offset_ps
             yield TraceEvent(plane.name, line_name, name, start, start + event.duration_ps, stats)
 
