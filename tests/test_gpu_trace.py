@@ -1,6 +1,8 @@
 """The GPU path on traces with the schema and names XLA's CUPTI collector writes
 (tests/gpu_traces.py), expected numbers computed by hand in the docstrings."""
 
+import re
+
 import pytest
 
 from keras_dp_tools.analysis import analyze_trace, analyze_xspace
@@ -434,3 +436,69 @@ def test_line_timestamps_of_a_streamed_file_in_any_field_order(tf, tmp_path):
     assert [line.timestamp_ns for line in parsed.lines] == [1 << 60, 123, 0]
     assert line_timestamps(stream_xspace(path).planes[0]) == [1 << 60, 123]
     assert line_timestamps(parsed) == [1 << 60, 123]
+
+
+@pytest.mark.parametrize("plane_name", ["/device:GPU:0", "/host:CPU"])
+def test_a_time_beyond_int64_is_refused_naming_its_plane_and_line(gpu_trace, plane_name):
+    """An event lasting 2**63-1 ps ends past what int64 picoseconds hold: numpy would
+    wrap its end to a negative time and drop the event silently; the trace is refused
+    with the plane, the line and what to do."""
+    space = two_gpu_run(gpu_trace).space
+    plane = next(plane for plane in space.planes if plane.name == plane_name)
+    line, event = next((ln, e) for ln in plane.lines for e in ln.events if e.offset_ps > 0)
+    event.duration_ps = (1 << 63) - 1  # ends after 2**63 - 1 ps from the trace's start
+    expected = rf"plane {plane_name}, line '{re.escape(line.name)}'.*Capture the window again"
+    with pytest.raises(UnusableTraceError, match=expected):
+        analyze_xspace(space, devices=["/gpu:0", "/gpu:1"])
+
+
+def test_correlation_ids_on_event_metadata_link_launches_and_kernels(gpu_trace):
+    """Each host launch and each device event gets its own event metadata carrying its
+    ``correlation_id`` (under a second stat metadata of that name), the events none:
+    ``plane_events`` gives every event the same stats, and so the rows are the
+    hand-computed ones (the late Adam kernels still count in their launching step)."""
+    space = two_gpu_run(gpu_trace).space
+    for plane in space.planes:
+        names = {key: meta.name for key, meta in plane.stat_metadata.items()}
+        correlation = [key for key, name in names.items() if name == "correlation_id"]
+        if not correlation:
+            continue
+        plane.stat_metadata[500].id = 500
+        plane.stat_metadata[500].name = "correlation_id"
+        for line in plane.lines:
+            for event in line.events:
+                own = [stat for stat in event.stats if stat.metadata_id == correlation[0]]
+                if not own:
+                    continue
+                key = 1000 + own[0].uint64_value
+                meta = plane.event_metadata[key]
+                meta.CopyFrom(plane.event_metadata[event.metadata_id])
+                meta.id = key
+                meta.stats.add(metadata_id=500, uint64_value=own[0].uint64_value)
+                event.metadata_id = key
+                event.stats.remove(own[0])
+    assert_two_gpu_rows(analyze_xspace(space, devices=["/gpu:0", "/gpu:1"]).replicas)
+
+
+def test_device_event_kinds_match_the_parsed_events_for_any_tf_op(gpu_trace):
+    """Kernels of one name whose ``tf_op`` is a string naming a collective, a ref to a
+    missing stat metadata at 2**64-2 (an int64 -2 on the wire), or absent: the reader's
+    kinds are those ``classify_device_event`` gives the events ``plane_events`` parses."""
+    from keras_dp_tools.analysis.classify import KIND_CODES
+    from keras_dp_tools.analysis.gpu_trace import read_device_events, stream_events
+    from tests.xplane_builder import LINE_START_NS
+
+    trace = gpu_trace().step(1, 0.0, 10.0)
+    for index in range(3):
+        trace.kernel(0, COMPUTE, "void k(float*)", index, index + 0.5, index + 1)
+    plane = trace.builder.gpu(0)
+    line = next(line for line in plane.plane.lines if line.name.startswith("Stream #"))
+    op = line.events[0].stats.add(metadata_id=plane._stat_id("tf_op"))
+    op.str_value = "sum/CollectiveReduceV2:CollectiveReduceV2"
+    line.events[1].stats.add(metadata_id=plane._stat_id("tf_op"), ref_value=(1 << 64) - 2)
+    space = trace.space
+    gpu = next(plane for plane in space.planes if plane.name == "/device:GPU:0")
+    expected = [KIND_CODES[classify_device_event(event)] for event in stream_events(gpu)]
+    assert expected == [KIND_CODES[Kind.COLLECTIVE], *[KIND_CODES[Kind.COMPUTE]] * 2]
+    origin_ps = LINE_START_NS * 1000
+    assert read_device_events(gpu, origin_ps).kind.tolist() == expected

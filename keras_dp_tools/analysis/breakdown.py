@@ -441,6 +441,8 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
             off_python = line_name != "python"  # eager ops and tracing: host overhead
             base = line.timestamp_ns * 1000 - origin
             events = _event_columns(line.events)
+            place = f"plane {plane.name}, line {line_name!r}"
+            gpu_trace.event_times(base, events[:, 1], events[:, 2], place)  # or raise
             metadata_ids = events[:, 0]
             rows = []  # spans of events read one by one: (event index, span)
             launched = np.isin(metadata_ids, launch_ids)

@@ -215,6 +215,31 @@ _NO_OP, _OP_REF, _OP_STRING = 0, 1, 2
 _BATCH_BYTES = 1 << 23  # serialised lines read at once (~150k device events)
 
 
+def event_times(base, offset_ps: np.ndarray, duration_ps: np.ndarray, place):
+    """Starts and ends (int64 picoseconds) of events at ``offset_ps`` from their line's
+    ``base`` (a number or one per event) lasting ``duration_ps``.
+
+    Raises:
+        UnusableTraceError: an event's time does not fit int64 (numpy would wrap it
+            silently); ``place`` names the events' plane and line (a function of an
+            event's index where they vary).
+    """
+    start = base + offset_ps
+    end = start + duration_ps
+    # A sum wrapped iff both terms have the sign its result lacks.
+    wrapped = (((base ^ start) & (offset_ps ^ start)) | ((start ^ end) & (duration_ps ^ end))) < 0
+    if wrapped.any():
+        first = int(np.argmax(wrapped))
+        where = place(first) if callable(place) else place
+        raise UnusableTraceError(
+            f"An event on {where} (offset_ps {int(offset_ps[first])}, duration_ps "
+            f"{int(duration_ps[first])}) lies beyond the 2**63 ps (~106 days) a trace's "
+            "times can span: the trace is damaged or not written by TensorFlow's "
+            "profiler. Capture the window again; if it recurs, report the trace."
+        )
+    return start, end
+
+
 def stat_ids(stat_names: dict[int, str], name: str) -> np.ndarray:
     """The stat metadata ids named ``name``: all of them, as a stat counts by its name
     (``named_stats``, XProf's plane visitor), should a plane define a name twice."""
@@ -285,27 +310,32 @@ class _PlaneReader:
     def read(self, lines) -> DeviceEvents:
         """The events of the stream lines among ``lines``, read in batches of about
         ``_BATCH_BYTES`` of serialised lines (numpy's per-call cost is then small)."""
-        parts, batch, bases, size = [], [], [], 0
+        parts, batch, bases, names, size = [], [], [], [], 0
         for line in lines:
             if not is_stream_line(line):
                 continue
             batch.append(line.SerializeToString())
             bases.append(line.timestamp_ns * 1000 - self.origin_ps)
+            names.append(line.display_name or line.name)
             size += len(batch[-1])
             if size >= _BATCH_BYTES:
-                parts.append(self._batch(batch, bases))
-                batch, bases, size = [], [], 0
+                parts.append(self._batch(batch, bases, names))
+                batch, bases, names, size = [], [], [], 0
         if batch:
-            parts.append(self._batch(batch, bases))
+            parts.append(self._batch(batch, bases, names))
         if not parts:
             empty = np.empty(0, np.int64)
             return DeviceEvents(np.empty(0, np.int8), empty, empty, empty, np.empty(0, bool))
         return DeviceEvents(*(np.concatenate(column) for column in zip(*parts, strict=True)))
 
-    def _batch(self, lines: list[bytes], bases: list[int]):
+    def _batch(self, lines: list[bytes], bases: list[int], names: list[str]):
         table, line_of = read_events(lines)
-        start = np.array(bases, dtype=np.int64)[line_of] + table.offset_ps
-        end = start + table.duration_ps
+        start, end = event_times(
+            np.array(bases, dtype=np.int64)[line_of],
+            table.offset_ps,
+            table.duration_ps,
+            lambda i: f"plane {self.plane_name}, line {names[line_of[i]]!r}",
+        )
         correlation = self.correlation.ids(table)
         kind, reducing = self._kinds(table.metadata_id, *self._ops(table))
         return kind, start, end, correlation, reducing
