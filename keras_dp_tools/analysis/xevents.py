@@ -137,23 +137,35 @@ def walk_fields(raw: bytes, tag: int, first_only: bool = False):
         WireError: ``raw`` is not a message.
     """
     starts, ends, others = array("q"), array("q"), []
+    add_start, add_end = starts.append, ends.append
     position, end = 0, len(raw)
     while position < end:
-        if raw[position] == tag and position + 1 < end and raw[position + 1] < 0x80:
-            value = position + 2  # the common case: a field shorter than 128 bytes
-            position = value + raw[position + 1]
-            if not (first_only and starts):
-                starts.append(value)
-                ends.append(position)
-            continue
+        run = position
+        try:  # runs of fields of ``tag`` shorter than 128 bytes (events): kept short
+            if first_only:
+                while raw[position] == tag and raw[position + 1] < 0x80:
+                    position += 2 + raw[position + 1]
+            else:
+                while raw[position] == tag and raw[position + 1] < 0x80:
+                    value = position + 2
+                    position = value + raw[position + 1]
+                    add_start(value)
+                    add_end(position)
+        except IndexError:  # the run reached the end (or ran past it: checked below)
+            pass
+        if first_only and position > run and not starts:
+            add_start(run + 2)
+            add_end(run + 2 + raw[run + 1])
+        if position >= end:
+            break
         field = position
         key, position = read_varint(raw, position)
         if key == tag:
             length, value = read_varint(raw, position)
             position = value + length
             if not (first_only and starts):
-                starts.append(value)
-                ends.append(position)
+                add_start(value)
+                add_end(position)
         else:
             position = skip_field(raw, position, key)
             others.append((field, position))
