@@ -465,3 +465,13 @@ def test_device_event_kinds_match_the_parsed_events_for_any_tf_op(gpu_trace):
     assert expected == [KIND_CODES[Kind.COLLECTIVE], *[KIND_CODES[Kind.COMPUTE]] * 2]
     origin_ps = LINE_START_NS * 1000
     assert read_device_events(gpu, origin_ps).kind.tolist() == expected
+
+
+def test_lines_read_in_batches_of_any_size_give_the_same_rows(gpu_trace, monkeypatch):
+    """The GPU reader decodes about ``_BATCH_BYTES`` of lines at once; a batch per line
+    (1 byte) gives the hand-computed rows too."""
+    from keras_dp_tools.analysis import gpu_trace as reader
+
+    monkeypatch.setattr(reader, "_BATCH_BYTES", 1)
+    space = two_gpu_run(gpu_trace).space
+    assert_two_gpu_rows(analyze_xspace(space, devices=["/gpu:0", "/gpu:1"]).replicas)
