@@ -268,7 +268,8 @@ class PlaneCorrelation:
             for stat in meta.stats if meta is not None and wanted else ():
                 kind = stat.WhichOneof("value")
                 if stat.metadata_id in wanted and kind in ("uint64_value", "int64_value"):
-                    by_metadata[key] = getattr(stat, kind)  # the last one wins
+                    value = getattr(stat, kind)  # the last one wins; as int64 bits:
+                    by_metadata[key] = value - (1 << 64) if value >= 1 << 63 else value
         return cls(ids, by_metadata)
 
     def ids(self, table: EventTable) -> np.ndarray:
@@ -283,10 +284,10 @@ class PlaneCorrelation:
         if not self.by_metadata:
             return correlation
         keys = np.array(sorted(self.by_metadata), dtype=np.int64)
-        values = np.array([self.by_metadata[key] for key in keys.tolist()], dtype=np.uint64)
+        values = np.array([self.by_metadata[key] for key in keys.tolist()], dtype=np.int64)
         index = np.minimum(np.searchsorted(keys, table.metadata_id), len(keys) - 1)
         inherit = (correlation < 0) & (keys[index] == table.metadata_id)
-        return np.where(inherit, values.view(np.int64)[index], correlation)
+        return np.where(inherit, values[index], correlation)
 
 
 class _PlaneReader:
