@@ -242,7 +242,7 @@ def event_times(base, offset_ps: np.ndarray, duration_ps: np.ndarray, place):
 
 def stat_ids(stat_names: dict[int, str], name: str) -> np.ndarray:
     """The stat metadata ids named ``name``: all of them, as a stat counts by its name
-    (``named_stats``, XProf's plane visitor), should a plane define a name twice."""
+    (as in ``named_stats``), should a plane define a name twice."""
     return np.array([key for key, known in stat_names.items() if known == name], np.int64)
 
 
