@@ -1,6 +1,8 @@
 """The GPU path on traces with the schema and names XLA's CUPTI collector writes
 (tests/gpu_traces.py), expected numbers computed by hand in the docstrings."""
 
+import re
+
 import pytest
 
 from keras_dp_tools.analysis import analyze_trace, analyze_xspace
@@ -355,82 +357,121 @@ def test_lines_on_different_clocks_are_refused_with_the_reason(gpu_trace):
         analyze_xspace(space, devices=["/gpu:0", "/gpu:1"])
 
 
-def test_line_events_read_from_the_wire_match_protobuf(tf):
-    """``xevents`` decodes a line's events and stats with numpy; protobuf's own parser
-    is the reference, on values that need every varint length (negative int64, uint64
-    above 2**63), events longer than 127 bytes, strings, doubles and refs."""
-    import random
-
+def test_line_timestamps_of_a_streamed_file_in_any_field_order(tf, tmp_path, monkeypatch):
+    """``line_timestamps`` walks a streamed line's fields without parsing it (XLine is
+    not even reachable) and agrees with protobuf: a timestamp before or after the
+    events, two of them (the last wins), none (0, omitted on the wire), an unknown
+    group field; a line without events is left out."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    from keras_dp_tools.analysis.xevents import read_line_events
+    from keras_dp_tools.analysis import xspace
 
-    chance = random.Random(12)
-    line = xplane_pb2.XLine(id=7, name="Stream #7(Compute)", timestamp_ns=1 << 60)
-    for index in range(300):
-        event = line.events.add(
-            metadata_id=chance.choice([1, 200, 1 << 40]),
-            duration_ps=chance.choice([0, 5, 1 << 62]),
-        )
-        if index % 7:
-            event.offset_ps = chance.choice([0, 127, 128, -1, (1 << 63) - 1])
-        else:
-            event.num_occurrences = 3  # the oneof's other member: no offset
-        for _ in range(chance.randrange(5)):
-            stat = event.stats.add(metadata_id=chance.choice([1, 3, 300]))
-            which = chance.randrange(6)
-            if which == 0:
-                stat.uint64_value = chance.choice([0, 1, (1 << 64) - 1])
-            elif which == 1:
-                stat.int64_value = chance.choice([-1, -(1 << 63), 42])
-            elif which == 2:
-                stat.ref_value = chance.choice([0, 9, 1 << 33])
-            elif which == 3:
-                stat.str_value = "x" * chance.choice([0, 3, 200])
-            elif which == 4:
-                stat.double_value = 0.5
-    line.display_name = "after the events"
-    table = read_line_events(line)
+    def field(number, payload):  # a length-delimited field
+        size, length = len(payload), b""
+        while size >= 0x80:
+            length, size = length + bytes([size & 0x7F | 0x80]), size >> 7
+        return bytes([number << 3 | 2]) + length + bytes([size]) + payload
 
-    assert table.metadata_id.tolist() == [e.metadata_id for e in line.events]
-    assert table.offset_ps.tolist() == [e.offset_ps for e in line.events]
-    assert table.duration_ps.tolist() == [e.duration_ps for e in line.events]
-    stats = [(i, s) for i, e in enumerate(line.events) for s in e.stats]
-    assert table.event.tolist() == [i for i, _ in stats]
-    assert table.stat_metadata_id.tolist() == [s.metadata_id for _, s in stats]
-    for position, (_, stat) in enumerate(stats):
-        kind = stat.WhichOneof("value")
-        assert table.has_uint64[position] == (kind == "uint64_value")
-        assert int(table.uint64_value[position]) % (1 << 64) == stat.uint64_value
-        assert table.has_int64[position] == (kind == "int64_value")
-        assert table.int64_value[position] == stat.int64_value
-        assert table.has_ref[position] == (kind == "ref_value")
-        assert table.ref_value[position] == stat.ref_value
-        assert table.text(position) == (stat.str_value if kind == "str_value" else None)
+    def timestamp(value):
+        return xplane_pb2.XLine(timestamp_ns=value).SerializeToString()
 
-
-def test_line_timestamps_of_a_streamed_file_in_any_field_order(tf, tmp_path):
-    """``line_timestamps`` reads a streamed line's ``timestamp_ns`` from its first bytes
-    when it precedes the events (as serialisers write it), and parses the line when it
-    follows them: both agree with protobuf; a line without events is left out."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    from keras_dp_tools.analysis.xspace import line_timestamps, stream_xspace
-
-    def field(number, payload):  # a length-delimited field (lengths < 128 here)
-        return bytes([number << 3 | 2, len(payload)]) + payload
-
-    event = xplane_pb2.XEvent(metadata_id=1, offset_ps=5, duration_ps=7).SerializeToString()
+    event = field(
+        4, xplane_pb2.XEvent(metadata_id=1, offset_ps=5, duration_ps=7).SerializeToString()
+    )
+    group = bytes([15 << 3 | 3, 1 << 3, 1, 15 << 3 | 4])  # field 15: {field 1: 1}
     ordered = xplane_pb2.XLine(id=1, name="a", timestamp_ns=1 << 60)
     ordered.events.add(metadata_id=1, offset_ps=5, duration_ps=7)
-    events_first = field(4, event) + xplane_pb2.XLine(timestamp_ns=123).SerializeToString()
-    empty = xplane_pb2.XLine(id=3, name="empty", timestamp_ns=0).SerializeToString()
+    lines = [
+        ordered.SerializeToString(),
+        event + timestamp(123),
+        timestamp(-5) + event * 3 + group + timestamp(77) + event,  # the last wins
+        event * 2,  # at 0
+        xplane_pb2.XLine(id=3, name="empty", timestamp_ns=9).SerializeToString(),
+    ]
     plane = xplane_pb2.XPlane(id=1, name="/host:CPU").SerializeToString()
-    for line in (ordered.SerializeToString(), events_first, empty):
+    for line in lines:
         plane += field(3, line)
     path = tmp_path / "t.xplane.pb"
     path.write_bytes(field(1, plane))
     parsed = xplane_pb2.XSpace.FromString(path.read_bytes()).planes[0]
-    assert [line.timestamp_ns for line in parsed.lines] == [1 << 60, 123, 0]
-    assert line_timestamps(stream_xspace(path).planes[0]) == [1 << 60, 123]
-    assert line_timestamps(parsed) == [1 << 60, 123]
+    assert [line.timestamp_ns for line in parsed.lines] == [1 << 60, 123, 77, 0, 9]
+    streamed = xspace.stream_xspace(path).planes[0]
+    monkeypatch.setattr(xspace, "_xplane_pb2", None)  # no line is parsed
+    assert xspace.line_timestamps(streamed) == [1 << 60, 123, 77, 0]
+    assert xspace.line_timestamps(parsed) == [1 << 60, 123, 77, 0]
+
+
+@pytest.mark.parametrize("plane_name", ["/device:GPU:0", "/host:CPU"])
+def test_a_time_beyond_int64_is_refused_naming_its_plane_and_line(gpu_trace, plane_name):
+    """An event lasting 2**63-1 ps ends past what int64 picoseconds hold: numpy would
+    wrap its end to a negative time and drop the event silently; the trace is refused
+    with the plane, the line and what to do."""
+    space = two_gpu_run(gpu_trace).space
+    plane = next(plane for plane in space.planes if plane.name == plane_name)
+    line, event = next((ln, e) for ln in plane.lines for e in ln.events if e.offset_ps > 0)
+    event.duration_ps = (1 << 63) - 1  # ends after 2**63 - 1 ps from the trace's start
+    expected = rf"plane {plane_name}, line '{re.escape(line.name)}'.*Capture the window again"
+    with pytest.raises(UnusableTraceError, match=expected):
+        analyze_xspace(space, devices=["/gpu:0", "/gpu:1"])
+
+
+def test_correlation_ids_on_event_metadata_link_launches_and_kernels(gpu_trace):
+    """Each host launch and each device event gets its own event metadata carrying its
+    ``correlation_id`` (under a second stat metadata of that name), the events none:
+    ``plane_events`` gives every event the same stats, and so the rows are the
+    hand-computed ones (the late Adam kernels still count in their launching step)."""
+    space = two_gpu_run(gpu_trace).space
+    for plane in space.planes:
+        names = {key: meta.name for key, meta in plane.stat_metadata.items()}
+        correlation = [key for key, name in names.items() if name == "correlation_id"]
+        if not correlation:
+            continue
+        plane.stat_metadata[500].id = 500
+        plane.stat_metadata[500].name = "correlation_id"
+        for line in plane.lines:
+            for event in line.events:
+                own = [stat for stat in event.stats if stat.metadata_id == correlation[0]]
+                if not own:
+                    continue
+                key = 1000 + own[0].uint64_value
+                meta = plane.event_metadata[key]
+                meta.CopyFrom(plane.event_metadata[event.metadata_id])
+                meta.id = key
+                meta.stats.add(metadata_id=500, uint64_value=own[0].uint64_value)
+                event.metadata_id = key
+                event.stats.remove(own[0])
+    assert_two_gpu_rows(analyze_xspace(space, devices=["/gpu:0", "/gpu:1"]).replicas)
+
+
+def test_device_event_kinds_match_the_parsed_events_for_any_tf_op(gpu_trace):
+    """Kernels of one name whose ``tf_op`` is a string naming a collective, a ref to a
+    missing stat metadata at 2**64-2 (an int64 -2 on the wire), or absent: the reader's
+    kinds are those ``classify_device_event`` gives the events ``plane_events`` parses."""
+    from keras_dp_tools.analysis.classify import KIND_CODES
+    from keras_dp_tools.analysis.gpu_trace import read_device_events, stream_events
+    from tests.xplane_builder import LINE_START_NS
+
+    trace = gpu_trace().step(1, 0.0, 10.0)
+    for index in range(3):
+        trace.kernel(0, COMPUTE, "void k(float*)", index, index + 0.5, index + 1)
+    plane = trace.builder.gpu(0)
+    line = next(line for line in plane.plane.lines if line.name.startswith("Stream #"))
+    op = line.events[0].stats.add(metadata_id=plane._stat_id("tf_op"))
+    op.str_value = "sum/CollectiveReduceV2:CollectiveReduceV2"
+    line.events[1].stats.add(metadata_id=plane._stat_id("tf_op"), ref_value=(1 << 64) - 2)
+    space = trace.space
+    gpu = next(plane for plane in space.planes if plane.name == "/device:GPU:0")
+    expected = [KIND_CODES[classify_device_event(event)] for event in stream_events(gpu)]
+    assert expected == [KIND_CODES[Kind.COLLECTIVE], *[KIND_CODES[Kind.COMPUTE]] * 2]
+    origin_ps = LINE_START_NS * 1000
+    assert read_device_events(gpu, origin_ps).kind.tolist() == expected
+
+
+def test_lines_read_in_batches_of_any_size_give_the_same_rows(gpu_trace, monkeypatch):
+    """The GPU reader decodes about ``_BATCH_BYTES`` of lines at once; a batch per line
+    (1 byte) gives the hand-computed rows too."""
+    from keras_dp_tools.analysis import gpu_trace as reader
+
+    monkeypatch.setattr(reader, "_BATCH_BYTES", 1)
+    space = two_gpu_run(gpu_trace).space
+    assert_two_gpu_rows(analyze_xspace(space, devices=["/gpu:0", "/gpu:1"]).replicas)

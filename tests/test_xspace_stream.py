@@ -95,3 +95,39 @@ def test_a_torn_trace_is_refused_naming_the_file(tmp_path, tf):
     path.write_bytes(data[:-3])
     with pytest.raises(ValueError, match=r"torn\.xplane\.pb"):
         xspace.stream_xspace(path)
+
+
+def length_delimited(number, payload):
+    size, length = len(payload), b""
+    while size >= 0x80:
+        length, size = length + bytes([size & 0x7F | 0x80]), size >> 7
+    return bytes([number << 3 | 2]) + length + bytes([size]) + payload
+
+
+def test_a_line_with_unknown_fields_and_two_timestamps_streams_as_parsed(tmp_path, monkeypatch, tf):
+    """A long line whose events are interleaved with an unknown group field and a
+    second ``timestamp_ns`` (protobuf keeps the last): every piece carries the line's
+    fields as protobuf merges them, and the same events."""
+    pb2 = xspace._xplane_pb2()
+    events = [
+        length_delimited(
+            4, pb2.XEvent(metadata_id=1, offset_ps=o, duration_ps=5).SerializeToString()
+        )
+        for o in range(0, 60, 10)
+    ]
+    group = bytes([15 << 3 | 3, 1 << 3, 1, 15 << 3 | 4])
+    raw = (
+        pb2.XLine(id=3, name="tf_Compute", timestamp_ns=5).SerializeToString()
+        + b"".join(events[:3])
+        + group
+        + pb2.XLine(timestamp_ns=9).SerializeToString()
+        + b"".join(events[3:])
+    )
+    plane = pb2.XPlane(id=7, name="/host:CPU")
+    plane.event_metadata[1].name = "op"
+    data = plane.SerializeToString() + length_delimited(3, raw)
+    path = tmp_path / "u.xplane.pb"
+    path.write_bytes(length_delimited(1, data))
+    assert assert_streams_as_parsed(path, monkeypatch, 1) == 6
+    assert {piece.timestamp_ns for piece in xspace.stream_xspace(path).planes[0].lines} == {9}
+    assert xspace.line_timestamps(xspace.stream_xspace(path).planes[0]) == [9]

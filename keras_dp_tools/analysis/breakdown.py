@@ -41,6 +41,7 @@ import pandas as pd
 
 from keras_dp_tools.analysis import gpu_trace, intervals
 from keras_dp_tools.analysis.classify import (
+    KIND_CODES,
     PEER_KINDS,
     PER_REPLICA_COPY_TYPES,
     Kind,
@@ -54,10 +55,10 @@ from keras_dp_tools.analysis.xspace import (
     STEP_EVENT_NAME,
     StepMarker,
     TraceEvent,
-    _stats,
     gpu_planes,
     host_planes,
     line_timestamps,
+    named_stats,
     step_markers,
     stream_xspace,
 )
@@ -134,7 +135,7 @@ def _peer_key(stats) -> tuple | None:
 
 # Kinds as small integers, for the span columns.
 _KINDS = list(Kind)
-_CODE = {kind: code for code, kind in enumerate(_KINDS)}
+_CODE = KIND_CODES
 _NO_REPLICA = -1  # a span shared by all replicas
 _MARKER, _LAUNCH = "marker", "launch"  # host events read for their stats, not as spans
 
@@ -436,14 +437,12 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
                 replica = _NO_REPLICA if role[1] is None else role[1]
                 plain[key] = (role[0], replica, meta.name if role[3] else "")
             else:
-                special[key] = (role, meta.name, _stats(meta.stats, stat_names))
+                special[key] = (role, meta.name, named_stats(meta.stats, stat_names))
         roles = _PlainRoles(plain)
         special_ids = np.array(sorted(special), dtype=np.int64)
         # CUDA launches (one per kernel) are read as arrays (gpu_trace.read_launches).
         launch_ids = np.array([k for k, v in special.items() if v[0][0] == _LAUNCH], np.int64)
-        correlation_stat = next(
-            (k for k, name in stat_names.items() if name == gpu_trace.CORRELATION_STAT), -2
-        )
+        correlation = gpu_trace.PlaneCorrelation.of(plane, launch_ids.tolist())
         for line in plane.lines:
             if not len(line.events):
                 continue
@@ -451,13 +450,15 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
             off_python = line_name != "python"  # eager ops and tracing: host overhead
             base = line.timestamp_ns * 1000 - origin
             events = _event_columns(line.events)
+            place = f"plane {plane.name}, line {line_name!r}"
+            gpu_trace.event_times(base, events[:, 1], events[:, 2], place)  # or raise
             metadata_ids = events[:, 0]
             rows = []  # spans of events read one by one: (event index, span)
             launched = np.isin(metadata_ids, launch_ids)
             if launched.any():
                 launches.append(
                     gpu_trace.read_launches(
-                        line, np.flatnonzero(launched), base + events[:, 1], correlation_stat
+                        line, np.flatnonzero(launched), base + events[:, 1], correlation
                     )
                 )
             for index in np.flatnonzero(np.isin(metadata_ids, special_ids) & ~launched).tolist():
@@ -467,7 +468,7 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
                 event = line.events[index]
                 stats = meta_stats
                 if event.stats:
-                    stats = {**meta_stats, **_stats(event.stats, stat_names)}
+                    stats = {**meta_stats, **named_stats(event.stats, stat_names)}
                 start = base + origin + event.offset_ps
                 traced = TraceEvent(
                     plane.name, line_name, name, start, start + event.duration_ps, stats

@@ -45,6 +45,8 @@ class Kind(str, Enum):
 # Communication of any kind: what allreduce_ms covers.
 COMM_KINDS = frozenset({Kind.COLLECTIVE, Kind.COPY, Kind.GATHER})
 PEER_KINDS = frozenset({Kind.COLLECTIVE, Kind.GATHER})  # all peers must arrive
+# Kinds as small integers (``list(Kind)`` order), for the analysis' span arrays.
+KIND_CODES = {kind: code for code, kind in enumerate(Kind)}
 
 
 COLLECTIVE_OP_TYPES = frozenset(

@@ -30,13 +30,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from keras_dp_tools.analysis.classify import Kind, classify_device_event
+from keras_dp_tools.analysis.classify import KIND_CODES, Kind, classify_device_event
 from keras_dp_tools.analysis.xevents import EventTable, read_events, read_line_events
 from keras_dp_tools.analysis.xspace import (
     StepMarker,
     TraceEvent,
-    _stats,
     gpu_planes,
+    named_stats,
     plane_events,
 )
 from keras_dp_tools.contract import gpu_ordinal
@@ -96,17 +96,22 @@ def is_cuda_api_call(name: str) -> bool:
     return _CUDA_API_CALL.match(name) is not None
 
 
+def is_stream_line(line) -> bool:
+    """Whether an ``XLine`` of a GPU plane holds CUPTI activity: a ``Stream #`` line
+    with events."""
+    return bool(len(line.events)) and (line.display_name or line.name).startswith(
+        STREAM_LINE_PREFIX
+    )
+
+
 def stream_events(plane) -> list[TraceEvent]:
     """The CUPTI activity of a GPU plane: events on its ``Stream #`` lines."""
-    return [event for event in plane_events(plane) if event.line.startswith(STREAM_LINE_PREFIX)]
+    return list(plane_events(plane, [line for line in plane.lines if is_stream_line(line)]))
 
 
 def _has_stream_events(plane) -> bool:
     """``bool(stream_events(plane))`` without reading the events."""
-    return any(
-        len(line.events) and (line.display_name or line.name).startswith(STREAM_LINE_PREFIX)
-        for line in plane.lines
-    )
+    return any(is_stream_line(line) for line in plane.lines)
 
 
 @dataclass(slots=True)
@@ -205,21 +210,84 @@ def _missing_events_reason(ordinals, idle, planes, busy) -> str:
     )
 
 
-_KIND_CODE = {kind: code for code, kind in enumerate(Kind)}
-_NO_OP = -1  # an event without a tf_op stat of its own
+# An event's own ``tf_op`` (kinds of op key): none, a ref to a stat metadata, a string.
+_NO_OP, _OP_REF, _OP_STRING = 0, 1, 2
 _BATCH_BYTES = 1 << 23  # serialised lines read at once (~150k device events)
 
 
-def correlation_ids(table: EventTable, stat_id: int) -> np.ndarray:
-    """Each event's ``correlation_id`` (-1: none; CUPTI writes it as uint64, an int64
-    one is read too); an event's later stat wins, as in a dict of its stats."""
-    correlation = np.full(len(table.metadata_id), -1, dtype=np.int64)
-    found = np.flatnonzero(table.stat_metadata_id == stat_id)
-    unsigned, signed = table.has_uint64[found], table.has_int64[found]
-    value = np.where(unsigned, table.uint64_value[found], table.int64_value[found])
-    valid = unsigned | signed
-    correlation[table.event[found[valid]]] = value[valid]
-    return correlation
+def event_times(base, offset_ps: np.ndarray, duration_ps: np.ndarray, place):
+    """Starts and ends (int64 picoseconds) of events at ``offset_ps`` from their line's
+    ``base`` (a number or one per event) lasting ``duration_ps``.
+
+    Raises:
+        UnusableTraceError: an event's time does not fit int64 (numpy would wrap it
+            silently); ``place`` names the events' plane and line (a function of an
+            event's index where they vary).
+    """
+    start = base + offset_ps
+    end = start + duration_ps
+    # A sum wrapped iff both terms have the sign its result lacks.
+    wrapped = (((base ^ start) & (offset_ps ^ start)) | ((start ^ end) & (duration_ps ^ end))) < 0
+    if wrapped.any():
+        first = int(np.argmax(wrapped))
+        where = place(first) if callable(place) else place
+        raise UnusableTraceError(
+            f"An event on {where} (offset_ps {int(offset_ps[first])}, duration_ps "
+            f"{int(duration_ps[first])}) lies beyond the 2**63 ps (~106 days) a trace's "
+            "times can span: the trace is damaged or not written by TensorFlow's "
+            "profiler. Capture the window again; if it recurs, report the trace."
+        )
+    return start, end
+
+
+def stat_ids(stat_names: dict[int, str], name: str) -> np.ndarray:
+    """The stat metadata ids named ``name``: all of them, as a stat counts by its name
+    (as in ``named_stats``), should a plane define a name twice."""
+    return np.array([key for key, known in stat_names.items() if known == name], np.int64)
+
+
+@dataclass(frozen=True, slots=True)
+class PlaneCorrelation:
+    """Where the events of a plane find their ``correlation_id``: their own stats of
+    that name (``stat_ids``) and, for events without one, their event metadata's
+    (``by_metadata``, metadata id -> id), as ``plane_events`` merges the two."""
+
+    stat_ids: np.ndarray
+    by_metadata: dict[int, int]
+
+    @classmethod
+    def of(cls, plane, metadata_ids=None) -> PlaneCorrelation:
+        """The plane's rule; event metadata limited to ``metadata_ids`` if given."""
+        stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
+        ids = stat_ids(stat_names, CORRELATION_STAT)
+        wanted = set(ids.tolist())
+        keys = plane.event_metadata.keys() if metadata_ids is None else metadata_ids
+        by_metadata = {}
+        for key in keys:
+            meta = plane.event_metadata.get(key)
+            for stat in meta.stats if meta is not None and wanted else ():
+                kind = stat.WhichOneof("value")
+                if stat.metadata_id in wanted and kind in ("uint64_value", "int64_value"):
+                    value = getattr(stat, kind)  # the last one wins; as int64 bits:
+                    by_metadata[key] = value - (1 << 64) if value >= 1 << 63 else value
+        return cls(ids, by_metadata)
+
+    def ids(self, table: EventTable) -> np.ndarray:
+        """Each event's ``correlation_id`` (-1: none; CUPTI writes it as uint64, an
+        int64 one is read too); an event's later stat wins, as in a dict of its stats."""
+        correlation = np.full(len(table.metadata_id), -1, dtype=np.int64)
+        found = np.flatnonzero(np.isin(table.stat_metadata_id, self.stat_ids))
+        unsigned, signed = table.has_uint64[found], table.has_int64[found]
+        value = np.where(unsigned, table.uint64_value[found], table.int64_value[found])
+        valid = unsigned | signed
+        correlation[table.event[found[valid]]] = value[valid]
+        if not self.by_metadata:
+            return correlation
+        keys = np.array(sorted(self.by_metadata), dtype=np.int64)
+        values = np.array([self.by_metadata[key] for key in keys.tolist()], dtype=np.int64)
+        index = np.minimum(np.searchsorted(keys, table.metadata_id), len(keys) - 1)
+        inherit = (correlation < 0) & (keys[index] == table.metadata_id)
+        return np.where(inherit, values[index], correlation)
 
 
 class _PlaneReader:
@@ -231,114 +299,105 @@ class _PlaneReader:
         self.origin_ps = origin_ps
         self.plane_name = plane.name
         self.stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
-        ids = {name: key for key, name in self.stat_names.items()}
-        # -2 never matches a stat id (ids are >= 0).
-        self.correlation_id = ids.get(CORRELATION_STAT, -2)
-        self.op_id = ids.get(TF_OP_STAT, -2)
+        self.correlation = PlaneCorrelation.of(plane)
+        self.op_ids = stat_ids(self.stat_names, TF_OP_STAT)
         self.metadata = {
-            key: (meta.name, _stats(meta.stats, self.stat_names))
+            key: (meta.name, named_stats(meta.stats, self.stat_names))
             for key, meta in plane.event_metadata.items()
         }
         self.op_strings: dict[str, int] = {}  # tf_op given as a string, not a ref
-        self.roles: dict[tuple[int, int], tuple[int, bool]] = {}
+        self.roles: dict[tuple[int, int, int], tuple[int, bool]] = {}
 
     def read(self, lines) -> DeviceEvents:
         """The events of the stream lines among ``lines``, read in batches of about
         ``_BATCH_BYTES`` of serialised lines (numpy's per-call cost is then small)."""
-        parts, batch, bases, size = [], [], [], 0
+        parts, batch, bases, names, size = [], [], [], [], 0
         for line in lines:
-            if not len(line.events) or not (line.display_name or line.name).startswith(
-                STREAM_LINE_PREFIX
-            ):
+            if not is_stream_line(line):
                 continue
             batch.append(line.SerializeToString())
             bases.append(line.timestamp_ns * 1000 - self.origin_ps)
+            names.append(line.display_name or line.name)
             size += len(batch[-1])
             if size >= _BATCH_BYTES:
-                parts.append(self._batch(batch, bases))
-                batch, bases, size = [], [], 0
+                parts.append(self._batch(batch, bases, names))
+                batch, bases, names, size = [], [], [], 0
         if batch:
-            parts.append(self._batch(batch, bases))
+            parts.append(self._batch(batch, bases, names))
         if not parts:
             empty = np.empty(0, np.int64)
             return DeviceEvents(np.empty(0, np.int8), empty, empty, empty, np.empty(0, bool))
         return DeviceEvents(*(np.concatenate(column) for column in zip(*parts, strict=True)))
 
-    def _batch(self, lines: list[bytes], bases: list[int]):
+    def _batch(self, lines: list[bytes], bases: list[int], names: list[str]):
         table, line_of = read_events(lines)
-        start = np.array(bases, dtype=np.int64)[line_of] + table.offset_ps
-        end = start + table.duration_ps
-        correlation = correlation_ids(table, self.correlation_id)
-        kind, reducing = self._kinds(table.metadata_id, self._ops(table))
-        metadata_correlation = self._metadata_correlation(table.metadata_id, correlation)
-        if metadata_correlation is not None:
-            correlation = metadata_correlation
+        start, end = event_times(
+            np.array(bases, dtype=np.int64)[line_of],
+            table.offset_ps,
+            table.duration_ps,
+            lambda i: f"plane {self.plane_name}, line {names[line_of[i]]!r}",
+        )
+        correlation = self.correlation.ids(table)
+        kind, reducing = self._kinds(table.metadata_id, *self._ops(table))
         return kind, start, end, correlation, reducing
 
-    def _ops(self, table: EventTable) -> np.ndarray:
-        """Per event its own ``tf_op`` as a key: a stat metadata id for a ref,
-        ``-2 - k`` for the k-th string; -1: none."""
-        op = np.full(len(table.metadata_id), _NO_OP, dtype=np.int64)
-        found = np.flatnonzero(table.stat_metadata_id == self.op_id)
+    def _ops(self, table: EventTable) -> tuple[np.ndarray, np.ndarray]:
+        """Per event its own ``tf_op``: its kind (``_NO_OP``, ``_OP_REF``,
+        ``_OP_STRING``) and value (the ref's stat metadata id as int64 bits, or the
+        index of the string in ``op_strings``)."""
+        kind = np.full(len(table.metadata_id), _NO_OP, dtype=np.int64)
+        value = np.zeros(len(table.metadata_id), dtype=np.int64)
+        found = np.flatnonzero(np.isin(table.stat_metadata_id, self.op_ids))
         key = table.ref_value[found].copy()
         for i in np.flatnonzero(~table.has_ref[found]).tolist():  # a string (rare)
             text = table.text(int(found[i])) or ""
-            key[i] = -2 - self.op_strings.setdefault(text, len(self.op_strings))
-        op[table.event[found]] = key
-        return op
+            key[i] = self.op_strings.setdefault(text, len(self.op_strings))
+        kind[table.event[found]] = np.where(table.has_ref[found], _OP_REF, _OP_STRING)
+        value[table.event[found]] = key
+        return kind, value
 
-    def _kinds(self, metadata_ids: np.ndarray, op: np.ndarray):
+    def _kinds(self, metadata_ids: np.ndarray, op_kind: np.ndarray, op_value: np.ndarray):
         """Kind codes and the reducing flag per event, from its (metadata, tf_op) pair."""
         if (
             len(metadata_ids)
-            and metadata_ids.min() >= 0
-            and max(metadata_ids.max(), op.max()) < 1 << 31
-            and op.min() > -(1 << 31)
+            and min(metadata_ids.min(), op_value.min()) >= 0
+            and metadata_ids.max() < 1 << 31
+            and op_value.max() < 1 << 30
         ):
-            pair = metadata_ids << 32 | (op + (1 << 31))  # one integer per pair: a fast unique
-            unique, inverse = np.unique(pair, return_inverse=True)
-            low = (unique & 0xFFFFFFFF) - (1 << 31)
-            pairs = zip((unique >> 32).tolist(), low.tolist(), strict=True)
+            # One integer per (metadata, op kind, op value): a fast unique.
+            triple = metadata_ids << 32 | op_kind << 30 | op_value
+            unique, inverse = np.unique(triple, return_inverse=True)
+            triples = zip(
+                (unique >> 32).tolist(),
+                ((unique >> 30) & 3).tolist(),
+                (unique & ((1 << 30) - 1)).tolist(),
+                strict=True,
+            )
         else:
-            unique, inverse = np.unique(np.stack([metadata_ids, op]), axis=1, return_inverse=True)
-            pairs = unique.T.tolist()
-        roles = [self._role(meta, key) for meta, key in pairs]
+            stacked = np.stack([metadata_ids, op_kind, op_value])
+            unique, inverse = np.unique(stacked, axis=1, return_inverse=True)
+            triples = unique.T.tolist()
+        roles = [self._role(*triple) for triple in triples]
         kind = np.array([role[0] for role in roles], dtype=np.int8)
         reducing = np.array([role[1] for role in roles], dtype=bool)
         inverse = inverse.reshape(-1)
         return kind[inverse], reducing[inverse]
 
-    def _role(self, metadata_id: int, op_key: int) -> tuple[int, bool]:
-        role = self.roles.get((metadata_id, op_key))
+    def _role(self, metadata_id: int, op_kind: int, op_value: int) -> tuple[int, bool]:
+        role = self.roles.get((metadata_id, op_kind, op_value))
         if role is None:
             name, stats = self.metadata.get(metadata_id, ("", {}))
-            if op_key != _NO_OP:
-                strings = list(self.op_strings)
-                value = self.stat_names.get(op_key) if op_key >= 0 else strings[-2 - op_key]
-                stats = {**stats, TF_OP_STAT: value}
+            if op_kind == _OP_REF:
+                stats = {**stats, TF_OP_STAT: self.stat_names.get(op_value)}
+            elif op_kind == _OP_STRING:
+                stats = {**stats, TF_OP_STAT: list(self.op_strings)[op_value]}
             collective = nccl_collective(name)
             # An all-gather is accounted apart from the all-reduce, as on CPU traces.
             event = TraceEvent(self.plane_name, "", name, 0, 0, stats)
             kind = Kind.GATHER if collective == "all_gather" else classify_device_event(event)
-            role = _KIND_CODE[kind], collective in (None, "all_reduce")
-            self.roles[(metadata_id, op_key)] = role
+            role = KIND_CODES[kind], collective in (None, "all_reduce")
+            self.roles[(metadata_id, op_kind, op_value)] = role
         return role
-
-    def _metadata_correlation(self, metadata_ids: np.ndarray, correlation: np.ndarray):
-        """``correlation`` with the ids event metadata carry (rare) for events that
-        carry none of their own; None when no metadata carries one."""
-        given = {
-            key: int(stats[CORRELATION_STAT])
-            for key, (_, stats) in self.metadata.items()
-            if isinstance(stats.get(CORRELATION_STAT), int)
-        }
-        if not given:
-            return None
-        keys = np.array(sorted(given), dtype=np.int64)
-        values = np.array([given[key] for key in keys.tolist()], dtype=np.int64)
-        index = np.minimum(np.searchsorted(keys, metadata_ids), len(keys) - 1)
-        inherit = (correlation < 0) & (keys[index] == metadata_ids)
-        return np.where(inherit, values[index], correlation)
 
 
 def read_device_events(plane, origin_ps: int) -> DeviceEvents:
@@ -347,11 +406,11 @@ def read_device_events(plane, origin_ps: int) -> DeviceEvents:
     return _PlaneReader(plane, origin_ps).read(plane.lines)
 
 
-def read_launches(line, indices: np.ndarray, starts: np.ndarray, stat_id: int):
+def read_launches(line, indices: np.ndarray, starts: np.ndarray, correlation: PlaneCorrelation):
     """(correlation ids, starts) of the host CUDA calls at ``indices`` of a line's
-    events (``starts``: every event's start) that carry a ``correlation_id`` (stat
-    metadata id ``stat_id``), as arrays."""
-    correlation = correlation_ids(read_line_events(line), stat_id)[indices]
+    events (``starts``: every event's start) that carry a ``correlation_id`` (found
+    as ``correlation``, the plane's ``PlaneCorrelation``, says), as arrays."""
+    correlation = correlation.ids(read_line_events(line))[indices]
     linked = correlation >= 0
     return correlation[linked], starts[indices][linked]
 

@@ -13,6 +13,7 @@ int64_value 4, str_value 5, ref_value 7.
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,7 +66,33 @@ def read_line_events(line) -> EventTable:
 
 def read_events(lines: list[bytes]) -> tuple[EventTable, np.ndarray]:
     """The events of several serialised lines at once (fewer, larger numpy calls), and
-    the index in ``lines`` of each event's line."""
+    the index in ``lines`` of each event's line.
+
+    Raises:
+        WireError: a line is not an ``XLine`` message.
+    """
+    try:
+        return _read_events(lines)
+    except WireError:  # a field numpy does not decode (a group): protobuf skips it
+        return _read_events([_known_fields(line) for line in lines])
+
+
+def _known_fields(line: bytes) -> bytes:
+    """The serialised line without the fields ``xplane.proto`` does not define, as
+    protobuf's parser drops them (parsing and writing it again: rare, and exact)."""
+    from google.protobuf.message import DecodeError
+
+    from keras_dp_tools.analysis.xspace import _xplane_pb2  # (xspace imports this module)
+
+    try:
+        message = _xplane_pb2().XLine.FromString(line)
+    except DecodeError as error:
+        raise WireError(f"not an XLine message ({error})") from None
+    message.DiscardUnknownFields()
+    return message.SerializeToString()
+
+
+def _read_events(lines: list[bytes]) -> tuple[EventTable, np.ndarray]:
     raw = b"".join(lines)
     starts, stops = _event_records(raw)
     bounds = np.cumsum([len(line) for line in lines])
@@ -94,34 +121,76 @@ def read_events(lines: list[bytes]) -> tuple[EventTable, np.ndarray]:
 
 
 def _event_records(raw: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """Where each event of a serialised line starts and ends: one walk over the line's
-    fields (the only step taken per event in Python)."""
-    starts, ends = [], []
+    """Where each event of a serialised line starts and ends."""
+    starts, ends, _ = walk_fields(raw, _LINE_EVENTS << 3 | 2)
+    return np.frombuffer(starts, np.int64), np.frombuffer(ends, np.int64)
+
+
+def walk_fields(raw: bytes, tag: int, first_only: bool = False):
+    """One walk over the fields of the message serialised in ``raw`` (the only step
+    taken per event in Python): where the value of each length-delimited field of
+    ``tag`` starts and ends (two ``array('q')``; with ``first_only`` only the first's,
+    enough to say whether there is one), and (start, end) of each other field, its tag
+    included. Groups are skipped whole, as protobuf skips unknown fields.
+
+    Raises:
+        WireError: ``raw`` is not a message.
+    """
+    starts, ends, others = array("q"), array("q"), []
+    add_start, add_end = starts.append, ends.append
     position, end = 0, len(raw)
-    events_tag = _LINE_EVENTS << 3 | 2
     while position < end:
-        if raw[position] == events_tag and position + 1 < end and raw[position + 1] < 0x80:
-            starts.append(position + 2)  # the common case: an event shorter than 128 bytes
-            position += 2 + raw[position + 1]
-            ends.append(position)
-            continue
-        tag, position = read_varint(raw, position)
-        wire = tag & 7
-        if wire == 2:
-            length, position = read_varint(raw, position)
-            if tag >> 3 == _LINE_EVENTS:
-                starts.append(position)
-                ends.append(position + length)
-            position += length
-        elif wire == 0:
-            position = read_varint(raw, position)[1]
-        elif wire in (1, 5):
-            position += 8 if wire == 1 else 4
+        run = position
+        try:  # runs of fields of ``tag`` shorter than 128 bytes (events): kept short
+            if first_only:
+                while raw[position] == tag and raw[position + 1] < 0x80:
+                    position += 2 + raw[position + 1]
+            else:
+                while raw[position] == tag and raw[position + 1] < 0x80:
+                    value = position + 2
+                    position = value + raw[position + 1]
+                    add_start(value)
+                    add_end(position)
+        except IndexError:  # the run reached the end (or ran past it: checked below)
+            pass
+        if first_only and position > run and not starts:
+            add_start(run + 2)
+            add_end(run + 2 + raw[run + 1])
+        if position >= end:
+            break
+        field = position
+        key, position = read_varint(raw, position)
+        if key == tag:
+            length, value = read_varint(raw, position)
+            position = value + length
+            if not (first_only and starts):
+                add_start(value)
+                add_end(position)
         else:
-            raise WireError(f"wire type {wire} in a line")
+            position = skip_field(raw, position, key)
+            others.append((field, position))
     if position != end:
-        raise WireError("a field runs past its line")
-    return np.array(starts, dtype=np.int64), np.array(ends, dtype=np.int64)
+        raise WireError("a field runs past its message")
+    return starts, ends, others
+
+
+def skip_field(raw: bytes, position: int, key: int) -> int:
+    """Where the value of a field of tag ``key`` that starts at ``position`` ends."""
+    wire = key & 7
+    if wire == 0:
+        return read_varint(raw, position)[1]
+    if wire == 1 or wire == 5:
+        return position + (8 if wire == 1 else 4)
+    if wire == 2:
+        length, position = read_varint(raw, position)
+        return position + length
+    if wire == 3:  # a group: fields up to the end-group tag of its number
+        while True:
+            inner, position = read_varint(raw, position)
+            if inner == (key >> 3) << 3 | 4:
+                return position
+            position = skip_field(raw, position, inner)
+    raise WireError(f"wire type {wire} where a field starts")
 
 
 def read_varint(raw: bytes, position: int) -> tuple[int, int]:

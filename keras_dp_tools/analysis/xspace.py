@@ -13,8 +13,10 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
+
 # The step marker and capture path (keras_dp_tools.contract), shared with capture.
-from keras_dp_tools.analysis.xevents import WireError, read_varint
+from keras_dp_tools.analysis.xevents import WireError, read_varint, skip_field, walk_fields
 from keras_dp_tools.contract import OWN_MARKER_STAT, PROFILE_SUBDIR, STEP_EVENT_NAME, TRACE_SUFFIX
 
 HOST_PLANE_PREFIX = "/host:"
@@ -129,8 +131,7 @@ class StreamedPlane:
 
 def line_timestamps(plane) -> list[int]:
     """``timestamp_ns`` of each line of a plane that holds events. A streamed plane's
-    lines are not parsed: serialisers write a line's ``timestamp_ns`` before its events
-    (by field number), so a few bytes of each line say both."""
+    lines are walked, not parsed: the walk skips each event by its length."""
     if not isinstance(plane, StreamedPlane):
         return [line.timestamp_ns for line in plane.lines if len(line.events)]
     timestamps = []
@@ -138,11 +139,7 @@ def line_timestamps(plane) -> list[int]:
         with open(plane._path, "rb") as file:
             for start, stop in plane._lines:
                 file.seek(start)
-                timestamp = _line_timestamp(file.read(min(stop - start, _HEAD_BYTES)))
-                if timestamp is _UNKNOWN:  # fields in another order: read the line
-                    file.seek(start)
-                    line = _xplane_pb2().XLine.FromString(file.read(stop - start))
-                    timestamp = line.timestamp_ns if len(line.events) else None
+                timestamp = _line_timestamp(file.read(stop - start))
                 if timestamp is not None:
                     timestamps.append(timestamp)
     except (WireError, _decode_error()) as error:
@@ -150,31 +147,21 @@ def line_timestamps(plane) -> list[int]:
     return timestamps
 
 
-_LINE_TIMESTAMP = 3
-_HEAD_BYTES = 512  # a line's id, name and timestamp come first
-_UNKNOWN = object()
+_TIMESTAMP_TAG = 3 << 3  # XLine.timestamp_ns, a varint
 
 
-def _line_timestamp(head: bytes):
-    """The ``timestamp_ns`` of the line whose first bytes are ``head`` if it holds
-    events, None if it holds none, ``_UNKNOWN`` if ``head`` does not say."""
-    position, timestamp = 0, None
-    while position < len(head):
-        try:
-            tag, position = read_varint(head, position)
-            if tag >> 3 == _LINE_EVENTS:  # a timestamp not seen yet may be 0 or follow
-                return _UNKNOWN if timestamp is None else timestamp
-            if tag & 7 == 2:
-                length, position = read_varint(head, position)
-                position += length
-            elif tag >> 3 == _LINE_TIMESTAMP and tag & 7 == 0:
-                timestamp, position = read_varint(head, position)
-                timestamp -= (timestamp >> 63) << 64  # int64: two's complement
-            else:
-                position += _fixed_or_varint_size(head, position, tag & 7)
-        except WireError:
-            return _UNKNOWN  # cut off inside a field
-    return _UNKNOWN if position > len(head) or len(head) == _HEAD_BYTES else None
+def _line_timestamp(data: bytes) -> int | None:
+    """The ``timestamp_ns`` of the line serialised in ``data`` (the last such field
+    wins, as protobuf merges; none: 0), None if the line holds no events."""
+    events, _, others = walk_fields(data, _EVENTS_TAG, first_only=True)
+    if not events:
+        return None
+    timestamp = 0
+    for start, _ in others:
+        tag, value = read_varint(data, start)
+        if tag == _TIMESTAMP_TAG:
+            timestamp = read_varint(data, value)[0]
+    return timestamp - ((timestamp >> 63) << 64)  # int64: two's complement
 
 
 def _streamed_plane(path: Path, file, start: int, stop: int) -> StreamedPlane:
@@ -201,21 +188,13 @@ def _file_fields(file, start: int, stop: int) -> Iterator[tuple[int, int, int, i
         if tag & 7 == 2:
             length, used = read_varint(head, used)
             value, end = position + used, position + used + length
-        else:
+        else:  # (a group at this level is not in the head: the caller parses the file)
             value = position + used
-            end = value + _fixed_or_varint_size(head, used, tag & 7)
+            end = position + skip_field(head, used, tag)
         if end > stop:
             raise WireError(f"a field runs past its message (byte {position})")
         yield tag >> 3, position, value, end
         position = end
-
-
-def _fixed_or_varint_size(data: bytes, position: int, wire_type: int) -> int:
-    if wire_type == 0:
-        return read_varint(data, position)[1] - position
-    if wire_type in (1, 5):
-        return 8 if wire_type == 1 else 4
-    raise WireError(f"wire type {wire_type}")
 
 
 def _line_pieces(line_class, data: bytes) -> Iterator:
@@ -224,42 +203,21 @@ def _line_pieces(line_class, data: bytes) -> Iterator:
     if len(data) <= _GROUP_BYTES:  # one piece: nothing to walk
         yield line_class.FromString(data)
         return
-    header, runs = [], []
-    position, end, group = 0, len(data), _GROUP_BYTES
-    while position < end:
-        run = position
-        try:  # walks every event of long lines: kept short
-            while data[position] == _EVENTS_TAG:
-                length = data[position + 1]
-                if length < 0x80:
-                    position += 2 + length
-                else:
-                    length, position = read_varint(data, position + 1)
-                    position += length
-                if position - run >= group:
-                    runs.append((run, position))
-                    run = position
-        except IndexError:  # the events reached the end of the line (or run past it)
-            pass
-        if position > run:
-            runs.append((run, min(position, end)))
-        if position >= end:
-            break
-        tag, value = read_varint(data, position)
-        if tag & 7 == 2:
-            length, value = read_varint(data, value)
-            stop = value + length
-        else:
-            stop = value + _fixed_or_varint_size(data, value, tag & 7)
-        header.append(data[position:stop])
-        position = stop
-    if position != end:
-        raise WireError("a field runs past its line")
-    head = b"".join(header)
-    if not runs:
+    _, ends, others = walk_fields(data, _EVENTS_TAG)
+    head = b"".join(data[start:stop] for start, stop in others)
+    ends = np.frombuffer(ends, np.int64)
+    # The events fill the gaps between the other fields: each gap in runs of at least
+    # _GROUP_BYTES, cut where an event ends.
+    bounds = [0, *(position for field in others for position in field), len(data)]
+    pieces = 0
+    for run, gap_end in zip(bounds[::2], bounds[1::2], strict=True):
+        while run < gap_end:
+            cut = int(np.searchsorted(ends, run + _GROUP_BYTES))
+            stop = min(int(ends[cut]) if cut < len(ends) else gap_end, gap_end)
+            yield line_class.FromString(head + data[run:stop])
+            pieces, run = pieces + 1, stop
+    if not pieces:
         yield line_class.FromString(head)
-    for start, stop in runs:
-        yield line_class.FromString(head + data[start:stop])
 
 
 def _xplane_pb2():
@@ -298,22 +256,27 @@ def _stat_value(stat, stat_names: Mapping[int, str]):
     return stat_names.get(value) if kind == "ref_value" else value
 
 
-def _stats(stats, stat_names: Mapping[int, str]) -> dict[str, object]:
+def named_stats(stats, stat_names: Mapping[int, str]) -> dict[str, object]:
+    """``stats`` (``XStat`` messages) by their names in ``stat_names``; of stats of one
+    name the last wins, as a stat counts by its name, not its metadata id."""
     return {stat_names.get(s.metadata_id, ""): _stat_value(s, stat_names) for s in stats}
 
 
-def plane_events(plane) -> Iterator[TraceEvent]:
-    """Every event of a plane, with the stats of its metadata and its own (which win)."""
+def plane_events(plane, lines=None) -> Iterator[TraceEvent]:
+    """Every event of a plane (of ``lines`` of it if given), with the stats of its
+    metadata and its own (which win)."""
     stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
     metadata = {}
     for key, meta in plane.event_metadata.items():
-        metadata[key] = (meta.name, _stats(meta.stats, stat_names))
-    for line in plane.lines:
+        metadata[key] = (meta.name, named_stats(meta.stats, stat_names))
+    for line in plane.lines if lines is None else lines:
         line_name = line.display_name or line.name
         base_ps = line.timestamp_ns * 1000
         for event in line.events:
             name, meta_stats = metadata.get(event.metadata_id, ("", {}))
-            stats = {**meta_stats, **_stats(event.stats, stat_names)} if event.stats else meta_stats
+            stats = meta_stats
+            if event.stats:
+                stats = {**meta_stats, **named_stats(event.stats, stat_names)}
             start = base_ps + event.offset_ps
             yield TraceEvent(plane.name, line_name, name, start, start + event.duration_ps, stats)
 
