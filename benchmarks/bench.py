@@ -84,6 +84,13 @@ def interleave(variants: dict, rounds: int) -> list[dict]:
 # -- synthetic traces ----------------------------------------------------------------
 
 
+def _name_metadata(table, names) -> None:
+    """Ids 1, 2, ... for ``names`` in an XPlane's ``stat_metadata`` or ``event_metadata``."""
+    for metadata_id, name in enumerate(names, 1):
+        table[metadata_id].id = metadata_id
+        table[metadata_id].name = name
+
+
 def synthetic_trace(path: Path, events: int, replicas: int = 4) -> Path:
     """A CPU-device trace shaped like a real one: per step and replica, compute ops on
     the replica's thread, one all-reduce (peers share an ``instance_key``), an input
@@ -95,18 +102,14 @@ def synthetic_trace(path: Path, events: int, replicas: int = 4) -> Path:
     space = xplane_pb2.XSpace()
     plane = space.planes.add(id=1, name="/host:CPU")
     stat_names = ["step_num", "_r", "kdp", "instance_key", "group_key"]
-    for stat_id, name in enumerate(stat_names, 1):
-        plane.stat_metadata[stat_id].id = stat_id
-        plane.stat_metadata[stat_id].name = name
+    _name_metadata(plane.stat_metadata, stat_names)
     names = ["train", "IteratorGetNextOp::DoCompute"]
     for replica in range(replicas):
         scope = f"replica_{replica}/" if replica else ""
         names += [f"{scope}model/dense_{op}/MatMul:_MklMatMul" for op in range(ops_per_replica)]
         suffix = f"_{replica}" if replica else ""
         names.append(f"StatefulPartitionedCall/adam/CollectiveReduceV2{suffix}:CollectiveReduceV2")
-    for event_id, name in enumerate(names, 1):
-        plane.event_metadata[event_id].id = event_id
-        plane.event_metadata[event_id].name = name
+    _name_metadata(plane.event_metadata, names)
     line_start_ns = 1_700_000_000_000_000_000
     python = plane.lines.add(id=1, name="python", timestamp_ns=line_start_ns)
     threads = [
@@ -233,12 +236,8 @@ def synthetic_gpu_trace(path: Path, events: int, gpus: int = 8) -> Path:
     space = xplane_pb2.XSpace()
     host = space.planes.add(id=1, name="/host:CPU")
     host_stats = ["step_num", "_r", "kdp", "correlation_id", "device_id"]
-    for stat_id, name in enumerate(host_stats, 1):
-        host.stat_metadata[stat_id].id = stat_id
-        host.stat_metadata[stat_id].name = name
-    for event_id, name in enumerate(["train", "cuLaunchKernel", "cuMemcpyHtoDAsync_v2"], 1):
-        host.event_metadata[event_id].id = event_id
-        host.event_metadata[event_id].name = name
+    _name_metadata(host.stat_metadata, host_stats)
+    _name_metadata(host.event_metadata, ["train", "cuLaunchKernel", "cuMemcpyHtoDAsync_v2"])
     python = host.lines.add(id=1, name="python", timestamp_ns=line_start_ns)
     launchers = [
         host.lines.add(id=2 + g, name=f"tf_Compute/{g}", timestamp_ns=line_start_ns)
@@ -256,12 +255,8 @@ def synthetic_gpu_trace(path: Path, events: int, gpus: int = 8) -> Path:
     planes = []
     for g in range(gpus):
         plane = space.planes.add(id=2 + g, name=f"/device:GPU:{g}")
-        for stat_id, name in enumerate([*device_stats, "details", *ops], 1):
-            plane.stat_metadata[stat_id].id = stat_id
-            plane.stat_metadata[stat_id].name = name
-        for event_id, name in enumerate(names, 1):
-            plane.event_metadata[event_id].id = event_id
-            plane.event_metadata[event_id].name = name
+        _name_metadata(plane.stat_metadata, [*device_stats, "details", *ops])
+        _name_metadata(plane.event_metadata, names)
         lines = {
             stream: plane.lines.add(id=stream, name=name, timestamp_ns=line_start_ns)
             for stream, name in (*stream_lines, (20, "Stream #20(Compute)"))
