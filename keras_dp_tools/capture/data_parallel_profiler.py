@@ -455,7 +455,7 @@ _profilers: weakref.WeakSet[DataParallelProfiler] = weakref.WeakSet()
 def profiling_disturbs(log_dir, started: float) -> bool:
     """Whether a profiler of this process on ``log_dir`` disturbs a step that started at
     ``started`` (the steps it overlaps are the ``profiled`` ones of ``kdt.Report``)."""
-    if not _profilers:
+    if not _profilers.data:  # the weak references: len(WeakSet) is Python code
         return False
     busy = [profiler for profiler in list(_profilers) if profiler.disturbing(started)]
     if not busy:  # StepTimer asks every step: resolving paths costs ~0.1 ms

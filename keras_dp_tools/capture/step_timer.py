@@ -14,6 +14,8 @@ from keras_dp_tools.capture.step_counter import StepCounter
 from keras_dp_tools.validation import require_positive_int
 
 SCALAR_BATCH = 64  # TensorBoard points handed to the recorder at once (and at epoch end)
+# The step record's fields after type, run and worker (records.STEP_FIELDS plus time).
+STEP_KEYS = ("time", "epoch", "step", "steps", "step_ms", "examples_per_s", "warmup")
 
 
 class StepTimer(DataParallelCallback):
@@ -103,15 +105,10 @@ class StepTimer(DataParallelCallback):
         examples_per_s = (
             self.global_batch * steps / elapsed_s if self.global_batch and elapsed_s > 0 else None
         )
-        self._recorder.write(
+        self._recorder.write_values(
             "step",
-            time=started_at,
-            epoch=self._epoch,
-            step=step,
-            steps=steps,
-            step_ms=step_ms,
-            examples_per_s=examples_per_s,
-            warmup=warmup,
+            STEP_KEYS,
+            (started_at, self._epoch, step, steps, step_ms, examples_per_s, warmup),
         )
         if self.tensorboard:
             disturbed = warmup or self._disturbed or profiling_disturbs(self.log_dir, started_at)
