@@ -7,13 +7,13 @@ scalars of all callbacks land in one run folder, ``<log_dir>/keras_dp/worker-<i>
 
 Every record reaches the operating system before the hook that wrote it returns, so
 a process killed outright (SIGKILL, the OOM killer) keeps every step it recorded
-(about 15 µs per record; see ``RecordWriter``). For steps so short that this matters,
-``KERAS_DP_FLUSH_SECONDS=<s>`` lets per-step records (``BUFFERED_RECORDS``) wait in
-memory and a background thread write them in batches: every ``<s>`` seconds, also
-while training hangs; at every epoch end; before any other record (headers, windows,
-the end of a fit are written at once); at the end of ``fit``; and at exit, also after
-an exception or Ctrl-C. A process killed outright then loses at most the per-step
-records of its last ``<s>`` seconds.
+(one ``os.write`` per record; see ``RecordWriter`` and ``write_values``). For steps
+so short that this matters, ``KERAS_DP_FLUSH_SECONDS=<s>`` lets per-step records
+(``BUFFERED_RECORDS``) wait in memory and a background thread write them in batches:
+every ``<s>`` seconds, also while training hangs; at every epoch end; before any
+other record (headers, windows, the end of a fit are written at once); at the end of
+``fit``; and at exit, also after an exception or Ctrl-C. A process killed outright
+then loses at most the per-step records of its last ``<s>`` seconds.
 """
 
 from __future__ import annotations
@@ -338,6 +338,10 @@ class Recorder:
         """Adds TensorBoard scalars (tags as given, e.g. ``dp/step_ms``) at ``step``;
         they are written in batches (see ``ScalarWriter``)."""
         self._summaries(lambda writer: writer.add(step, values))
+
+    def scalar_points(self, points: list[tuple[float, int, dict[str, float | None]]]) -> None:
+        """Adds ``(wall_time, step, {tag: value})`` points at once (``scalars`` for many)."""
+        self._summaries(lambda writer: writer.add_points(points))
 
     def text(self, tag: str, markdown: str, step: int = 0) -> None:
         """Writes markdown to TensorBoard's Text tab at once."""
