@@ -263,3 +263,16 @@ def test_step_records_of_the_template_equal_the_general_ones_and_follow_the_run(
         "worker": 0,
         **dict(zip(keys, cases[0], strict=True)),
     }
+
+
+def test_a_step_value_json_refuses_drops_that_record_alone_with_one_warning(tmp_path, monkeypatch):
+    monkeypatch.delenv(FLUSH_SECONDS_ENV, raising=False)
+    recorder = Recorder.acquire(tmp_path, 0)
+    try:
+        recorder.start_run({"strategy": "MirroredStrategy"})
+        with pytest.warns(kdt.MeasurementWarning, match="could not write a 'step' record"):
+            recorder.write_values("step", ("step",), (10**5000,))  # past int's print limit
+        recorder.write_values("step", ("step",), (3,))
+    finally:
+        recorder.release()
+    assert recorded(tmp_path) == [("header", None), ("step", 3)]

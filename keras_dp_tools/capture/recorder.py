@@ -244,8 +244,11 @@ class Recorder:
                 raise RuntimeError("Recorder.start_run() must be called before write_values().")
             head = {"type": record_type, "run": self.run_id, "worker": self.worker}
             template = self._templates[record_type] = RecordTemplate(head, keys)
-        line = None if self.flush_seconds > 0 else template.line(values)
-        if line is None:  # buffered, or a value only json writes
+        try:
+            line = None if self.flush_seconds > 0 else template.line(values)
+        except (TypeError, ValueError):  # e.g. an int too long to print: json's path warns
+            line = None
+        if line is None:  # buffered, or a value only json writes (or refuses)
             self.write(record_type, **dict(zip(keys, values, strict=True)))
             return
         with self._file_lock:
