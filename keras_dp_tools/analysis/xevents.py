@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from keras_dp_tools.analysis.xplane_proto import xplane_pb2
+
 _LINE_EVENTS = 4
 _EVENT_METADATA, _EVENT_OFFSET, _EVENT_DURATION, _EVENT_STATS = 1, 2, 3, 4
 _STAT_METADATA, _STAT_UINT, _STAT_INT, _STAT_STR, _STAT_REF = 1, 3, 4, 5, 7
@@ -82,10 +84,8 @@ def _known_fields(line: bytes) -> bytes:
     protobuf's parser drops them (parsing and writing it again: rare, and exact)."""
     from google.protobuf.message import DecodeError
 
-    from keras_dp_tools.analysis.xspace import _xplane_pb2  # (xspace imports this module)
-
     try:
-        message = _xplane_pb2().XLine.FromString(line)
+        message = xplane_pb2().XLine.FromString(line)
     except DecodeError as error:
         raise WireError(f"not an XLine message ({error})") from None
     message.DiscardUnknownFields()

@@ -15,8 +15,10 @@ from pathlib import Path
 
 import numpy as np
 
-# The step marker and capture path (keras_dp_tools.contract), shared with capture.
 from keras_dp_tools.analysis.xevents import WireError, read_varint, skip_field, walk_fields
+from keras_dp_tools.analysis.xplane_proto import xplane_pb2 as _xplane_pb2
+
+# The step marker and capture path (keras_dp_tools.contract), shared with capture.
 from keras_dp_tools.contract import OWN_MARKER_STAT, PROFILE_SUBDIR, STEP_EVENT_NAME, TRACE_SUFFIX
 
 HOST_PLANE_PREFIX = "/host:"
@@ -218,34 +220,6 @@ def _line_pieces(line_class, data: bytes) -> Iterator:
             pieces, run = pieces + 1, stop
     if not pieces:
         yield line_class.FromString(head)
-
-
-def _xplane_pb2():
-    """TensorFlow's ``xplane_pb2``. Where TensorFlow is not imported yet (the analysis
-    process), its generated module is loaded on its own: it needs only protobuf, while
-    importing TensorFlow takes seconds of CPU."""
-    import sys
-
-    if "tensorflow" not in sys.modules:
-        if _STANDALONE not in sys.modules:
-            import importlib.util
-
-            package = importlib.util.find_spec("tensorflow")
-            folder = Path(package.origin).parent if package and package.origin else None
-            source = folder / "tsl" / "profiler" / "protobuf" / "xplane_pb2.py" if folder else None
-            if source is not None and source.exists():
-                spec = importlib.util.spec_from_file_location(_STANDALONE, source)
-                module = importlib.util.module_from_spec(spec)
-                spec.loader.exec_module(module)
-                sys.modules[_STANDALONE] = module
-        if _STANDALONE in sys.modules:
-            return sys.modules[_STANDALONE]
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
-
-    return xplane_pb2
-
-
-_STANDALONE = "keras_dp_tools._xplane_pb2"
 
 
 def _stat_value(stat, stat_names: Mapping[int, str]):
