@@ -76,8 +76,14 @@ def test_replayed_readings_align_to_steps(tmp_path, keras, strategy4):
     multiplexer = EventMultiplexer(size_guidance={"tensors": 0})
     multiplexer.AddRunsFromDirectory(str(tmp_path))
     multiplexer.Reload()
-    tags = set(multiplexer.GetAccumulator("keras_dp/worker-0").Tags()["tensors"])
+    run = multiplexer.GetAccumulator("keras_dp/worker-0")
+    tags = set(run.Tags()["tensors"])
     assert {"gpu/0/util", "gpu/1/mem_used_gb", "host/cpu_process_percent"} <= tags
+    # Points sit at global steps of this fit (7 a epoch); each epoch end reads CPU usage.
+    host_steps = [event.step for event in run.Tensors("host/cpu_process_percent")]
+    gpu_steps = [event.step for event in run.Tensors("gpu/0/util")]
+    assert {7, 14, 21} <= set(host_steps) and set(host_steps + gpu_steps) <= set(range(22))
+    assert host_steps == sorted(host_steps) and gpu_steps == sorted(gpu_steps)
 
 
 def test_sampler_does_not_outlive_a_crashed_fit(tmp_path, keras, strategy4):

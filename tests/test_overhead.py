@@ -81,9 +81,10 @@ sys.path.insert(0, sys.argv[1])
 from keras_dp_tools.capture.recorder import Recorder
 recorder = Recorder.acquire(sys.argv[2], 0)
 recorder.start_run({"strategy": "MirroredStrategy", "replicas": 2})
-def steps(first, last):
+KEYS = ("time", "step", "steps", "step_ms")
+def steps(first, last):  # as StepTimer writes them
     for step in range(first, last):
-        recorder.write("step", time=time.time(), step=step, steps=1, step_ms=1.0)
+        recorder.write_values("step", KEYS, (time.time(), step, 1, 1.0))
 steps(0, 5)
 recorder.write("window", time=time.time(), start_step=5, status="open")  # at once
 steps(5, 10)
@@ -227,3 +228,51 @@ def test_a_launcher_given_run_id_is_read_from_the_start(tmp_path, monkeypatch):
         assert recorder.run_offset == 0
     finally:
         recorder.release()
+
+
+def test_step_records_of_the_template_equal_the_general_ones_and_follow_the_run(
+    tmp_path, monkeypatch
+):
+    monkeypatch.delenv("KERAS_DP_RUN_ID", raising=False)
+    monkeypatch.delenv(FLUSH_SECONDS_ENV, raising=False)
+    keys = ("time", "epoch", "step", "steps", "step_ms", "examples_per_s", "warmup")
+    cases = [
+        (1764461520.25, 0, 0, 1, 812.5, None, True),
+        (1764461521.5, 0, 1, 4, 15.125, 33000.5, False),
+        (1764461522.0, 1, 5, 1, float("nan"), float("inf"), False),  # json's path: null
+    ]
+    recorder = Recorder.acquire(tmp_path, 0)
+    try:
+        runs = [recorder.start_run({"strategy": "MirroredStrategy", "replicas": 2})]
+        for values in cases:
+            recorder.write_values("step", keys, values)
+            recorder.write("step", **dict(zip(keys, values, strict=True)))
+        runs.append(recorder.start_run({"strategy": "MirroredStrategy", "replicas": 4}))
+        recorder.write_values("step", keys, cases[0])
+    finally:
+        recorder.release()
+
+    lines = worker_records_path(tmp_path, 0).read_bytes().splitlines()
+    steps = [json.loads(line) for line in lines if b'"type":"step"' in line]
+    assert lines[1:7:2] == lines[2:8:2]  # template and json wrote the same bytes
+    assert steps[4]["step_ms"] is None and steps[4]["examples_per_s"] is None
+    assert [step["run"] for step in steps] == [runs[0]] * 6 + [runs[1]]
+    assert steps[0] == {
+        "type": "step",
+        "run": runs[0],
+        "worker": 0,
+        **dict(zip(keys, cases[0], strict=True)),
+    }
+
+
+def test_a_step_value_json_refuses_drops_that_record_alone_with_one_warning(tmp_path, monkeypatch):
+    monkeypatch.delenv(FLUSH_SECONDS_ENV, raising=False)
+    recorder = Recorder.acquire(tmp_path, 0)
+    try:
+        recorder.start_run({"strategy": "MirroredStrategy"})
+        with pytest.warns(kdt.MeasurementWarning, match="could not write a 'step' record"):
+            recorder.write_values("step", ("step",), (10**5000,))  # past int's print limit
+        recorder.write_values("step", ("step",), (3,))
+    finally:
+        recorder.release()
+    assert recorded(tmp_path) == [("header", None), ("step", 3)]

@@ -3,12 +3,17 @@
 import json
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from keras_dp_tools.records import (
     SCHEMA_VERSION,
+    RecordTemplate,
     RecordWriter,
+    encode_record,
     find_record_files,
     read_records,
     worker_records_path,
@@ -163,3 +168,75 @@ def test_reading_from_a_line_offset_leaves_out_the_lines_before_it(tmp_path):
     assert frames["header"]["run"].tolist() == ["r2"]
     assert frames["step"]["step"].tolist() == [0, 1]
     assert read_records_by_type(path, path.stat().st_size) == {}  # nothing after the end
+
+
+# Values a record may hold: the template's own (plain floats of every kind, ints of any
+# size, booleans, None) and some it must leave to json (text, lists, numpy scalars).
+_VALUES = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(min_value=-(10**30), max_value=10**30),
+    st.booleans(),
+    st.none(),
+    st.text(max_size=5),
+    st.lists(st.integers(), max_size=2),
+    st.floats(allow_nan=True).map(np.float64),  # a float subclass: json writes it
+    st.integers(-5, 5).map(np.int64),  # not JSON: the record is refused either way
+)
+
+
+def _as_json_writes_it(value):
+    # The records' rule, stated independently: NaN and infinities become null.
+    return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    head=st.dictionaries(st.text(max_size=6), st.one_of(st.text(max_size=6), st.integers())),
+    fields=st.dictionaries(st.text(max_size=6), _VALUES, max_size=8),
+)
+def test_record_template_writes_what_json_writes(head, fields):
+    keys = tuple(fields)
+    template = RecordTemplate(head, keys)
+    values = tuple(fields.values())
+    record = {**head, **fields}
+
+    if any(isinstance(value, np.int64) for value in values):
+        assert template.line(values) is None
+        with pytest.raises(TypeError):
+            encode_record(record)  # the recorder drops such a record with a warning
+        return
+    line = template.line(values)
+    if line is None:  # the caller's fallback
+        line = encode_record(record)
+
+    expected = {key: _as_json_writes_it(value) for key, value in record.items()}
+    assert line == (json.dumps(expected, separators=(",", ":")) + "\n").encode()
+    assert json.loads(line) == expected
+    plain = all(
+        type(value) in (int, bool, type(None)) or (type(value) is float and math.isfinite(value))
+        for value in values
+    )
+    if plain and not set(head) & set(fields):
+        assert template.line(values) == line  # the fast path took it
+
+
+def test_record_template_handles_a_step_record_and_its_edge_values():
+    keys = ("time", "epoch", "step", "steps", "step_ms", "examples_per_s", "warmup")
+    head = {"type": "step", "run": "run-%s-\u00e9\u4e2d", "worker": 3}
+    template = RecordTemplate(head, keys)
+    cases = [
+        (1764461520.123456, 0, 12, 1, 15.5, 33000.25, True),
+        (1e16, 2**70, 0, 4, -0.0, None, False),
+        (5e-324, -1, 1, 1, 1.7976931348623157e308, 1e-07, False),
+        (1.0, 0, 1, 1, float("nan"), float("inf"), False),
+        (1.0, 0, 1, 1, 2.5, float("-inf"), True),
+    ]
+    for values in cases:
+        record = {**head, **dict(zip(keys, values, strict=True))}
+        line = template.line(values) or encode_record(record)
+        expected = {key: _as_json_writes_it(value) for key, value in record.items()}
+        assert json.loads(line) == expected
+        assert line == (json.dumps(expected, separators=(",", ":")) + "\n").encode()
+    assert template.line(cases[0]) is not None
+    assert template.line(cases[3]) is None  # NaN: json's path writes null
+    assert template.line((1.0,) * 6) is None  # a value short: not this template's shape

@@ -455,10 +455,16 @@ _profilers: weakref.WeakSet[DataParallelProfiler] = weakref.WeakSet()
 def profiling_disturbs(log_dir, started: float) -> bool:
     """Whether a profiler of this process on ``log_dir`` disturbs a step that started at
     ``started`` (the steps it overlaps are the ``profiled`` ones of ``kdt.Report``)."""
-    if not _profilers:
-        return False
-    busy = [profiler for profiler in list(_profilers) if profiler.disturbing(started)]
-    if not busy:  # StepTimer asks every step: resolving paths costs ~0.1 ms
+    # StepTimer asks twice a step: the weak references themselves, not the WeakSet's
+    # iterator (Python code), and a profiler with no window and no analysis is idle.
+    busy = []
+    for reference in tuple(_profilers.data):
+        profiler = reference()
+        if profiler is None or (profiler._window is None and not profiler._pending):
+            continue
+        if profiler.disturbing(started):
+            busy.append(profiler)
+    if not busy:  # resolving paths costs ~0.1 ms
         return False
     where = Path(log_dir).resolve()
     return any(Path(profiler.log_dir).resolve() == where for profiler in busy)

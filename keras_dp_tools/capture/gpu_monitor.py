@@ -10,8 +10,7 @@ import time
 from keras_dp_tools._warn import warn
 from keras_dp_tools.capture.base import DataParallelCallback, MeasurementWarning
 from keras_dp_tools.capture.recorder import Recorder
-from keras_dp_tools.capture.run_info import strategy_devices
-from keras_dp_tools.capture.step_counter import StepCounter
+from keras_dp_tools.capture.run_info import global_step, strategy_devices
 from keras_dp_tools.contract import gpu_ordinal
 from keras_dp_tools.monitor.host_usage import HostCpuMeter
 from keras_dp_tools.monitor.nvml_reader import (
@@ -37,6 +36,8 @@ SCALAR_SECONDS = 2.0  # how often samples go to TensorBoard (records get every o
 # Least time between host CPU readings: each reads /proc/stat on the training thread
 # (~0.1-0.2 ms), which at the GPU interval (0.1 s) would cost 0.1-0.2% of every step.
 CPU_SECONDS = 1.0
+# Most time between two heartbeats, as a share of the sampler's idle timeout.
+HEARTBEAT_SHARE = 0.25
 
 
 def gpu_ordinals(devices: list[str]) -> list[int]:
@@ -128,8 +129,17 @@ class GpuMonitor(DataParallelCallback):
         self._cpu: HostCpuMeter | None = None
         self._last_cpu = 0.0
         self._last_scalars = 0.0
+        # The batch hook does its chores (heartbeat, CPU reading, scalars) at most this
+        # often, and nothing else: a step costs it one clock read and one comparison.
+        self._chore_seconds = min(max(self.interval, CPU_SECONDS), SCALAR_SECONDS)
+        if idle_timeout is not None:
+            self._chore_seconds = min(self._chore_seconds, HEARTBEAT_SHARE * idle_timeout)
+        self._next_chores = 0.0
+        # The global step of the epoch's first call and the current call's batch: the
+        # TensorBoard points' step without reading optimizer.iterations (~0.7 ms each).
+        self._epoch_first_step = 0
+        self._batch: int | None = None
         self._pending: queue.SimpleQueue = queue.SimpleQueue()
-        self._steps = StepCounter()
 
     # -- hooks ---------------------------------------------------------------
 
@@ -137,20 +147,27 @@ class GpuMonitor(DataParallelCallback):
         self._close()
         strategy = self.model.distribute_strategy
         self._recorder = Recorder.for_fit(self.log_dir, self.model)
-        self._steps.start(self.model)
+        self._batch = None
         self._cpu = HostCpuMeter()
-        self._last_cpu = self._last_scalars = time.monotonic()
+        self._last_cpu = self._last_scalars = now = time.monotonic()
+        self._next_chores = now + self._chore_seconds
         self._start_gpu_sampling(strategy_devices(strategy))
 
+    def on_epoch_begin(self, epoch, logs=None):
+        self._epoch_first_step, self._batch = self._step(), 0
+
     def on_train_batch_begin(self, batch, logs=None):
-        self._steps.begin_call(batch)
+        # One batch hook, not two: each hook call costs ~10 µs of the training thread.
+        self._batch = batch
+        now = time.monotonic()
+        if now >= self._next_chores:
+            self._next_chores = now + self._chore_seconds
+            self._chores(now)
+
+    def _chores(self, now: float) -> None:
         if self._sampler is not None:
             self._sampler.heartbeat()
             self._sampler.start()  # after an idle pause
-
-    def on_train_batch_end(self, batch, logs=None):
-        self._steps.end_call(batch)
-        now = time.monotonic()
         if now - self._last_cpu >= max(self.interval, CPU_SECONDS):
             self._last_cpu = now
             self._record_cpu()
@@ -168,6 +185,7 @@ class GpuMonitor(DataParallelCallback):
             self._sampler.heartbeat()
 
     def on_epoch_end(self, epoch, logs=None):
+        self._batch = None  # the step from the optimizer: the epoch's last call is done
         self._record_cpu()
         self._drain_scalars()
         self._recorder.flush()
@@ -249,8 +267,16 @@ class GpuMonitor(DataParallelCallback):
             "gpu_status", time=time.time(), gpu_available=False, gpu_reason=message
         )
 
+    def _step(self) -> int:
+        """The global step the current (or next) call starts at: the points' step."""
+        if self._batch is not None:
+            return self._epoch_first_step + self._batch
+        return global_step(self.model) or 0
+
     def _drain_scalars(self) -> None:
-        step = self._steps.next_step
+        if self._pending.empty():
+            return
+        step = self._step()
         while True:
             try:
                 reading = self._pending.get_nowait()
@@ -271,7 +297,7 @@ class GpuMonitor(DataParallelCallback):
             # The records keep 100% = one core; TensorBoard gets one 0-100 scale.
             process = usage["process_cpu_percent"]
             self._recorder.scalars(
-                self._steps.next_step,
+                self._step(),
                 {
                     "host/cpu_process_percent": (
                         None if process is None else process / usage["cpu_count"]

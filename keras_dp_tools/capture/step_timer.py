@@ -14,6 +14,8 @@ from keras_dp_tools.capture.step_counter import StepCounter
 from keras_dp_tools.validation import require_positive_int
 
 SCALAR_BATCH = 64  # TensorBoard points handed to the recorder at once (and at epoch end)
+# The step record's fields after type, run and worker (records.STEP_FIELDS plus time).
+STEP_KEYS = ("time", "epoch", "step", "steps", "step_ms", "examples_per_s", "warmup")
 
 
 class StepTimer(DataParallelCallback):
@@ -73,9 +75,9 @@ class StepTimer(DataParallelCallback):
         self._epoch = 0
         self._call_started = None
         self._disturbed = False
-        # TensorBoard points (step, step_ms, examples_per_s, disturbed) not handed to the
-        # recorder yet: handing them over in batches saves ~15 µs a step.
-        self._points: list[tuple[int, float, float | None, bool]] = []
+        # TensorBoard points (step start, step, {tag: value}) not handed to the recorder
+        # yet: handing them over in batches saves ~15 µs a step.
+        self._points: list[tuple[float, int, dict[str, float | None]]] = []
 
     def on_train_begin(self, logs=None):
         self._end_fit("exited")  # a previous fit that raised never reached on_train_end
@@ -103,32 +105,25 @@ class StepTimer(DataParallelCallback):
         examples_per_s = (
             self.global_batch * steps / elapsed_s if self.global_batch and elapsed_s > 0 else None
         )
-        self._recorder.write(
+        self._recorder.write_values(
             "step",
-            time=started_at,
-            epoch=self._epoch,
-            step=step,
-            steps=steps,
-            step_ms=step_ms,
-            examples_per_s=examples_per_s,
-            warmup=warmup,
+            STEP_KEYS,
+            (started_at, self._epoch, step, steps, step_ms, examples_per_s, warmup),
         )
         if self.tensorboard:
-            disturbed = warmup or self._disturbed or profiling_disturbs(self.log_dir, started_at)
-            self._points.append((step, step_ms, examples_per_s, disturbed))
+            if warmup or self._disturbed or profiling_disturbs(self.log_dir, started_at):
+                values = {"dp/step_ms_disturbed": step_ms}
+            else:
+                values = {"dp/step_ms": step_ms, "dp/examples_per_s": examples_per_s}
+            self._points.append((started_at, step, values))
             if len(self._points) >= SCALAR_BATCH:
                 self._write_points()
         self._call_started = None
 
     def _write_points(self) -> None:
         points, self._points = self._points, []
-        for step, step_ms, examples_per_s, disturbed in points:
-            if disturbed:
-                self._recorder.scalars(step, {"dp/step_ms_disturbed": step_ms})
-            else:
-                self._recorder.scalars(
-                    step, {"dp/step_ms": step_ms, "dp/examples_per_s": examples_per_s}
-                )
+        if points:
+            self._recorder.scalar_points(points)
 
     def on_epoch_end(self, epoch, logs=None):
         self._write_points()
