@@ -163,9 +163,8 @@ class ScalarWriter:
         self.wait()
 
     def _run(self) -> None:
-        from keras_dp_tools.monitor.background import lower_thread_priority
-
-        lower_thread_priority()
+        # Not at a lowered priority (unlike the samplers): ``flush`` and ``close`` make
+        # the training thread wait for this one, which a busy machine must not starve.
         while True:
             with self._changed:
                 while not self._batches:
