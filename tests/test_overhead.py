@@ -276,3 +276,15 @@ def test_a_step_value_json_refuses_drops_that_record_alone_with_one_warning(tmp_
     finally:
         recorder.release()
     assert recorded(tmp_path) == [("header", None), ("step", 3)]
+
+
+def test_a_step_written_after_the_recorder_closed_is_dropped_like_any_record(tmp_path, monkeypatch):
+    monkeypatch.delenv(FLUSH_SECONDS_ENV, raising=False)
+    recorder = Recorder.acquire(tmp_path, 0)
+    recorder.start_run({"strategy": "MirroredStrategy"})
+    recorder.write_values("step", ("step",), (1,))
+    recorder.release()  # the file is closed; a late hook must not raise into training
+    with pytest.warns(kdt.MeasurementWarning, match="closed"):
+        recorder.write_values("step", ("step",), (2,))
+    recorder.write("step", step=3)  # the general path drops it too (warned once)
+    assert recorded(tmp_path) == [("header", None), ("step", 1)]

@@ -257,6 +257,8 @@ class Recorder:
             if self.write_error is None and self._records is not None:
                 try:
                     self._records.write_line(line)
+                except ValueError as error:  # written after release (a closed file)
+                    self._skip_record({"type": record_type}, error)
                 except OSError as error:
                     self._stop_recording(error)
 
