@@ -1,6 +1,7 @@
 """GpuMonitor during real training on CPU devices: the no-GPU path, and a recorded stream
 of GPU readings replayed through the reader interface."""
 
+import gc
 import json
 import logging
 import threading
@@ -74,7 +75,14 @@ def test_replayed_readings_align_to_steps(tmp_path, keras, strategy4):
 
     monitor = kdt.GpuMonitor(tmp_path, interval=0.02, source=ReplayReader(constant_stream()))
     callbacks = [kdt.StepTimer(tmp_path), monitor]
-    fit(dense_model(keras, strategy4), callbacks, epochs=3)
+    model = dense_model(keras, strategy4)
+    # Earlier tests' tf.data iterators, freed now rather than inside the fit: TensorFlow
+    # deletes one by waiting for its background threads, and in the full suite that
+    # blocked the training thread for 8 s and more (py-spy: ~IteratorResource in an
+    # EagerTensor's dealloc). Stalls of 25-90 s before a fit's first step, longer than
+    # the stream, looked the same. The replay's clock starts in on_train_begin.
+    gc.collect()
+    fit(model, callbacks, epochs=3)
 
     report = kdt.Report.load(tmp_path)
     assert report.runs.iloc[0]["gpu_available"]
