@@ -92,3 +92,16 @@ def test_points_are_written_off_the_adding_thread_and_the_thread_ends_on_close(t
     assert len(written_by) == 5 and set(written_by) == {THREAD_NAME}
     assert [step for step, _ in read_scalars(tmp_path)["dp/step_ms"]] == list(range(10))
     assert not writing_threads()
+
+
+def test_none_values_do_not_count_toward_a_write(tf, tmp_path):
+    writer = ScalarWriter(str(tmp_path), flush_points=4, flush_seconds=3600)
+    for step in range(3):
+        writer.add(step, {"dp/step_ms": float(step), "dp/examples_per_s": None})
+    writer.wait()
+    assert read_scalars(tmp_path) == {}  # 3 values to write: under flush_points
+
+    writer.add(3, {"dp/step_ms": 3.0, "dp/examples_per_s": None})
+    writer.wait()
+    assert [step for step, _ in read_scalars(tmp_path)["dp/step_ms"]] == [0, 1, 2, 3]
+    writer.close()

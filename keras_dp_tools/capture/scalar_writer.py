@@ -81,17 +81,18 @@ class ScalarWriter:
     """Buffers scalar points for one TensorBoard run folder and writes them in batches,
     in a thread of its own.
 
-    Points are handed to the writing thread when ``flush_points`` are buffered and when
-    a point arrives ``flush_seconds`` or more after the last hand-over (so TensorBoard
-    follows a live run); ``flush`` and ``close`` return once every point added is in
-    the file. Building the event protos costs ~15 µs a point: on the training thread
-    that is ~30 µs a step of a ``StepTimer``, the thread keeps it off. Each point
-    keeps the wall time it was added at. An error of the writing thread (a full disk)
-    is raised by the next ``add``, ``flush`` or ``close``.
+    Points are handed to the writing thread when ``flush_points`` values are buffered
+    (None values, which are not written, do not count) and when a point arrives
+    ``flush_seconds`` or more after the last hand-over (so TensorBoard follows a live
+    run); ``flush`` and ``close`` return once every point added is in the file.
+    Building the event protos costs ~15 µs a point: on the training thread that is
+    ~30 µs a step of a ``StepTimer``, the thread keeps it off. Each point keeps the
+    wall time it was added at. An error of the writing thread (a full disk) is raised
+    by the next ``add``, ``flush`` or ``close``.
 
     Args:
         run_dir: the TensorBoard run folder to write event files into.
-        flush_points: buffered points that trigger a write.
+        flush_points: buffered values (not None) that trigger a write.
         flush_seconds: time since the last write after which a new point is written
             at once.
     """
@@ -103,7 +104,7 @@ class ScalarWriter:
         self.flush_points = flush_points
         self.flush_seconds = flush_seconds
         self._points: list[tuple[float, int, dict[str, float | None]]] = []
-        self._buffered = 0
+        self._buffered = 0  # values in ``_points`` that will be written (not None)
         self._last_write = time.monotonic()
         self._file = None  # a tf.io.TFRecordWriter, opened at the first write
         self._file_lock = threading.Lock()  # the writing thread, texts and close
@@ -123,7 +124,9 @@ class ScalarWriter:
     def add_points(self, points: list[tuple[float, int, dict[str, float | None]]]) -> None:
         """Adds ``(wall_time, step, {tag: value})`` points, as ``add`` does."""
         self._points.extend(points)
-        self._buffered += sum(len(values) for _, _, values in points)
+        self._buffered += sum(
+            1 for _, _, values in points for value in values.values() if value is not None
+        )
         if (
             self._buffered >= self.flush_points
             or time.monotonic() - self._last_write >= self.flush_seconds
