@@ -1,11 +1,19 @@
 """ScalarWriter: batched TensorBoard scalars, read back with TensorBoard's own loader."""
 
+import os
 import threading
+import time
+import warnings
 
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.util.tensor_util import make_ndarray
 
+from keras_dp_tools.capture.base import MeasurementWarning
+from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.capture.scalar_writer import THREAD_NAME, ScalarWriter
+
+from .test_faults import small_disk  # noqa: F401 (a fixture)
 
 
 def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
@@ -105,3 +113,66 @@ def test_none_values_do_not_count_toward_a_write(tf, tmp_path):
     writer.wait()
     assert [step for step, _ in read_scalars(tmp_path)["dp/step_ms"]] == [0, 1, 2, 3]
     writer.close()
+
+
+def points_per_file(run_dir) -> dict[int, list[tuple[int, str, float]]]:
+    """{pid in the file name: [(step, tag, value), ...] in file order}, by TensorBoard's
+    own event file loader."""
+    files = {}
+    for path in sorted(run_dir.glob("events.out.tfevents.*")):
+        pid = int(path.name.split(".")[-3])
+        assert pid not in files, f"two event files of process {pid}"
+        files[pid] = [
+            (event.step, value.tag, make_ndarray(value.tensor).item())
+            for event in EventFileLoader(str(path)).Load()
+            for value in event.summary.value
+        ]
+    return files
+
+
+def test_after_a_full_disk_the_writer_stops_and_the_file_keeps_what_was_written(
+    tf,
+    small_disk,  # noqa: F811
+):
+    run_dir = small_disk / "run"
+    writer = ScalarWriter(str(run_dir), flush_points=16, flush_seconds=3600)
+    errors, step = [], 0
+    while not errors and step < 20_000:
+        try:
+            writer.add(step, {"dp/step_ms": float(step)})
+            if step % 16 == 15:
+                writer.wait()
+        except Exception as error:  # TensorFlow's ResourceExhaustedError
+            errors.append(error)
+        step += 1
+    assert errors and "No space left on device" in str(errors[0])
+    (events_file,) = run_dir.glob("events.out.tfevents.*")
+    size = events_file.stat().st_size
+
+    (small_disk / "filler").unlink()  # room again: still nothing more is written
+    for later in range(step, step + 100):
+        writer.add(later, {"dp/step_ms": float(later)})
+    writer.flush()
+    writer.write_text("advice", "dropped")
+    writer.close()  # nothing raised: the error was raised once
+
+    assert events_file.stat().st_size == size
+    written = [step for step, _, _ in points_per_file(run_dir)[os.getpid()]]
+    assert 0 < len(written) < step and written == list(range(len(written)))
+
+
+def test_a_full_disk_under_the_recorder_warns_once_and_raises_nothing(
+    tf,
+    small_disk,  # noqa: F811
+):
+    recorder = Recorder.acquire(small_disk / "logs", 0)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for start in range(0, 4096, 64):
+            points = [(time.time(), step, {"dp/step_ms": 1.0}) for step in range(start, start + 64)]
+            recorder.scalar_points(points)
+            recorder.flush()
+        recorder.release()
+
+    ours = [str(w.message) for w in caught if issubclass(w.category, MeasurementWarning)]
+    assert len(ours) == 1 and "No space left on device" in ours[0], ours

@@ -87,8 +87,15 @@ class ScalarWriter:
     run); ``flush`` and ``close`` return once every point added is in the file.
     Building the event protos costs ~15 µs a point: on the training thread that is
     ~30 µs a step of a ``StepTimer``, the thread keeps it off. Each point keeps the
-    wall time it was added at. An error of the writing thread (a full disk) is raised
-    by the next ``add``, ``flush`` or ``close``.
+    wall time it was added at.
+
+    An error of the writing thread (a full disk, a lost mount) stops the writer, as
+    ``Recorder`` stops recording after a disk error: the error is raised once, by the
+    next ``add`` that hands points over, ``flush``, ``write_text`` or ``close``
+    (``Recorder`` turns it into its one warning), and every point not in the file by
+    then, or added later, is dropped. The file keeps the points written before the
+    error (TensorBoard reads up to a record the full disk cut short); nothing is
+    written after it, also once the disk has room again.
 
     Args:
         run_dir: the TensorBoard run folder to write event files into.
@@ -115,7 +122,8 @@ class ScalarWriter:
         self._changed = threading.Condition()
         self._thread: threading.Thread | None = None
         self._thread_pid: int | None = None
-        self._error: BaseException | None = None
+        self._error: BaseException | None = None  # not raised yet
+        self._stopped = False  # by an error: nothing more is written
 
     def add(self, step: int, values: dict[str, float | None]) -> None:
         """Adds one point per tag at ``step``, now; None values are not measured and skipped."""
@@ -139,6 +147,8 @@ class ScalarWriter:
         if not self._buffered:
             return
         points, self._points, self._buffered = self._points, [], 0
+        if self._stopped:
+            return  # dropped, see the class docstring
         with self._changed:
             self._batches.append(points)
             if self._thread_pid != os.getpid():  # not started, or a forked child
@@ -177,13 +187,19 @@ class ScalarWriter:
                 points = self._batches.popleft()
                 self._busy = True
             try:
-                self._write(points)
-            except BaseException as error:  # raised on the training thread, by add/flush
-                self._error = self._error or error
+                self._write(points)  # an error is raised on the training thread (_stop)
             finally:
                 with self._changed:
                     self._busy = False
                     self._changed.notify_all()
+
+    def _stop(self, error: BaseException) -> None:
+        """Stops writing after ``error``, which the training thread raises once."""
+        with self._changed:
+            if not self._stopped:
+                self._stopped = True
+                self._error = error
+            self._batches.clear()  # dropped: a failed write may have torn the file
 
     def _raise_error(self) -> None:
         error, self._error = self._error, None
@@ -191,27 +207,35 @@ class ScalarWriter:
             raise error
 
     def _write(self, points: list) -> None:
+        with self._file_lock:
+            if self._stopped:
+                return
+            try:
+                self._write_events(points)
+            except BaseException as error:
+                self._stop(error)
+
+    def _write_events(self, points: list) -> None:
         from tensorboard.compat.proto import event_pb2, types_pb2
 
-        with self._file_lock:
-            self._ensure_file()
-            for index, (wall_time, step, values) in enumerate(points, 1):
-                measured = [(tag, value) for tag, value in values.items() if value is not None]
-                if not measured:
-                    continue
-                event = event_pb2.Event(wall_time=wall_time, step=step)
-                for tag, value in measured:
-                    summary = event.summary.value.add(tag=tag)
-                    if tag not in self._described:
-                        self._described.add(tag)
-                        summary.metadata.ParseFromString(_scalar_metadata(tag))
-                    summary.tensor.dtype = types_pb2.DT_FLOAT
-                    summary.tensor.tensor_shape.SetInParent()  # a scalar
-                    summary.tensor.float_val.append(value)
-                self._file.write(event.SerializeToString())
-                if index % self.YIELD_POINTS == 0:
-                    time.sleep(0)  # hands the GIL to a training thread that waits for it
-            self._file.flush()
+        self._ensure_file()
+        for index, (wall_time, step, values) in enumerate(points, 1):
+            measured = [(tag, value) for tag, value in values.items() if value is not None]
+            if not measured:
+                continue
+            event = event_pb2.Event(wall_time=wall_time, step=step)
+            for tag, value in measured:
+                summary = event.summary.value.add(tag=tag)
+                if tag not in self._described:
+                    self._described.add(tag)
+                    summary.metadata.ParseFromString(_scalar_metadata(tag))
+                summary.tensor.dtype = types_pb2.DT_FLOAT
+                summary.tensor.tensor_shape.SetInParent()  # a scalar
+                summary.tensor.float_val.append(value)
+            self._file.write(event.SerializeToString())
+            if index % self.YIELD_POINTS == 0:
+                time.sleep(0)  # hands the GIL to a training thread that waits for it
+        self._file.flush()
 
     def write_text(self, tag: str, markdown: str, step: int = 0) -> None:
         """Writes a text summary (TensorBoard's Text tab renders markdown) at once."""
@@ -220,9 +244,14 @@ class ScalarWriter:
 
         event = event_pb2.Event(wall_time=time.time(), step=step, summary=text_pb(tag, markdown))
         with self._file_lock:
-            self._ensure_file()
-            self._file.write(event.SerializeToString())
-            self._file.flush()
+            if not self._stopped:
+                try:
+                    self._ensure_file()
+                    self._file.write(event.SerializeToString())
+                    self._file.flush()
+                except BaseException as error:
+                    self._stop(error)
+        self._raise_error()
 
     def _ensure_file(self) -> None:
         if self._file is None:
@@ -244,6 +273,10 @@ class ScalarWriter:
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=10)
             with self._file_lock:
-                if self._file is not None:
-                    self._file.close()
-                    self._file = None
+                file, self._file = self._file, None
+                if file is not None:
+                    try:
+                        file.close()
+                    except BaseException as error:  # raised unless an error was before
+                        self._stop(error)
+            self._raise_error()
