@@ -1,14 +1,19 @@
 """ScalarWriter: batched TensorBoard scalars, read back with TensorBoard's own loader."""
 
+import ctypes
+import gc
 import os
+import signal
 import threading
 import time
 import warnings
 
+import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 from tensorboard.util.tensor_util import make_ndarray
 
+from keras_dp_tools.capture import scalar_writer
 from keras_dp_tools.capture.base import MeasurementWarning
 from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.capture.scalar_writer import THREAD_NAME, ScalarWriter
@@ -128,6 +133,72 @@ def points_per_file(run_dir) -> dict[int, list[tuple[int, str, float]]]:
             for value in event.summary.value
         ]
     return files
+
+
+def wait_for_child(pid: int, seconds: float) -> int:
+    """The exit code of child ``pid``; kills it and fails if it runs longer."""
+    deadline = time.monotonic() + seconds
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail(f"the forked child still ran after {seconds} s: it hung")
+        time.sleep(0.02)
+
+
+def test_a_child_forked_while_the_thread_writes_neither_hangs_nor_writes_the_parents_points(
+    tf, tmp_path, monkeypatch
+):
+    writer = ScalarWriter(str(tmp_path), flush_points=10, flush_seconds=3600)
+    in_batch, forked = threading.Event(), threading.Event()
+    describe = scalar_writer._scalar_metadata
+
+    def describe_after_fork(tag):  # runs on the writing thread, which holds the file lock
+        if tag == "gpu/0/util":
+            in_batch.set()
+            forked.wait(30)
+        return describe(tag)
+
+    monkeypatch.setattr(scalar_writer, "_scalar_metadata", describe_after_fork)
+    for step in range(9):
+        writer.add(step, {"dp/step_ms": float(step)})
+    # The 10th value hands the batch over; its new tag stops the thread halfway through
+    # it, with steps 0-8 in the file's buffer, not yet on disk.
+    writer.add(9, {"dp/step_ms": 9.0, "gpu/0/util": 50.0})
+    assert in_batch.wait(30)
+    # At the fork, steps 10-19 wait for the thread and steps 20-22 in the buffer.
+    for step in range(10, 23):
+        writer.add(step, {"dp/step_ms": float(step)})
+
+    pid = os.fork()
+    if pid == 0:  # the child: only this thread exists; never returns into pytest
+        code = 1
+        try:
+            writer.add(100, {"dp/step_ms": 100.0})
+            writer.flush()
+            writer.close()
+            del writer
+            gc.collect()  # frees what the child let go of (a parent's file would flush)
+            ctypes.CDLL(None).fflush(None)  # what the C library does at a normal exit
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        assert wait_for_child(pid, 30) == 0
+    finally:
+        forked.set()
+    writer.close()
+
+    files = points_per_file(tmp_path)
+    assert files == {
+        os.getpid(): [(step, "dp/step_ms", float(step)) for step in range(10)]
+        + [(9, "gpu/0/util", 50.0)]
+        + [(step, "dp/step_ms", float(step)) for step in range(10, 23)],
+        pid: [(100, "dp/step_ms", 100.0)],
+    }
 
 
 def test_after_a_full_disk_the_writer_stops_and_the_file_keeps_what_was_written(

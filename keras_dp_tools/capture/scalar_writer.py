@@ -24,6 +24,7 @@ import os
 import socket
 import threading
 import time
+import weakref
 
 # The x axis of every tag: the global step (optimizer.iterations), which counts
 # batches. Keras's own "train" run plots epoch_* tags against epochs.
@@ -77,6 +78,52 @@ def _event_file_name(run_dir: str) -> str:
     )
 
 
+# Every ScalarWriter of the process, for the fork handler below.
+_LIVE_WRITERS: weakref.WeakSet[ScalarWriter] = weakref.WeakSet()
+# A forked child's copies of its parent's open event files, never used nor freed.
+_PARENTS_FILES: list = []
+
+
+def _file_identity(path: str) -> tuple[int, int] | None:
+    try:
+        stat = os.stat(path)
+    except OSError:  # not a local file (gs://...): no descriptor of ours to mind
+        return None
+    return stat.st_dev, stat.st_ino
+
+
+def _mute_descriptors_of(identity: tuple[int, int]) -> None:
+    """Points this process's descriptors of the file ``identity`` at /dev/null.
+
+    The parent's record writer is a C ``FILE`` stream whose buffer may hold the parent's
+    half-written records at the fork; freeing the child's copy, or the C library at a
+    normal exit of the child, would write them into the parent's file a second time.
+    """
+    try:
+        descriptors = [int(name) for name in os.listdir("/dev/fd")]
+        null = os.open(os.devnull, os.O_WRONLY)
+    except OSError:  # no /dev/fd: the copy is at least never freed (_PARENTS_FILES)
+        return
+    try:
+        for descriptor in descriptors:
+            try:
+                stat = os.fstat(descriptor)
+                if (stat.st_dev, stat.st_ino) == identity:
+                    os.dup2(null, descriptor, inheritable=False)
+            except OSError:  # the listing's own descriptor, closed meanwhile
+                continue
+    finally:
+        os.close(null)
+
+
+def _forget_parent_in_child() -> None:
+    for writer in list(_LIVE_WRITERS):
+        writer._forget_parent()
+
+
+os.register_at_fork(after_in_child=_forget_parent_in_child)
+
+
 class ScalarWriter:
     """Buffers scalar points for one TensorBoard run folder and writes them in batches,
     in a thread of its own.
@@ -97,6 +144,14 @@ class ScalarWriter:
     error (TensorBoard reads up to a record the full disk cut short); nothing is
     written after it, also once the disk has room again.
 
+    A process forked from this one (``os.fork``, multiprocessing's fork start method)
+    inherits the writer without the parent's points, locks, thread or file (its
+    descriptors in the child point at /dev/null, where the C library's buffer of the
+    parent's half-written records goes): the parent writes its points, and the
+    child's own points, if it adds any, go to an event file of the child's own in the
+    same run folder (its name holds the child's pid; TensorBoard shows both files'
+    points as one run).
+
     Args:
         run_dir: the TensorBoard run folder to write event files into.
         flush_points: buffered values (not None) that trigger a write.
@@ -110,10 +165,16 @@ class ScalarWriter:
         self.run_dir = run_dir
         self.flush_points = flush_points
         self.flush_seconds = flush_seconds
+        self._file = None  # a tf.io.TFRecordWriter, opened at the first write
+        self._file_identity: tuple[int, int] | None = None  # its (device, inode)
+        self._reset()
+        _LIVE_WRITERS.add(self)
+
+    def _reset(self) -> None:
+        """The state of a new writer (and of one inherited by a forked child)."""
         self._points: list[tuple[float, int, dict[str, float | None]]] = []
         self._buffered = 0  # values in ``_points`` that will be written (not None)
         self._last_write = time.monotonic()
-        self._file = None  # a tf.io.TFRecordWriter, opened at the first write
         self._file_lock = threading.Lock()  # the writing thread, texts and close
         self._described: set[str] = set()  # tags whose first point (with metadata) is out
         # Batches handed over, oldest first; ``_busy`` while the thread writes one.
@@ -124,6 +185,17 @@ class ScalarWriter:
         self._thread_pid: int | None = None
         self._error: BaseException | None = None  # not raised yet
         self._stopped = False  # by an error: nothing more is written
+
+    def _forget_parent(self) -> None:
+        # Runs in a forked child, where only the forking thread exists: the locks may be
+        # held by a thread of the parent (waiting for them would hang the child), and the
+        # points are the parent's (the parent writes them), and so is the open file.
+        if self._file is not None:
+            if self._file_identity is not None:
+                _mute_descriptors_of(self._file_identity)
+            _PARENTS_FILES.append(self._file)
+            self._file = None
+        self._reset()
 
     def add(self, step: int, values: dict[str, float | None]) -> None:
         """Adds one point per tag at ``step``, now; None values are not measured and skipped."""
@@ -259,7 +331,9 @@ class ScalarWriter:
             from tensorboard.compat.proto import event_pb2
 
             tf.io.gfile.makedirs(self.run_dir)
-            self._file = tf.io.TFRecordWriter(_event_file_name(self.run_dir))
+            path = _event_file_name(self.run_dir)
+            self._file = tf.io.TFRecordWriter(path)
+            self._file_identity = _file_identity(path)  # for a forked child
             version = event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2")
             self._file.write(version.SerializeToString())
 
