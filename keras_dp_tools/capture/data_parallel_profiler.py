@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import time
 import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -473,6 +474,8 @@ def profiling_disturbs(log_dir, started: float) -> bool:
 # Profilers inside a window: a fit that raised never calls on_train_end, so the window
 # is closed (its trace written and analysed) by the next fit or at exit.
 _open_windows: weakref.WeakSet[DataParallelProfiler] = weakref.WeakSet()
+# A forked child's exit must not stop and analyse the parent's window.
+os.register_at_fork(after_in_child=_open_windows.clear)
 
 
 @atexit.register

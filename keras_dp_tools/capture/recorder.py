@@ -400,3 +400,29 @@ class _Flusher:
 
 
 atexit.register(Recorder.flush_all)
+
+
+class ForkedChildError(RuntimeError):
+    """What a recorder inherited by a forked child says instead of writing."""
+
+
+def _forget_parent_in_child() -> None:
+    """A child forked from a training process (``os.fork``, multiprocessing's fork start
+    method) inherits its recorders: their buffered records are the parent's to write,
+    a thread of the parent may hold their locks, and their files are the parent's. The
+    child forgets them, so that its exit neither writes the parent's records a second
+    time nor hangs; an inherited recorder writes nothing more, and a fit in the child
+    gets recorders of its own."""
+    for recorder in Recorder._known.values():
+        recorder._pending.clear()
+        recorder._file_lock = threading.Lock()
+        recorder.write_error = ForkedChildError(
+            f"process {os.getpid()} was forked from the process that records to "
+            f"{recorder.records_path}"
+        )
+    Recorder._known.clear()
+    Recorder._registry_lock = threading.Lock()
+    _Flusher.pid, _Flusher._lock = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_parent_in_child)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import os
 import time
 import weakref
 
@@ -146,6 +147,8 @@ class StepTimer(DataParallelCallback):
 
 
 _open_fits: weakref.WeakSet[StepTimer] = weakref.WeakSet()
+# A forked child's exit must not end the parent's fits (a false "exited" record).
+os.register_at_fork(after_in_child=_open_fits.clear)
 
 
 @atexit.register

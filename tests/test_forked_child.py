@@ -1,0 +1,75 @@
+"""A child forked from a training process must leave the parent's records alone.
+
+A user's ``os.fork()`` (or multiprocessing's fork start method) inherits our exit
+handlers, recorders and their buffered records. At the child's exit those handlers
+wrote the parent's buffered steps a second time and a false ``fit_end`` ("exited")
+into the parent's records file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import keras_dp_tools as kdt
+from keras_dp_tools.capture import data_parallel_profiler, step_timer
+from keras_dp_tools.capture.recorder import Recorder
+from keras_dp_tools.contract import FLUSH_SECONDS_ENV
+from keras_dp_tools.records import worker_records_path
+
+from .training import fit
+
+
+def _exit_handlers_of_a_normal_exit() -> None:
+    # What our atexit registrations run when a process exits normally. The child runs
+    # only these (then os._exit): TensorFlow's own teardown in a forked child is not
+    # what this test is about.
+    step_timer._end_open_fits()
+    data_parallel_profiler._close_open_windows()
+    Recorder.flush_all()
+
+
+def _wait(pid: int, seconds: float) -> int:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    raise AssertionError(f"the forked child still ran after {seconds} s: it hung")
+
+
+def test_a_child_forked_during_fit_writes_nothing_into_the_parents_records(
+    tmp_path, keras, strategy4, monkeypatch
+):
+    monkeypatch.setenv(FLUSH_SECONDS_ENV, "3600")  # steps wait in memory until epoch end
+    children = []
+
+    class ForkAtBatch3(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            if batch != 3:
+                return
+            pid = os.fork()
+            if pid == 0:  # the child: exits at once, as a worker process would
+                code = 0
+                try:
+                    _exit_handlers_of_a_normal_exit()
+                except BaseException:
+                    code = 3
+                os._exit(code)
+            children.append(pid)
+
+    from tests.training import dense_model
+
+    fit(dense_model(keras, strategy4), [kdt.StepTimer(tmp_path), ForkAtBatch3()], epochs=1)
+
+    assert [_wait(pid, 60) for pid in children] == [0]
+    lines = worker_records_path(tmp_path, 0).read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    steps = [r["step"] for r in records if r["type"] == "step"]
+    ends = [r["status"] for r in records if r["type"] == "fit_end"]
+    assert steps == list(range(7)), steps  # each step once: the child wrote none of them
+    assert ends == ["finished"], ends  # no "exited" from the child's exit
