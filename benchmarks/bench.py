@@ -938,7 +938,7 @@ def main(argv=None) -> int:
         else:
             # The issue's ~20 ms and ~200 ms steps, and a ~10 ms one (where a Keras batch
             # hook alone costs ~1%).
-            models = {"small": (64, 64), "medium": (224, 512), "large": (896, 1024)}
+            models = {"small": (64, 64), "medium": (224, 608), "large": (896, 1024)}
             steps, rounds = 60, 4
         results["training"] = bench_training(keras, strategy, folder, models, steps, rounds)
         if args.only == "training":
