@@ -173,6 +173,9 @@ def test_a_child_forked_while_the_thread_writes_neither_hangs_nor_writes_the_par
     for step in range(10, 23):
         writer.add(step, {"dp/step_ms": float(step)})
 
+    # Garbage of earlier tests (TensorFlow functions) is collected here: freeing it in
+    # the forked child would crash inside TensorFlow, which is not fork-safe.
+    gc.collect()
     pid = os.fork()
     if pid == 0:  # the child: only this thread exists; never returns into pytest
         code = 1
