@@ -49,9 +49,12 @@ def test_an_analysis_in_a_thread_beside_training_does_not_trim(builder, tmp_path
     assert trims == []
 
 
-def test_keras_dp_analyze_hands_freed_memory_back(builder, tmp_path, trims):
-    """``keras-dp analyze`` has its process to itself: its analysis trims the heap."""
+def test_keras_dp_analyze_hands_freed_memory_back(builder, tmp_path, trims, monkeypatch):
+    """``keras-dp analyze`` has its process to itself: its analysis trims the heap (run
+    here, so that the wrapped trim sees the calls)."""
     from keras_dp_tools.cli import main
+
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")  # what the command sets: undone after
 
     assert main(["analyze", str(small_cpu_trace(builder, tmp_path)), "--csv"]) == 0
     assert trims, "keras-dp analyze no longer passes release_memory=True"
@@ -139,8 +142,10 @@ def test_overlapping_markers_on_one_thread_leave_both_steps_empty(builder, tmp_p
     assert result.unmeasured.startswith("step 2 not measured") and "; step 3 " in result.unmeasured
 
 
-def test_keras_dp_analyze_says_which_step_was_not_measured(builder, tmp_path, capsys):
+def test_keras_dp_analyze_says_which_step_was_not_measured(builder, tmp_path, capsys, monkeypatch):
     from keras_dp_tools.cli import main
+
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")  # what the command sets: undone after
 
     trace = three_step_trace(builder, 10.0 + 1e15 / 1e9).write(tmp_path)
     assert main(["analyze", str(trace), "--csv"]) == 0
