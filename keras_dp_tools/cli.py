@@ -343,6 +343,8 @@ def run_analyze_command(args: argparse.Namespace) -> int:
         except ValueError as error:  # a partial capture (killed while writing) costs only itself
             print(f"skipped {trace}: {error}", file=sys.stderr, flush=True)
             continue
+        if breakdown.unmeasured:  # their rows stay, empty, with the reason
+            print(f"{trace}: {breakdown.unmeasured}", file=sys.stderr, flush=True)
         frame = breakdown.replicas if args.per_replica else breakdown.steps
         frames.append(frame.assign(trace=str(trace)))
     if not frames:

@@ -1,6 +1,7 @@
 """``xevents`` (a line's events and stats decoded with numpy from the wire format)
 against protobuf's own parser of the same bytes."""
 
+import itertools
 import random
 
 import pytest
@@ -107,3 +108,40 @@ def test_line_events_read_from_the_wire_match_protobuf(xplane_pb2):
                 stat.double_value = 0.5
     line.display_name = "after the events"
     assert_table_matches(read_line_events(line), line)
+
+
+# The members of XStat's ``value`` oneof, each as a stat that sets only it.
+STAT_VALUES = {
+    "double_value": 0.25,
+    "uint64_value": (1 << 64) - 3,
+    "int64_value": -7,
+    "str_value": "ab",
+    "bytes_value": b"\x00z",
+    "ref_value": 9,
+}
+
+
+def test_a_oneof_given_twice_keeps_its_last_member_as_protobuf_does(xplane_pb2):
+    """A stat whose bytes carry two members of the ``value`` oneof (say a uint64 and
+    then an int64) holds the last one, as protobuf reads it; so does an event whose
+    ``offset_ps`` is followed by ``num_occurrences`` (the ``data`` oneof), and a member
+    given with another wire type is an unknown field, not a value. Every ordered pair
+    of members, in one line; protobuf's parse of the same bytes is the reference."""
+    events = []
+    for first, second in itertools.permutations(STAT_VALUES, 2):
+        stat = b"".join(
+            xplane_pb2.XStat(metadata_id=2, **{name: STAT_VALUES[name]}).SerializeToString()
+            for name in (first, second)
+        )
+        event = xplane_pb2.XEvent(metadata_id=1, offset_ps=10, duration_ps=20)
+        events.append(length_delimited(4, event.SerializeToString() + length_delimited(4, stat)))
+    later = xplane_pb2.XEvent(num_occurrences=4).SerializeToString()
+    events.append(length_delimited(4, xplane_pb2.XEvent(offset_ps=30).SerializeToString() + later))
+    wrong_wire = length_delimited(3, b"\x05")  # uint64_value's number, as bytes
+    stat = xplane_pb2.XStat(metadata_id=2, int64_value=5).SerializeToString() + wrong_wire
+    events.append(length_delimited(4, length_delimited(4, stat)))
+    raw = b"".join(events)
+    parsed = xplane_pb2.XLine.FromString(raw)
+    assert [s.WhichOneof("value") for s in parsed.events[0].stats] == ["uint64_value"]
+    assert parsed.events[-2].offset_ps == 0 and parsed.events[-1].stats[0].int64_value == 5
+    assert_table_matches(read_events([raw])[0], parsed)

@@ -50,6 +50,7 @@ from keras_dp_tools.analysis.classify import (
     receiving_device,
     scoped_replica,
 )
+from keras_dp_tools.analysis.marker_checks import capture_length_ps, untrue_markers
 from keras_dp_tools.analysis.replicas import packed_replica, peer_replicas
 from keras_dp_tools.analysis.xspace import (
     STEP_EVENT_NAME,
@@ -62,7 +63,7 @@ from keras_dp_tools.analysis.xspace import (
     step_markers,
     stream_xspace,
 )
-from keras_dp_tools.schema import MEAN_COLUMNS, REPLICA_COLUMNS, STEP_COLUMNS
+from keras_dp_tools.schema import MEAN_COLUMNS, REPLICA_COLUMNS, STEP_COLUMNS, XPROF_COLUMNS
 
 # The columns (keras_dp_tools.schema): MEAN_COLUMNS are the per-replica times (per
 # step) the step row averages over replicas.
@@ -115,12 +116,16 @@ class Breakdown:
         attribution: None when every event's replica was read off what TF built;
             otherwise why some were not (their time then follows the op's copy number,
             which may name the wrong replica).
+        unmeasured: None when every marked step was measured; otherwise which steps'
+            markers cannot be true (``marker_checks``) and why. Their rows are kept
+            with empty numbers and the reason in ``bandwidth_note``.
     """
 
     replicas: pd.DataFrame
     steps: pd.DataFrame
     source: str | None = None
     attribution: str | None = None
+    unmeasured: str | None = None
 
 
 def _peer_key(stats) -> tuple | None:
@@ -421,11 +426,13 @@ class _PlainRoles:
 def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
     """One pass over the host planes: the spans of classified events (into ``columns``;
     only input waits if ``inputs_only``), the step markers as ``TraceEvent`` (few
-    events) and the CUDA launches as arrays (``gpu_trace.read_launches``). Events are
+    events), the CUDA launches as arrays (``gpu_trace.read_launches``) and the earliest
+    start of any host event (absolute picoseconds; None: no events). Events are
     classified by their metadata, once, and read line by line into arrays; only the
     events whose stats matter (collectives, markers) are read one by one."""
     markers, launches = [], []
     origin = columns.origin_ps
+    earliest = None  # the earliest start of a host event, from the origin
     for plane in host_planes(space):
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
         plain, special = {}, {}  # by metadata id: spans without and with stats to read
@@ -452,6 +459,8 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
             events = _event_columns(line.events)
             place = f"plane {plane.name}, line {line_name!r}"
             gpu_trace.event_times(base, events[:, 1], events[:, 2], place)  # or raise
+            first = base + int(events[:, 1].min())
+            earliest = first if earliest is None else min(earliest, first)
             metadata_ids = events[:, 0]
             rows = []  # spans of events read one by one: (event index, span)
             launched = np.isin(metadata_ids, launch_ids)
@@ -479,7 +488,7 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
                     rows.append((index, _host_span(role, traced, devices, origin)))
             if off_python:
                 _extend_line(columns, roles, events, base, rows)
-    return step_markers(markers), launches
+    return step_markers(markers), launches, None if earliest is None else origin + earliest
 
 
 def _extend_line(columns: _SpanColumns, roles: _PlainRoles, events, base: int, rows) -> None:
@@ -978,12 +987,20 @@ _BATCH_SPANS = 1 << 15
 
 
 def _replica_frame(
-    markers, spans: _Spans, replica_count, devices, facts: RunFacts, peak_gbps, release_memory
+    markers,
+    spans: _Spans,
+    replica_count,
+    devices,
+    facts: RunFacts,
+    peak_gbps,
+    release_memory,
+    unmeasured: Mapping[int, str],
 ):
     """One row per step and replica (``REPLICA_COLUMNS`` and ``_BANDWIDTH_TIMES``).
     Vectorised over steps: each span is assigned to its steps once, then the union
     lengths of all (step, replica) groups come from one sort, batch by batch of
-    markers."""
+    markers. The rows of the markers in ``unmeasured`` have empty times, sizes and
+    bandwidths, and their note as ``bandwidth_note``."""
     columns = [*REPLICA_COLUMNS, *_BANDWIDTH_TIMES]
     if not markers:
         return pd.DataFrame([], columns=columns)
@@ -1044,8 +1061,8 @@ def _replica_frame(
     exposed_sync_wait_ms = exposed_wait * to_ms
     nonzero = step_ms != 0
     with np.errstate(divide="ignore", invalid="ignore"):
-        comm_share = _nullable(exposed_transfer_ms / step_ms, nonzero)
-        wait_share = _nullable(exposed_sync_wait_ms / step_ms, nonzero)
+        comm_share = np.where(nonzero, exposed_transfer_ms / step_ms, np.nan)
+        wait_share = np.where(nonzero, exposed_sync_wait_ms / step_ms, np.nan)
     row_replica = np.tile(replicas, count)
     frame = {
         "step": per_row(np.array([m.step for m in markers], dtype=np.int64), replica_count),
@@ -1075,6 +1092,11 @@ def _replica_frame(
         "reduce_transfer_ms": (lengths["reducing_or_wait"] - wait) * to_ms,
         "reduce_ms": lengths["reduce"] * to_ms,
     }
+    blank = per_row(np.isin(np.arange(count), list(unmeasured)), replica_count)
+    if blank.any():  # empty times give empty sizes and bandwidths below
+        names = list(frame)
+        for name in names[names.index("step_ms") :]:
+            frame[name] = np.where(blank, np.nan, frame[name])
     # The all-reduce moves less in a step with gathers: the sparse gradients go there.
     reduce_bytes = facts.allreduce_bytes
     step_bytes = [
@@ -1094,6 +1116,9 @@ def _replica_frame(
             peak_gbps,
         )
     )
+    for marker, note in unmeasured.items():
+        first = marker * replica_count
+        frame["bandwidth_note"][first : first + replica_count] = [note] * replica_count
     return pd.DataFrame(frame)[columns]
 
 
@@ -1109,10 +1134,10 @@ def _step_rows(
     steps.insert(0, "replicas", grouped["replica"].nunique())
     steps["max_sync_wait_ms"] = grouped["sync_wait_ms"].max()
     # The replica the others waited for arrived last, so it waited least itself.
-    straggler = replica_frame.loc[grouped["sync_wait_ms"].idxmin(), ["step", "replica"]]
-    steps["straggler_replica"] = straggler.set_index("step")["replica"].where(
-        steps["max_sync_wait_ms"] > 0
-    )
+    measured = replica_frame.dropna(subset=["sync_wait_ms"])  # not the unmeasured steps
+    waits = measured.groupby("step", sort=True)["sync_wait_ms"]
+    straggler = measured.loc[waits.idxmin(), ["step", "replica"]].set_index("step")["replica"]
+    steps["straggler_replica"] = straggler.reindex(steps.index).where(steps["max_sync_wait_ms"] > 0)
     # The step's bandwidth: its bytes over the replicas' mean all-reduce transfer time.
     times = {name: steps[name].to_numpy() for name in steps.columns}
     sizes = _sizes_and_bandwidths(
@@ -1125,6 +1150,8 @@ def _step_rows(
     )
     for column, values in pd.DataFrame(sizes, index=steps.index).items():
         steps[column] = values
+    unmeasured = steps["step_ms"].isna()  # their replica rows say why
+    steps.loc[unmeasured, "bandwidth_note"] = grouped["bandwidth_note"].first()[unmeasured]
     steps = steps.astype(dict.fromkeys(_BANDWIDTHS, float))
     steps["straggler_replica"] = steps["straggler_replica"].astype("Int64")
     return steps.reset_index()[STEP_COLUMNS]
@@ -1209,13 +1236,16 @@ def analyze_xspace(
 
 @dataclass
 class _Trace:
-    """What the breakdown takes from a trace (the parsed XSpace can go once it is read)."""
+    """What the breakdown takes from a trace (the parsed XSpace can go once it is read).
+    ``untrue``: why each marker that cannot be true is not, by index in ``markers``;
+    those markers are held with no length (they take no spans; their rows stay empty)."""
 
     markers: list[StepMarker]
     spans: _Spans
     replica_count: int
     attribution: str | None
     on_gpu: bool
+    untrue: dict[int, str] = field(default_factory=dict)
 
     def take_spans(self) -> _Spans:
         """The spans, no longer held here: the breakdown frees them (the largest part
@@ -1230,19 +1260,32 @@ def _read_trace(
     columns = _SpanColumns(_origin_ps(space))
     # The strategy's devices choose the path; a CPU strategy ignores GPU planes.
     gpus = gpu_trace.read_replica_gpus(space, devices, columns.origin_ps)
-    markers, launches = _read_host(space, devices, columns, inputs_only=gpus is not None)
+    markers, launches, earliest = _read_host(space, devices, columns, inputs_only=gpus is not None)
+    untrue = untrue_markers(markers, earliest, capture_length_ps(space))
     if gpus is not None:
+        # Linked by the markers as written: a launch inside an untrue marker goes to it
+        # (and its row stays empty), not to another step.
         _add_gpu_spans(gpus, columns, launches, markers)
         replica_count = replicas or len(gpus.ordinals)
         del gpus  # the spans hold the events now
         spans = columns.build(release_memory)
         _sort_by_start(spans, release_memory)
-        return _Trace(markers, spans, replica_count, None, True)
+        return _Trace(_without_length(markers, untrue), spans, replica_count, None, True, untrue)
     spans = columns.build(release_memory)
     replica_count = replicas or _cpu_replica_count(spans)
     spans, attribution = _attribute_cpu_replicas(spans, replica_count)  # in trace order
     _sort_by_start(spans, release_memory)
-    return _Trace(markers, spans, replica_count, attribution, False)
+    markers = _without_length(markers, untrue)
+    return _Trace(markers, spans, replica_count, attribution, False, untrue)
+
+
+def _without_length(markers: list[StepMarker], untrue: Mapping[int, str]) -> list[StepMarker]:
+    """The markers, those in ``untrue`` ending where they start: they take no time and
+    no spans from the steps beside them."""
+    return [
+        replace(marker, end_ps=marker.start_ps) if index in untrue else marker
+        for index, marker in enumerate(markers)
+    ]
 
 
 def _break_down(
@@ -1267,6 +1310,7 @@ def _break_down(
         steps_covered=dict(steps_covered or {}),
         group_size=group_size or trace.replica_count,
     )
+    notes = {index: f"not measured: {reason}" for index, reason in sorted(trace.untrue.items())}
     replica_frame = _replica_frame(
         trace.markers,
         trace.take_spans(),
@@ -1275,10 +1319,19 @@ def _break_down(
         facts,
         link_peak_gbps,
         release_memory,
+        notes,
     )
     replica_frame = replica_frame.astype(dict.fromkeys(_BANDWIDTHS, float))
     steps = _step_rows(replica_frame, facts, link_peak_gbps)
-    return Breakdown(replica_frame[REPLICA_COLUMNS], steps, attribution=trace.attribution)
+    unmeasured = "; ".join(
+        f"step {trace.markers[index].step} {note}" for index, note in notes.items()
+    )
+    return Breakdown(
+        replica_frame[REPLICA_COLUMNS],
+        steps,
+        attribution=trace.attribution,
+        unmeasured=unmeasured or None,
+    )
 
 
 def _cpu_replica_count(spans: _Spans) -> int:
@@ -1328,7 +1381,12 @@ def analyze_trace(
         **facts,
     )
     breakdown.source = str(path)
-    if xprof and not breakdown.steps.empty:
+    if xprof and not breakdown.steps.empty and breakdown.unmeasured:
+        # XProf groups the steps by the same markers: seen here, an untrue one merged
+        # two steps into one of XProf's, which then paired with the wrong step of ours.
+        breakdown.steps = breakdown.steps.assign(**dict.fromkeys(XPROF_COLUMNS, np.nan))
+        breakdown.unmeasured += "; XProf's step numbers left out (it finds steps by the markers)"
+    elif xprof and not breakdown.steps.empty:
         from keras_dp_tools.analysis.xprof_steps import xprof_step_table
 
         xprof_steps = _align_steps(xprof_step_table(Path(path)), breakdown.steps["step"])

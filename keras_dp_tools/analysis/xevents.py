@@ -7,8 +7,10 @@ prefixes, and then the fields of all events -- and of all their stats -- are dec
 together with numpy, one field position at a time (a message has a handful of fields).
 
 Field numbers from ``xplane.proto``: ``XLine.events`` 4; ``XEvent`` metadata_id 1,
-offset_ps 2, duration_ps 3, stats 4; ``XStat`` metadata_id 1, uint64_value 3,
-int64_value 4, str_value 5, ref_value 7.
+duration_ps 3, stats 4 and its ``data`` oneof: offset_ps 2, num_occurrences 5;
+``XStat`` metadata_id 1 and its ``value`` oneof: double_value 2, uint64_value 3,
+int64_value 4, str_value 5, bytes_value 6, ref_value 7. A oneof holds one value: of
+several members on the wire, protobuf keeps the last (and so do we).
 """
 
 from __future__ import annotations
@@ -23,6 +25,14 @@ from keras_dp_tools.analysis.xplane_proto import xplane_pb2
 _LINE_EVENTS = 4
 _EVENT_METADATA, _EVENT_OFFSET, _EVENT_DURATION, _EVENT_STATS = 1, 2, 3, 4
 _STAT_METADATA, _STAT_UINT, _STAT_INT, _STAT_STR, _STAT_REF = 1, 3, 4, 5, 7
+# Wire types: varint, fixed64, length-delimited.
+_VARINT, _FIXED64, _BYTES = 0, 1, 2
+# XEvent's ``data`` oneof: offset_ps 2, num_occurrences 5 (field number: wire type).
+_EVENT_ONEOF = {_EVENT_OFFSET: _VARINT, 5: _VARINT}
+# XStat's ``value`` oneof: double 2, uint64 3, int64 4, str 5, bytes 6, ref 7. A member
+# given with another wire type is an unknown field to protobuf, not a value.
+_STAT_ONEOF = {2: _FIXED64, _STAT_UINT: _VARINT, _STAT_INT: _VARINT, _STAT_STR: _BYTES}
+_STAT_ONEOF |= {6: _BYTES, _STAT_REF: _VARINT}
 _PADDING = bytes(16)  # varint reads may look past a message's end before checking it
 
 
@@ -38,7 +48,9 @@ class EventTable:
     Per event: ``metadata_id``, ``offset_ps``, ``duration_ps``. Per stat: ``event``
     (index of its event), ``metadata_id``, the value fields ids live in
     (``uint64_value`` as int64 bits, ``int64_value``, ``ref_value``) with masks of
-    which one is set, and ``text(i)`` for a ``str_value``.
+    which one is set, and ``text(i)`` for a ``str_value``: as protobuf reads them, at
+    most one per stat (the last member of the ``value`` oneof on the wire; the other
+    values 0).
     """
 
     metadata_id: np.ndarray
@@ -99,11 +111,22 @@ def _read_events(lines: list[bytes]) -> tuple[EventTable, np.ndarray]:
     line_of = np.searchsorted(bounds, starts, side="right")
     data = np.frombuffer(raw + _PADDING, np.uint8)
     fields = (_EVENT_METADATA, _EVENT_OFFSET, _EVENT_DURATION)
-    values, _, nested = _fields(data, starts, stops, fields, (_EVENT_STATS,))
+    values, _, nested, data_field = _fields(
+        data, starts, stops, fields, (_EVENT_STATS,), _EVENT_ONEOF
+    )
+    values[_EVENT_OFFSET][data_field != _EVENT_OFFSET] = 0  # a later num_occurrences
     event, stat_starts, stat_stops = nested[_EVENT_STATS]
     stat_fields = (_STAT_METADATA, _STAT_UINT, _STAT_INT, _STAT_REF)
-    stats, present, texts = _fields(data, stat_starts, stat_stops, stat_fields, (_STAT_STR,))
+    stats, present, texts, value_field = _fields(
+        data, stat_starts, stat_stops, stat_fields, (_STAT_STR,), _STAT_ONEOF
+    )
     owner, begin, end = texts[_STAT_STR]
+    kept = value_field[owner] == _STAT_STR  # a later member of the oneof replaced it
+    owner, begin, end = owner[kept], begin[kept], end[kept]
+    for number in (_STAT_UINT, _STAT_INT, _STAT_REF):
+        kept = value_field == number
+        stats[number][present[number] & ~kept] = 0  # a later member replaced it
+        present[number] = kept
     table = EventTable(
         *(values[field].view(np.int64) for field in fields),
         event,
@@ -225,37 +248,52 @@ def _varints(data: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.nd
     return value, ends
 
 
-def _fields(data, starts, stops, varint_fields, nested_fields):
+def _fields(data, starts, stops, varint_fields, nested_fields, oneof=None):
     """Decodes the messages at ``data[starts[i]:stops[i]]`` all together, one field
     position at a time: per message the value of each of ``varint_fields`` (the last
     one wins, as protobuf merges) and whether it was set; for each of
-    ``nested_fields``, every occurrence as (message, start, end), by message, in order.
+    ``nested_fields``, every occurrence as (message, start, end), by message, in order;
+    and, given a oneof's members (field number: wire type), the number of the member
+    that came last per message (0: none): the one protobuf keeps.
     """
     count = len(starts)
     values = {field: np.zeros(count, np.uint64) for field in varint_fields}
     present = {field: np.zeros(count, bool) for field in varint_fields}
     found = {field: [] for field in nested_fields}
+    oneof = oneof or {}
+    last_member = np.zeros(count if oneof else 0, np.int64)
+    # Members read as something else: found among the fields of their wire type.
+    others = [(n, w) for n, w in oneof.items() if n not in varint_fields and n not in found]
     positions = starts.copy()
     live = np.flatnonzero(positions < stops)
     while len(live):
         tag, at = _varints(data, positions[live])
         field, wire = (tag >> np.uint64(3)).astype(np.int64), (tag & np.uint64(7)).astype(np.int64)
         after = np.empty(len(live), np.int64)
-        is_varint = np.flatnonzero(wire == 0)
+        is_varint = np.flatnonzero(wire == _VARINT)
         value, after[is_varint] = _varints(data, at[is_varint])
         for number in varint_fields:
             chosen = field[is_varint] == number
             owners = live[is_varint[chosen]]
             values[number][owners] = value[chosen]
             present[number][owners] = True
-        is_bytes = np.flatnonzero(wire == 2)
+            if oneof.get(number) == _VARINT:
+                last_member[owners] = number
+        is_bytes = np.flatnonzero(wire == _BYTES)
         length, begin = _varints(data, at[is_bytes])
         after[is_bytes] = begin + length.astype(np.int64)
         for number in nested_fields:
             chosen = field[is_bytes] == number
-            found[number].append((live[is_bytes[chosen]], begin[chosen], after[is_bytes[chosen]]))
-        after[wire == 1] = at[wire == 1] + 8
+            owners = live[is_bytes[chosen]]
+            found[number].append((owners, begin[chosen], after[is_bytes[chosen]]))
+            if oneof.get(number) == _BYTES:
+                last_member[owners] = number
+        is_fixed64 = np.flatnonzero(wire == _FIXED64)
+        after[is_fixed64] = at[is_fixed64] + 8
         after[wire == 5] = at[wire == 5] + 4
+        for number, kind in others:
+            subset = {_VARINT: is_varint, _FIXED64: is_fixed64, _BYTES: is_bytes}[kind]
+            last_member[live[subset[field[subset] == number]]] = number
         if ((wire > 2) & (wire != 5)).any() or (after > stops[live]).any():
             raise WireError("not an XEvent / XStat message")
         positions[live] = after
@@ -268,4 +306,4 @@ def _fields(data, starts, stops, varint_fields, nested_fields):
         )
         order = np.lexsort((begin, owner))  # by message, each in its order
         nested[number] = owner[order], begin[order], end[order]
-    return values, present, nested
+    return values, present, nested, last_member

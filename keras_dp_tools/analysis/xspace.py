@@ -39,11 +39,13 @@ class TraceEvent:
 
 @dataclass(frozen=True, slots=True)
 class StepMarker:
-    """A step as marked on the host: ``step`` is the marker's ``step_num``."""
+    """A step as marked on the host: ``step`` is the marker's ``step_num``, ``line``
+    the thread it was marked on."""
 
     step: int
     start_ps: int
     end_ps: int
+    line: str = ""
 
 
 def load_xspace(path: str | os.PathLike):
@@ -282,10 +284,11 @@ def step_markers(host_events: list[TraceEvent]) -> list[StepMarker]:
     ]
     own = [event for event in markers if event.stats.get(OWN_MARKER_STAT) is not None]
     steps = {
-        (int(event.stats["step_num"]), event.start_ps): event.end_ps for event in own or markers
+        (int(event.stats["step_num"]), event.start_ps): (event.end_ps, event.line)
+        for event in own or markers
     }
     return sorted(
-        (StepMarker(step, start, end) for (step, start), end in steps.items()),
+        (StepMarker(step, start, end, line) for (step, start), (end, line) in steps.items()),
         key=lambda marker: marker.start_ps,
     )
 

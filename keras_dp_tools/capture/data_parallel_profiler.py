@@ -397,9 +397,15 @@ class DataParallelProfiler(DataParallelCallback):
             if self.tensorboard:
                 values = {tag: _number(row.get(name)) for tag, name in SCALAR_TAGS.items()}
                 self._recorder.scalars(int(row["step"]), values)
-        status, reason = ("analysed", None) if steps else ("failed", "no step markers in trace")
+        # A step whose marker cannot be true has a row with empty numbers: the window's
+        # reason says which and why (breakdown.unmeasured).
+        measured = sum(row["step_ms"] == row["step_ms"] for row in steps)  # NaN: not measured
+        if measured:
+            status, reason = "analysed", breakdown.unmeasured
+        else:
+            status, reason = "failed", breakdown.unmeasured or "no step markers in trace"
         record["attribution"] = breakdown.attribution
-        self._write_window(record, status, reason, steps=len(steps))
+        self._write_window(record, status, reason, steps=measured)
 
     def _write_window(self, record: dict, status: str, reason: str | None, steps=0) -> None:
         self._recorder.write("window", **record, status=status, reason=reason, steps_analysed=steps)
