@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 from tests.recorded_runs import COMM_HEAVY, write_run
@@ -15,12 +16,13 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def python_block(document: str, heading: str) -> str:
-    """The first ```python block after ``heading`` in ``document`` (under ROOT)."""
+    """The first ```python block after ``heading`` in ``document`` (under ROOT), without
+    the indent of a block inside a list item."""
     text = (ROOT / document).read_text()
     start = text.index(heading)
     match = re.compile(r"```python\n(.*?)```", re.S).search(text, start)
     assert match is not None, f"no python block after {heading!r} in {document}"
-    return match.group(1)
+    return textwrap.dedent(match.group(1))
 
 
 def run_example(code: str, cwd: Path) -> str:
@@ -45,6 +47,15 @@ def test_readme_public_names_example_runs_without_tensorflow(tmp_path):
         "[<Severity.ERROR: 'error'>, <Severity.WARNING: 'warning'>, <Severity.INFO: 'info'>]"
     )
     assert lines[-1] == "False"
+
+
+def test_readme_overhead_example_measures_our_hooks(tmp_path):
+    code = python_block("README.md", "What the always-on callbacks")
+    out = run_example(code, tmp_path).splitlines()[-1]
+
+    assert out.endswith(" ms per step in our hooks"), out
+    assert float(out.split()[0]) > 0  # ten steps, each timed inside our hooks
+    assert (tmp_path / "logs" / "run1" / "keras_dp" / "worker-0.jsonl").exists()
 
 
 def test_lint_findings_carry_the_shared_severity(tmp_path):
