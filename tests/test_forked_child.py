@@ -8,6 +8,7 @@ into the parent's records file.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -52,6 +53,9 @@ def test_a_child_forked_during_fit_writes_nothing_into_the_parents_records(
         def on_train_batch_end(self, batch, logs=None):
             if batch != 3:
                 return
+            # Frozen, the parent's objects are never collected in the child: freeing
+            # TensorFlow objects there crashes (TensorFlow is not fork-safe).
+            gc.freeze()
             pid = os.fork()
             if pid == 0:  # the child: exits at once, as a worker process would
                 code = 0
@@ -60,6 +64,7 @@ def test_a_child_forked_during_fit_writes_nothing_into_the_parents_records(
                 except BaseException:
                     code = 3
                 os._exit(code)
+            gc.unfreeze()
             children.append(pid)
 
     from tests.training import dense_model
@@ -73,3 +78,31 @@ def test_a_child_forked_during_fit_writes_nothing_into_the_parents_records(
     ends = [r["status"] for r in records if r["type"] == "fit_end"]
     assert steps == list(range(7)), steps  # each step once: the child wrote none of them
     assert ends == ["finished"], ends  # no "exited" from the child's exit
+
+
+def test_a_child_forked_while_a_record_is_written_can_release_its_inherited_recorder(
+    tmp_path,
+):
+    recorder = Recorder.acquire(tmp_path, 0)
+    recorder.start_run({"strategy": "MirroredStrategy", "replicas": 2})
+    records = recorder._records
+    records._lock.acquire()  # as a thread of the parent inside write_line at the fork
+    gc.freeze()
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            recorder.write("step", time=time.time(), step=99)  # dropped: the parent's file
+            recorder.release()  # what the child's on_train_end would do
+            code = 0
+        finally:
+            os._exit(code)
+    gc.unfreeze()
+    records._lock.release()
+    try:
+        assert _wait(pid, 30) == 0
+        recorder.write("step", time=time.time(), step=0)
+    finally:
+        recorder.release()
+    lines = worker_records_path(tmp_path, 0).read_text().splitlines()
+    assert [json.loads(line).get("step") for line in lines] == [None, 0]  # header, step 0

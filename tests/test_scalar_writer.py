@@ -173,9 +173,11 @@ def test_a_child_forked_while_the_thread_writes_neither_hangs_nor_writes_the_par
     for step in range(10, 23):
         writer.add(step, {"dp/step_ms": float(step)})
 
-    # Garbage of earlier tests (TensorFlow functions) is collected here: freeing it in
-    # the forked child would crash inside TensorFlow, which is not fork-safe.
+    # Garbage of earlier tests (TensorFlow functions) is collected here, and the rest
+    # frozen: freeing TensorFlow objects in the forked child crashes (TensorFlow is not
+    # fork-safe); the child frees only what it makes and lets go of itself.
     gc.collect()
+    gc.freeze()
     pid = os.fork()
     if pid == 0:  # the child: only this thread exists; never returns into pytest
         code = 1
@@ -189,6 +191,7 @@ def test_a_child_forked_while_the_thread_writes_neither_hangs_nor_writes_the_par
             code = 0
         finally:
             os._exit(code)
+    gc.unfreeze()
     try:
         assert wait_for_child(pid, 30) == 0
     finally:

@@ -457,6 +457,8 @@ class DataParallelProfiler(DataParallelCallback):
 
 # Profilers of this process by log dir, for StepTimer to keep disturbed steps apart.
 _profilers: weakref.WeakSet[DataParallelProfiler] = weakref.WeakSet()
+# A fit in a forked child is not disturbed by the parent's profilers.
+os.register_at_fork(after_in_child=_profilers.clear)
 
 
 def profiling_disturbs(log_dir, started: float) -> bool:

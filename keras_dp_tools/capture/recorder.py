@@ -172,7 +172,8 @@ class Recorder:
             scalars, self._scalars = self._scalars, None
             with self._file_lock:  # the flusher must not write to a closed file
                 self._write_pending_locked()
-                self._close_quietly(self._records.close)
+                if self._records is not None:  # None: inherited by a forked child
+                    self._close_quietly(self._records.close)
             if scalars is not None:
                 self._close_quietly(scalars.close)
 
@@ -406,6 +407,9 @@ class ForkedChildError(RuntimeError):
     """What a recorder inherited by a forked child says instead of writing."""
 
 
+_FORKED = ForkedChildError("this process was forked from the one that owns the recorder")
+
+
 def _forget_parent_in_child() -> None:
     """A child forked from a training process (``os.fork``, multiprocessing's fork start
     method) inherits its recorders: their buffered records are the parent's to write,
@@ -413,13 +417,13 @@ def _forget_parent_in_child() -> None:
     child forgets them, so that its exit neither writes the parent's records a second
     time nor hangs; an inherited recorder writes nothing more, and a fit in the child
     gets recorders of its own."""
+    # Few allocations here: in a child of a TensorFlow process, a garbage collection
+    # that frees TensorFlow objects can crash (TensorFlow is not fork-safe).
     for recorder in Recorder._known.values():
         recorder._pending.clear()
         recorder._file_lock = threading.Lock()
-        recorder.write_error = ForkedChildError(
-            f"process {os.getpid()} was forked from the process that records to "
-            f"{recorder.records_path}"
-        )
+        recorder._records = None  # its lock may be held by a thread of the parent
+        recorder.write_error = _FORKED
     Recorder._known.clear()
     Recorder._registry_lock = threading.Lock()
     _Flusher.pid, _Flusher._lock = None, threading.Lock()

@@ -217,6 +217,7 @@ class ScalarWriter:
         self._raise_error()
         self._last_write = time.monotonic()
         if not self._buffered:
+            self._points = []  # points of None values only: nothing to write
             return
         points, self._points, self._buffered = self._points, [], 0
         if self._stopped:
