@@ -1170,8 +1170,9 @@ def _step_rows(
     untrue = replica_frame["bandwidth_note"].fillna("").astype(str).str.startswith(_UNTRUE)
     notes = replica_frame[untrue].groupby("step", sort=True)["bandwidth_note"].first()
     if len(notes):
-        numbers = steps.columns[steps.columns.get_loc("step_ms") :].drop("bandwidth_note")
-        steps.loc[notes.index, numbers] = np.nan
+        keep = ~steps.index.isin(notes.index)
+        for name in steps.columns[steps.columns.get_loc("step_ms") :].drop("bandwidth_note"):
+            steps[name] = steps[name].where(keep)  # an int column (bytes) turns float
         steps.loc[notes.index, "bandwidth_note"] = notes
     steps = steps.astype(dict.fromkeys(_BANDWIDTHS, float))
     steps["straggler_replica"] = steps["straggler_replica"].astype("Int64")
