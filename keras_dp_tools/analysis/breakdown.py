@@ -50,7 +50,12 @@ from keras_dp_tools.analysis.classify import (
     receiving_device,
     scoped_replica,
 )
-from keras_dp_tools.analysis.marker_checks import capture_length_ps, untrue_markers
+from keras_dp_tools.analysis.marker_checks import (
+    Untrue,
+    capture_length_ps,
+    summary,
+    untrue_markers,
+)
 from keras_dp_tools.analysis.replicas import packed_replica, peer_replicas
 from keras_dp_tools.analysis.xspace import (
     STEP_EVENT_NAME,
@@ -142,6 +147,7 @@ def _peer_key(stats) -> tuple | None:
 _KINDS = list(Kind)
 _CODE = KIND_CODES
 _NO_REPLICA = -1  # a span shared by all replicas
+_UNTRUE = "not measured: "  # a bandwidth_note's start: the step's marker cannot be true
 _MARKER, _LAUNCH = "marker", "launch"  # host events read for their stats, not as spans
 
 
@@ -426,13 +432,14 @@ class _PlainRoles:
 def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
     """One pass over the host planes: the spans of classified events (into ``columns``;
     only input waits if ``inputs_only``), the step markers as ``TraceEvent`` (few
-    events), the CUDA launches as arrays (``gpu_trace.read_launches``) and the earliest
-    start of any host event (absolute picoseconds; None: no events). Events are
+    events), the CUDA launches as arrays (``gpu_trace.read_launches``) and the host
+    events' extent: the earliest start of any and the latest end of one that is not a
+    step marker (absolute picoseconds; None: no events). Events are
     classified by their metadata, once, and read line by line into arrays; only the
     events whose stats matter (collectives, markers) are read one by one."""
     markers, launches = [], []
     origin = columns.origin_ps
-    earliest = None  # the earliest start of a host event, from the origin
+    earliest = latest_other = None  # from the origin
     for plane in host_planes(space):
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
         plain, special = {}, {}  # by metadata id: spans without and with stats to read
@@ -449,6 +456,7 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
         special_ids = np.array(sorted(special), dtype=np.int64)
         # CUDA launches (one per kernel) are read as arrays (gpu_trace.read_launches).
         launch_ids = np.array([k for k, v in special.items() if v[0][0] == _LAUNCH], np.int64)
+        marker_ids = np.array([k for k, v in special.items() if v[0][0] == _MARKER], np.int64)
         correlation = gpu_trace.PlaneCorrelation.of(plane, launch_ids.tolist())
         for line in plane.lines:
             if not len(line.events):
@@ -462,6 +470,10 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
             first = base + int(events[:, 1].min())
             earliest = first if earliest is None else min(earliest, first)
             metadata_ids = events[:, 0]
+            others = ~np.isin(metadata_ids, marker_ids)
+            if others.any():
+                last = base + int((events[others, 1] + events[others, 2]).max())
+                latest_other = last if latest_other is None else max(latest_other, last)
             rows = []  # spans of events read one by one: (event index, span)
             launched = np.isin(metadata_ids, launch_ids)
             if launched.any():
@@ -479,16 +491,18 @@ def _read_host(space, devices, columns: _SpanColumns, inputs_only: bool):
                 if event.stats:
                     stats = {**meta_stats, **named_stats(event.stats, stat_names)}
                 start = base + origin + event.offset_ps
-                traced = TraceEvent(
-                    plane.name, line_name, name, start, start + event.duration_ps, stats
-                )
+                end = start + event.duration_ps
+                traced = TraceEvent(plane.name, line_name, name, start, end, stats, line.id)
                 if role[0] == _MARKER:
                     markers.append(traced)
                 else:
                     rows.append((index, _host_span(role, traced, devices, origin)))
             if off_python:
                 _extend_line(columns, roles, events, base, rows)
-    return step_markers(markers), launches, None if earliest is None else origin + earliest
+    if earliest is None:
+        return step_markers(markers), launches, None
+    extent = origin + earliest, None if latest_other is None else origin + latest_other
+    return step_markers(markers), launches, extent
 
 
 def _extend_line(columns: _SpanColumns, roles: _PlainRoles, events, base: int, rows) -> None:
@@ -1150,8 +1164,16 @@ def _step_rows(
     )
     for column, values in pd.DataFrame(sizes, index=steps.index).items():
         steps[column] = values
-    unmeasured = steps["step_ms"].isna()  # their replica rows say why
-    steps.loc[unmeasured, "bandwidth_note"] = grouped["bandwidth_note"].first()[unmeasured]
+    # A step number may be marked more than once (tf_keras numbers steps within the
+    # epoch): if one of its markers cannot be true, the row is empty too, as a mean of
+    # the others would be shown as the step that ``Breakdown.unmeasured`` names.
+    untrue = replica_frame["bandwidth_note"].fillna("").astype(str).str.startswith(_UNTRUE)
+    notes = replica_frame[untrue].groupby("step", sort=True)["bandwidth_note"].first()
+    if len(notes):
+        keep = ~steps.index.isin(notes.index)
+        for name in steps.columns[steps.columns.get_loc("step_ms") :].drop("bandwidth_note"):
+            steps[name] = steps[name].where(keep)  # an int column (bytes) turns float
+        steps.loc[notes.index, "bandwidth_note"] = notes
     steps = steps.astype(dict.fromkeys(_BANDWIDTHS, float))
     steps["straggler_replica"] = steps["straggler_replica"].astype("Int64")
     return steps.reset_index()[STEP_COLUMNS]
@@ -1238,14 +1260,16 @@ def analyze_xspace(
 class _Trace:
     """What the breakdown takes from a trace (the parsed XSpace can go once it is read).
     ``untrue``: why each marker that cannot be true is not, by index in ``markers``;
-    those markers are held with no length (they take no spans; their rows stay empty)."""
+    those markers are held with no length (they take no spans; their rows stay empty).
+    ``unchecked``: why the capture rule was not applied, where it would have mattered."""
 
     markers: list[StepMarker]
     spans: _Spans
     replica_count: int
     attribution: str | None
     on_gpu: bool
-    untrue: dict[int, str] = field(default_factory=dict)
+    untrue: dict[int, Untrue] = field(default_factory=dict)
+    unchecked: str | None = None
 
     def take_spans(self) -> _Spans:
         """The spans, no longer held here: the breakdown frees them (the largest part
@@ -1260,8 +1284,8 @@ def _read_trace(
     columns = _SpanColumns(_origin_ps(space))
     # The strategy's devices choose the path; a CPU strategy ignores GPU planes.
     gpus = gpu_trace.read_replica_gpus(space, devices, columns.origin_ps)
-    markers, launches, earliest = _read_host(space, devices, columns, inputs_only=gpus is not None)
-    untrue = untrue_markers(markers, earliest, capture_length_ps(space))
+    markers, launches, extent = _read_host(space, devices, columns, inputs_only=gpus is not None)
+    untrue, unchecked = untrue_markers(markers, extent, capture_length_ps(space))
     if gpus is not None:
         # Linked by the markers as written: a launch inside an untrue marker goes to it
         # (and its row stays empty), not to another step.
@@ -1270,16 +1294,17 @@ def _read_trace(
         del gpus  # the spans hold the events now
         spans = columns.build(release_memory)
         _sort_by_start(spans, release_memory)
-        return _Trace(_without_length(markers, untrue), spans, replica_count, None, True, untrue)
+        markers = _without_length(markers, untrue)
+        return _Trace(markers, spans, replica_count, None, True, untrue, unchecked)
     spans = columns.build(release_memory)
     replica_count = replicas or _cpu_replica_count(spans)
     spans, attribution = _attribute_cpu_replicas(spans, replica_count)  # in trace order
     _sort_by_start(spans, release_memory)
     markers = _without_length(markers, untrue)
-    return _Trace(markers, spans, replica_count, attribution, False, untrue)
+    return _Trace(markers, spans, replica_count, attribution, False, untrue, unchecked)
 
 
-def _without_length(markers: list[StepMarker], untrue: Mapping[int, str]) -> list[StepMarker]:
+def _without_length(markers: list[StepMarker], untrue: Mapping[int, Untrue]) -> list[StepMarker]:
     """The markers, those in ``untrue`` ending where they start: they take no time and
     no spans from the steps beside them."""
     return [
@@ -1310,7 +1335,7 @@ def _break_down(
         steps_covered=dict(steps_covered or {}),
         group_size=group_size or trace.replica_count,
     )
-    notes = {index: f"not measured: {reason}" for index, reason in sorted(trace.untrue.items())}
+    notes = {index: f"{_UNTRUE}{why.note}" for index, why in sorted(trace.untrue.items())}
     replica_frame = _replica_frame(
         trace.markers,
         trace.take_spans(),
@@ -1323,14 +1348,16 @@ def _break_down(
     )
     replica_frame = replica_frame.astype(dict.fromkeys(_BANDWIDTHS, float))
     steps = _step_rows(replica_frame, facts, link_peak_gbps)
-    unmeasured = "; ".join(
-        f"step {trace.markers[index].step} {note}" for index, note in notes.items()
-    )
+    # One line per rule, not per step: a window of untrue steps gives a short reason.
+    steps_by_rule: dict[str, list[int]] = defaultdict(list)
+    for index, why in sorted(trace.untrue.items()):
+        steps_by_rule[why.rule].append(trace.markers[index].step)
+    reasons = [summary(steps_by_rule) if steps_by_rule else None, trace.unchecked]
     return Breakdown(
         replica_frame[REPLICA_COLUMNS],
         steps,
         attribution=trace.attribution,
-        unmeasured=unmeasured or None,
+        unmeasured="; ".join(filter(None, reasons)) or None,
     )
 
 

@@ -27,7 +27,9 @@ GPU_PLANE = re.compile(r"^/device:GPU:(\d+)$")
 
 @dataclass(frozen=True, slots=True)
 class TraceEvent:
-    """One event of a trace: where it ran, what it is called, when, and its stats."""
+    """One event of a trace: where it ran, what it is called, when, and its stats.
+    ``line`` is the line's name (every Python thread's is "python"), ``line_id`` the
+    line's id (the thread's)."""
 
     plane: str
     line: str
@@ -35,17 +37,20 @@ class TraceEvent:
     start_ps: int
     end_ps: int
     stats: Mapping[str, object] = field(default_factory=dict)
+    line_id: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class StepMarker:
-    """A step as marked on the host: ``step`` is the marker's ``step_num``, ``line``
-    the thread it was marked on."""
+    """A step as marked on the host: ``step`` is the marker's ``step_num``; ``line``
+    the name of the thread it was marked on, ``thread`` the thread itself (its plane
+    and line id: threads may share a name)."""
 
     step: int
     start_ps: int
     end_ps: int
     line: str = ""
+    thread: tuple[str, int] = ("", 0)
 
 
 def load_xspace(path: str | os.PathLike):
@@ -254,7 +259,8 @@ def plane_events(plane, lines=None) -> Iterator[TraceEvent]:
             if event.stats:
                 stats = {**meta_stats, **named_stats(event.stats, stat_names)}
             start = base_ps + event.offset_ps
-            yield TraceEvent(plane.name, line_name, name, start, start + event.duration_ps, stats)
+            end = start + event.duration_ps
+            yield TraceEvent(plane.name, line_name, name, start, end, stats, line.id)
 
 
 def host_planes(space) -> list:
@@ -275,7 +281,8 @@ def step_markers(host_events: list[TraceEvent]) -> list[StepMarker]:
     """Steps marked on the host with ``Trace("train", step_num=n, _r=1)``.
 
     When our profiler's markers are present, only they count: tf_keras marks every
-    step itself (numbered within the epoch) and the two would nest.
+    step itself (numbered within the epoch) and the two would nest. Markers of one step
+    number that overlap on one thread are one step (see below).
     """
     markers = [
         event
@@ -283,14 +290,24 @@ def step_markers(host_events: list[TraceEvent]) -> list[StepMarker]:
         if event.name == STEP_EVENT_NAME and event.stats.get("step_num") is not None
     ]
     own = [event for event in markers if event.stats.get(OWN_MARKER_STAT) is not None]
-    steps = {
-        (int(event.stats["step_num"]), event.start_ps): (event.end_ps, event.line)
-        for event in own or markers
-    }
-    return sorted(
-        (StepMarker(step, start, end, line) for (step, start), (end, line) in steps.items()),
-        key=lambda marker: marker.start_ps,
-    )
+    steps = {(int(event.stats["step_num"]), event.start_ps): event for event in own or markers}
+    ordered = sorted(steps.items(), key=lambda item: (item[0][1], -item[1].end_ps))
+    kept: list[StepMarker] = []
+    reach: dict[tuple, StepMarker] = {}  # by (step, thread): the marker kept last
+    for (step, start), event in ordered:
+        thread = (event.plane, event.line_id)
+        last = reach.get((step, thread))
+        # Two profilers in one Keras 3 fit each mark every step, in callback order:
+        # their markers of one step cross (b1 < b2 < e1 < e2) and both hold the whole
+        # train call. They are one step: the first (the outermost when nested) is kept,
+        # as one profiler alone would mark it, and as the step rows took its step_ms
+        # before markers were checked.
+        if last is not None and start < last.end_ps:
+            continue
+        marker = StepMarker(step, start, event.end_ps, event.line, thread)
+        reach[(step, thread)] = marker
+        kept.append(marker)
+    return kept
 
 
 def find_traces(source: str | os.PathLike) -> list[Path]:
