@@ -106,3 +106,43 @@ def test_a_child_forked_while_a_record_is_written_can_release_its_inherited_reco
         recorder.release()
     lines = worker_records_path(tmp_path, 0).read_text().splitlines()
     assert [json.loads(line).get("step") for line in lines] == [None, 0]  # header, step 0
+
+
+class FreedElsewhere(Exception):
+    """An error that notes, when freed, in which other process that happened."""
+
+    def __init__(self, note_path):
+        super().__init__("no space left on device")
+        self.note_path, self.maker = str(note_path), os.getpid()
+
+    def __del__(self):
+        if os.getpid() != self.maker:
+            descriptor = os.open(self.note_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+            os.write(descriptor, b"freed in a forked child\n")
+            os.close(descriptor)
+
+
+def test_a_forked_child_frees_nothing_the_parents_recorders_held(tmp_path):
+    # Freed in a child, an object holding TensorFlow state (an old write error's
+    # traceback holds tensors) crashed it: CI's forked children segfaulted so.
+    from keras_dp_tools.capture.scalar_writer import ScalarWriter
+
+    note = tmp_path / "freed.txt"
+    recorder = Recorder.acquire(tmp_path / "run", 0)
+    recorder.start_run({"strategy": "MirroredStrategy", "replicas": 2})
+    writer = ScalarWriter(str(tmp_path / "run" / "tb"))
+    # The states a full disk leaves (made directly here: a real one is test_faults's).
+    recorder.write_error = FreedElsewhere(note)
+    writer._error = FreedElsewhere(note)
+    recorder._pending.append({"type": "step", "held": FreedElsewhere(note)})
+    pid = os.fork()
+    if pid == 0:  # the at-fork handlers have run; nothing else
+        os._exit(0)
+    try:
+        assert _wait(pid, 30) == 0
+    finally:
+        recorder.write_error = writer._error = None
+        recorder._pending.clear()
+        recorder.release()
+        writer.close()
+    assert not note.exists(), note.read_text()

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from keras_dp_tools.capture.base import MeasurementWarning
+from keras_dp_tools.capture.forking import set_aside
 from keras_dp_tools.capture.scalar_writer import ScalarWriter
 from keras_dp_tools.contract import FLUSH_SECONDS_ENV, RUN_ID_ENV
 from keras_dp_tools.records import (
@@ -417,14 +418,16 @@ def _forget_parent_in_child() -> None:
     child forgets them, so that its exit neither writes the parent's records a second
     time nor hangs; an inherited recorder writes nothing more, and a fit in the child
     gets recorders of its own."""
-    # Few allocations here: in a child of a TensorFlow process, a garbage collection
-    # that frees TensorFlow objects can crash (TensorFlow is not fork-safe).
+    # What the recorders held is set aside, not freed (see ``forking``): e.g. an old
+    # write error whose traceback holds TensorFlow objects crashed the child when freed.
+    set_aside(Recorder._known)
     for recorder in Recorder._known.values():
-        recorder._pending.clear()
+        set_aside(dict(vars(recorder)))
+        recorder._pending = collections.deque()
         recorder._file_lock = threading.Lock()
         recorder._records = None  # its lock may be held by a thread of the parent
         recorder.write_error = _FORKED
-    Recorder._known.clear()
+    Recorder._known = {}
     Recorder._registry_lock = threading.Lock()
     _Flusher.pid, _Flusher._lock = None, threading.Lock()
 

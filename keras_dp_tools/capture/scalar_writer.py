@@ -26,6 +26,8 @@ import threading
 import time
 import weakref
 
+from keras_dp_tools.capture.forking import set_aside
+
 # The x axis of every tag: the global step (optimizer.iterations), which counts
 # batches. Keras's own "train" run plots epoch_* tags against epochs.
 STEP_AXIS = "x axis: global step (batches, optimizer.iterations), not epochs."
@@ -80,8 +82,6 @@ def _event_file_name(run_dir: str) -> str:
 
 # Every ScalarWriter of the process, for the fork handler below.
 _LIVE_WRITERS: weakref.WeakSet[ScalarWriter] = weakref.WeakSet()
-# A forked child's copies of its parent's open event files, never used nor freed.
-_PARENTS_FILES: list = []
 
 
 def _file_identity(path: str) -> tuple[int, int] | None:
@@ -102,7 +102,7 @@ def _mute_descriptors_of(identity: tuple[int, int]) -> None:
     try:
         descriptors = [int(name) for name in os.listdir("/dev/fd")]
         null = os.open(os.devnull, os.O_WRONLY)
-    except OSError:  # no /dev/fd: the copy is at least never freed (_PARENTS_FILES)
+    except OSError:  # no /dev/fd: the copy is at least never freed (set_aside)
         return
     try:
         for descriptor in descriptors:
@@ -189,12 +189,12 @@ class ScalarWriter:
     def _forget_parent(self) -> None:
         # Runs in a forked child, where only the forking thread exists: the locks may be
         # held by a thread of the parent (waiting for them would hang the child), and the
-        # points are the parent's (the parent writes them), and so is the open file.
-        if self._file is not None:
-            if self._file_identity is not None:
-                _mute_descriptors_of(self._file_identity)
-            _PARENTS_FILES.append(self._file)
-            self._file = None
+        # points are the parent's (the parent writes them), and so is the open file. All
+        # of it is set aside, not freed (see ``forking``).
+        set_aside(dict(vars(self)))
+        if self._file is not None and self._file_identity is not None:
+            _mute_descriptors_of(self._file_identity)
+        self._file = None
         self._reset()
 
     def add(self, step: int, values: dict[str, float | None]) -> None:
