@@ -369,3 +369,31 @@ def test_a_step_number_marked_twice_is_empty_if_one_marker_is_untrue(builder, tm
     assert steps.loc[2, TIMES].isna().all(), steps.loc[2, TIMES]
     assert steps.loc[2, "bandwidth_note"].startswith("not measured: its marker ends 999.97 s")
     assert result.unmeasured.startswith("step 2 not measured: the marker ends after")
+
+
+def test_one_step_marked_at_one_time_on_two_threads_stays_two_markers():
+    from keras_dp_tools.analysis.xspace import STEP_EVENT_NAME, TraceEvent, step_markers
+
+    def marker(line_id, end_ps):
+        stats = {"step_num": 4, "kdp": 1}
+        return TraceEvent("/host:CPU", "python", STEP_EVENT_NAME, 1000, end_ps, stats, line_id)
+
+    kept = step_markers([marker(1, 9000), marker(2, 7000)])
+
+    assert sorted((m.thread[1], m.end_ps) for m in kept) == [(1, 9000), (2, 7000)]
+
+
+def test_xprofs_steps_pair_with_ours_only_where_the_pairing_is_known():
+    import pandas as pd
+
+    ours = pd.Series([1, 2, 3])
+
+    def paired(xprof_numbers):
+        xprof = pd.DataFrame({"step": xprof_numbers, "xprof_step_ms": range(len(xprof_numbers))})
+        return breakdown._align_steps(xprof, ours)["step"].tolist()
+
+    assert paired([0, 1, 2]) == [1, 2, 3]  # GPU: XProf counts from 0, same steps in order
+    assert paired([2, 3]) == [2, 3]  # XProf's numbers are ours: by number
+    # Six groups for three steps (two profilers' crossing markers): numbers 1-3 of
+    # XProf's are not our steps 1-3, and there is no position to pair by.
+    assert paired([0, 1, 2, 3, 4, 5]) == []

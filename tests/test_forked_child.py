@@ -134,10 +134,14 @@ def test_a_forked_child_frees_nothing_the_parents_recorders_held(tmp_path):
     # The states a full disk leaves (made directly here: a real one is test_faults's).
     recorder.write_error = FreedElsewhere(note)
     writer._error = FreedElsewhere(note)
+    recorder.flush_seconds = 3600  # the record stays pending (a flusher may run)
     recorder._pending.append({"type": "step", "held": FreedElsewhere(note)})
+    gc.collect()  # the errors above are freed by reference counts, not by collection
+    gc.freeze()
     pid = os.fork()
     if pid == 0:  # the at-fork handlers have run; nothing else
         os._exit(0)
+    gc.unfreeze()
     try:
         assert _wait(pid, 30) == 0
     finally:

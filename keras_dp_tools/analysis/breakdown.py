@@ -1408,7 +1408,7 @@ def analyze_trace(
         **facts,
     )
     breakdown.source = str(path)
-    if xprof and not breakdown.steps.empty and breakdown.unmeasured:
+    if xprof and not breakdown.steps.empty and trace.untrue:
         # XProf groups the steps by the same markers: seen here, an untrue one merged
         # two steps into one of XProf's, which then paired with the wrong step of ours.
         breakdown.steps = breakdown.steps.assign(**dict.fromkeys(XPROF_COLUMNS, np.nan))
@@ -1425,7 +1425,12 @@ def _align_steps(xprof_steps: pd.DataFrame, steps: pd.Series) -> pd.DataFrame:
     """XProf names device steps by its own step groups (0, 1, ...) rather than the
     markers' ``step_num``; both list the steps in time order, so pair them by position
     when the numbers differ but the counts match (on GPU, XProf's 0, 1 would otherwise
-    meet our steps 1, 2 one off)."""
-    if set(xprof_steps["step"]) == set(steps) or len(xprof_steps) != len(steps):
+    meet our steps 1, 2 one off). XProf's numbers that are all ours pair by number;
+    otherwise (other numbers, another count: e.g. two profilers' crossing markers,
+    which XProf may group apart) nothing pairs, and XProf's columns stay empty rather
+    than meet the wrong steps."""
+    if set(xprof_steps["step"]) <= set(steps):
         return xprof_steps
+    if len(xprof_steps) != len(steps):
+        return xprof_steps.iloc[0:0]
     return xprof_steps.assign(step=steps.sort_values().to_numpy())

@@ -136,6 +136,8 @@ def summary(steps_by_rule: dict[str, list[int]]) -> str:
     parts = []
     for rule, steps in steps_by_rule.items():
         numbers = sorted(set(steps))
+        if not numbers:
+            continue
         runs, first = [], numbers[0]
         for previous, number in zip(numbers, [*numbers[1:], None], strict=True):
             if number != previous + 1:

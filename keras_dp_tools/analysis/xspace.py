@@ -290,11 +290,15 @@ def step_markers(host_events: list[TraceEvent]) -> list[StepMarker]:
         if event.name == STEP_EVENT_NAME and event.stats.get("step_num") is not None
     ]
     own = [event for event in markers if event.stats.get(OWN_MARKER_STAT) is not None]
-    steps = {(int(event.stats["step_num"]), event.start_ps): event for event in own or markers}
+    # One marker per step, start and thread (a thread's duplicates are one event).
+    steps = {
+        (int(event.stats["step_num"]), event.start_ps, event.plane, event.line_id): event
+        for event in own or markers
+    }
     ordered = sorted(steps.items(), key=lambda item: (item[0][1], -item[1].end_ps))
     kept: list[StepMarker] = []
     reach: dict[tuple, StepMarker] = {}  # by (step, thread): the marker kept last
-    for (step, start), event in ordered:
+    for (step, start, *_), event in ordered:
         thread = (event.plane, event.line_id)
         last = reach.get((step, thread))
         # Two profilers in one Keras 3 fit each mark every step, in callback order:

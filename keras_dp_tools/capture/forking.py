@@ -13,5 +13,7 @@ _SET_ASIDE: list = []
 
 
 def set_aside(*objects) -> None:
-    """Keeps ``objects`` (and all they reference) alive for the rest of the process."""
+    """Keeps ``objects`` (and all they reference) alive while the process runs (until
+    the interpreter finalizes, which multiprocessing's children, leaving through
+    ``os._exit``, never do)."""
     _SET_ASIDE.extend(objects)
