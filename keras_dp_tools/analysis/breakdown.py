@@ -147,7 +147,7 @@ def _peer_key(stats) -> tuple | None:
 _KINDS = list(Kind)
 _CODE = KIND_CODES
 _NO_REPLICA = -1  # a span shared by all replicas
-_UNTRUE = "not measured: "  # a bandwidth_note's start: the step's marker cannot be true
+_UNTRUE = "not measured: "  # the bandwidth_note of a step whose marker cannot be true
 _MARKER, _LAUNCH = "marker", "launch"  # host events read for their stats, not as spans
 
 
@@ -1137,8 +1137,13 @@ def _replica_frame(
 
 
 def _step_rows(
-    replica_frame: pd.DataFrame, facts: RunFacts, peak_gbps: float | None = None
+    replica_frame: pd.DataFrame,
+    facts: RunFacts,
+    peak_gbps: float | None = None,
+    untrue_steps: Mapping[int, str] | None = None,
 ) -> pd.DataFrame:
+    """One row per step. ``untrue_steps``: the note of each step number one of whose
+    markers cannot be true; its row is empty but for that note."""
     if replica_frame.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
     grouped = replica_frame.groupby("step", sort=True)
@@ -1167,9 +1172,8 @@ def _step_rows(
     # A step number may be marked more than once (tf_keras numbers steps within the
     # epoch): if one of its markers cannot be true, the row is empty too, as a mean of
     # the others would be shown as the step that ``Breakdown.unmeasured`` names.
-    untrue = replica_frame["bandwidth_note"].fillna("").astype(str).str.startswith(_UNTRUE)
-    notes = replica_frame[untrue].groupby("step", sort=True)["bandwidth_note"].first()
-    if len(notes):
+    if untrue_steps:
+        notes = pd.Series(untrue_steps, dtype=object)
         keep = ~steps.index.isin(notes.index)
         for name in steps.columns[steps.columns.get_loc("step_ms") :].drop("bandwidth_note"):
             steps[name] = steps[name].where(keep)  # an int column (bytes) turns float
@@ -1336,6 +1340,9 @@ def _break_down(
         group_size=group_size or trace.replica_count,
     )
     notes = {index: f"{_UNTRUE}{why.note}" for index, why in sorted(trace.untrue.items())}
+    step_notes: dict[int, str] = {}  # by step number: its first untrue marker's note
+    for index, note in notes.items():
+        step_notes.setdefault(trace.markers[index].step, note)
     replica_frame = _replica_frame(
         trace.markers,
         trace.take_spans(),
@@ -1347,7 +1354,7 @@ def _break_down(
         notes,
     )
     replica_frame = replica_frame.astype(dict.fromkeys(_BANDWIDTHS, float))
-    steps = _step_rows(replica_frame, facts, link_peak_gbps)
+    steps = _step_rows(replica_frame, facts, link_peak_gbps, step_notes)
     # One line per rule, not per step: a window of untrue steps gives a short reason.
     steps_by_rule: dict[str, list[int]] = defaultdict(list)
     for index, why in sorted(trace.untrue.items()):
