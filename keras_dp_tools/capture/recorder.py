@@ -253,6 +253,8 @@ class Recorder:
         if line is None:  # buffered, or a value only json writes (or refuses)
             self.write(record_type, **dict(zip(keys, values, strict=True)))
             return
+        # ``_write_records``'s rules for one line, inline: a call costs 5-10 µs of the
+        # training thread right after a step.
         with self._file_lock:
             if self._pending:
                 self._write_pending_locked()
