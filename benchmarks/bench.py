@@ -145,7 +145,7 @@ _MEASURE_CHILD = """
 import json, sys, time, tracemalloc
 sys.path.insert(0, sys.argv[2])
 from keras_dp_tools.analysis import analyze_trace
-from keras_dp_tools.analysis.xspace import _xplane_pb2
+from keras_dp_tools.analysis.trace.xspace import _xplane_pb2
 _xplane_pb2()
 
 def status_kib(field):
@@ -955,7 +955,7 @@ def main(argv=None) -> int:
             trace = synthetic_trace(folder / "small" / "host.xplane.pb", 2000)
         else:
             trace = capture_window(keras, strategy, folder)
-        from keras_dp_tools.analysis.xspace import load_xspace
+        from keras_dp_tools.analysis.trace.xspace import load_xspace
 
         xprof = bench_xprof(trace, 1 if smoke else 5)
         space = load_xspace(trace)

@@ -22,8 +22,8 @@ CHECKOUT = Path(__file__).resolve().parent.parent
 if (CHECKOUT / "keras_dp_tools").is_dir():  # run from a checkout: use its own package
     sys.path.insert(0, str(CHECKOUT))
 
-from keras_dp_tools.doctor import bus_key, nvidia_smi_readings  # noqa: E402
-from keras_dp_tools.monitor.nvml_reader import NvmlReader, NvmlUnavailable  # noqa: E402
+from keras_dp_tools.capture.monitor.nvml_reader import NvmlReader, NvmlUnavailable  # noqa: E402
+from keras_dp_tools.tools.doctor import bus_key, nvidia_smi_readings  # noqa: E402
 
 # Largest mean difference accepted per quantity (our units). Utilization and power are
 # averages over slightly different windows: loose tolerances.

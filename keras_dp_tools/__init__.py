@@ -6,38 +6,38 @@ pandas, e.g. on a GPU box checked with only ``nvidia-ml-py``). Callbacks import
 TensorFlow when training starts.
 """
 
-from keras_dp_tools._lazy import lazy_exports
 from keras_dp_tools.capture import _EXPORTS as CAPTURE_EXPORTS  # a light import
+from keras_dp_tools.common.lazy import lazy_exports
 
 __version__ = "0.1.0"
 
-# Public name -> defining module; a name equal to a submodule's (``plots``) is that
-# module. The callbacks live in ``keras_dp_tools.capture``, so ``kdt.callbacks`` (the
-# function) names no subpackage and cannot be shadowed by one.
+# Public name -> defining module; ``(module, None)`` is the module itself (``plots``).
+# The callbacks live in ``keras_dp_tools.capture``, so ``kdt.callbacks`` (the function)
+# names no subpackage and cannot be shadowed by one.
 _EXPORTS = {
     "callbacks": "keras_dp_tools.capture",
     "analyze_trace": "keras_dp_tools.analysis.breakdown",
     "Breakdown": "keras_dp_tools.analysis.breakdown",
     "Advice": "keras_dp_tools.analysis.advice",
-    "Finding": "keras_dp_tools.batching",
-    "LintViolation": ("keras_dp_tools.lint.checker", "Violation"),
-    "lint_paths": "keras_dp_tools.lint.runner",
-    "plots": "keras_dp_tools.plots",
-    "Severity": "keras_dp_tools.severity",
+    "Finding": "keras_dp_tools.checks.batching",
+    "LintViolation": ("keras_dp_tools.checks.lint.checker", "Violation"),
+    "lint_paths": "keras_dp_tools.checks.lint.runner",
+    "plots": ("keras_dp_tools.report.plots", None),
+    "Severity": "keras_dp_tools.common.severity",
     **CAPTURE_EXPORTS,
-    "BatchScalingWarning": "keras_dp_tools.batching",
-    "check_batching": "keras_dp_tools.batching",
-    "configure_devices": "keras_dp_tools.devices",
-    "mirrored_strategy": "keras_dp_tools.devices",
-    "Report": "keras_dp_tools.report",
-    "replica_count": "keras_dp_tools.scaling",
-    "scale_batch_size": "keras_dp_tools.scaling",
-    "scale_learning_rate": "keras_dp_tools.scaling",
-    "ScalingPlan": "keras_dp_tools.scaling",
-    "plan_scaling": "keras_dp_tools.scaling",
-    "warmup_schedule": "keras_dp_tools.schedules",
-    "tune_allreduce": "keras_dp_tools.tuning.allreduce",
-    "find_per_replica_batch": "keras_dp_tools.tuning.batch_finder",
+    "BatchScalingWarning": "keras_dp_tools.checks.batching",
+    "check_batching": "keras_dp_tools.checks.batching",
+    "configure_devices": "keras_dp_tools.setup.devices",
+    "mirrored_strategy": "keras_dp_tools.setup.devices",
+    "Report": "keras_dp_tools.report.facade",
+    "replica_count": "keras_dp_tools.setup.scaling",
+    "scale_batch_size": "keras_dp_tools.setup.scaling",
+    "scale_learning_rate": "keras_dp_tools.setup.scaling",
+    "ScalingPlan": "keras_dp_tools.setup.scaling",
+    "plan_scaling": "keras_dp_tools.setup.scaling",
+    "warmup_schedule": "keras_dp_tools.setup.schedules",
+    "tune_allreduce": "keras_dp_tools.tools.tuning.allreduce",
+    "find_per_replica_batch": "keras_dp_tools.tools.tuning.batch_finder",
     "what_if": "keras_dp_tools.analysis.what_if",
 }
 __all__ = ["__version__", *sorted(_EXPORTS)]

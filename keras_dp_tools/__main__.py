@@ -2,6 +2,6 @@
 
 import sys
 
-from keras_dp_tools.cli import main
+from keras_dp_tools.tools.cli import main
 
 sys.exit(main())

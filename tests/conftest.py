@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from keras_dp_tools.launch import free_ports
+from keras_dp_tools.tools.launch import free_ports
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if not os.environ.get("KERAS_DP_TEST_GPUS"):
@@ -75,7 +75,7 @@ def strategy1(tf):
 def nvml_works() -> bool:
     """Whether NVML starts here (a machine with an NVIDIA driver): tests of the
     NVML-less path skip there. CUDA_VISIBLE_DEVICES does not hide GPUs from NVML."""
-    from keras_dp_tools.monitor.nvml_reader import NvmlReader, NvmlUnavailable
+    from keras_dp_tools.capture.monitor.nvml_reader import NvmlReader, NvmlUnavailable
 
     reader = NvmlReader(high_rate=False)
     try:

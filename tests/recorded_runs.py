@@ -3,7 +3,7 @@ the report, the advisor and the plots (no TensorFlow needed)."""
 
 from __future__ import annotations
 
-from keras_dp_tools.records import SCHEMA_VERSION, RecordWriter, worker_records_path
+from keras_dp_tools.records.files import SCHEMA_VERSION, RecordWriter, worker_records_path
 
 
 def write_run(

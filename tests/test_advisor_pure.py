@@ -6,7 +6,7 @@ from dataclasses import fields
 import pandas as pd
 
 from keras_dp_tools.analysis.advice import AdvisorFrames, advise
-from keras_dp_tools.report import Report
+from keras_dp_tools.report.facade import Report
 from tests.recorded_runs import COMM_HEAVY, write_run, write_scaling_runs
 
 

@@ -52,7 +52,7 @@ def test_an_analysis_in_a_thread_beside_training_does_not_trim(builder, tmp_path
 def test_keras_dp_analyze_hands_freed_memory_back(builder, tmp_path, trims, monkeypatch):
     """``keras-dp analyze`` has its process to itself: its analysis trims the heap (run
     here, so that the wrapped trim sees the calls)."""
-    from keras_dp_tools.cli import main
+    from keras_dp_tools.tools.cli import main
 
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")  # what the command sets: undone after
 
@@ -149,7 +149,7 @@ def test_overlapping_markers_on_one_thread_leave_both_steps_empty(builder, tmp_p
 
 
 def test_keras_dp_analyze_says_which_step_was_not_measured(builder, tmp_path, capsys, monkeypatch):
-    from keras_dp_tools.cli import main
+    from keras_dp_tools.tools.cli import main
 
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")  # what the command sets: undone after
 
@@ -177,7 +177,7 @@ def test_the_profilers_window_record_says_which_step_was_not_measured(builder, t
 
     from keras_dp_tools.capture.data_parallel_profiler import DataParallelProfiler
     from keras_dp_tools.capture.recorder import Recorder
-    from keras_dp_tools.records import read_records_by_type
+    from keras_dp_tools.records.files import read_records_by_type
 
     trace = three_step_trace(builder, 10.0 + 1e15 / 1e9).write(tmp_path / "capture")
     result = analyze_trace(trace)
@@ -372,7 +372,7 @@ def test_a_step_number_marked_twice_is_empty_if_one_marker_is_untrue(builder, tm
 
 
 def test_one_step_marked_at_one_time_on_two_threads_stays_two_markers():
-    from keras_dp_tools.analysis.xspace import STEP_EVENT_NAME, TraceEvent, step_markers
+    from keras_dp_tools.analysis.trace.xspace import STEP_EVENT_NAME, TraceEvent, step_markers
 
     def marker(line_id, end_ps):
         stats = {"step_num": 4, "kdp": 1}

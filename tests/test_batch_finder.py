@@ -2,7 +2,7 @@
 
 import pytest
 
-from keras_dp_tools.tuning.batch_finder import _next_batch, find_per_replica_batch
+from keras_dp_tools.tools.tuning.batch_finder import _next_batch, find_per_replica_batch
 
 HOG = "tests.memory_hog"
 MIB = 2**20

@@ -5,7 +5,7 @@ import warnings
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.batching import dataset_batch
+from keras_dp_tools.checks.batching import dataset_batch
 from tests.training import dense_model, regression_data
 
 

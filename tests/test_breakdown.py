@@ -11,7 +11,7 @@ import pytest
 
 from keras_dp_tools.analysis import analyze_trace, analyze_xspace
 from keras_dp_tools.analysis.classify import Kind, classify_device_event, classify_host_event
-from keras_dp_tools.analysis.xspace import TraceEvent
+from keras_dp_tools.analysis.trace.xspace import TraceEvent
 from tests.xplane_builder import SpaceBuilder
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"

@@ -1,4 +1,4 @@
-"""The environment variables and the capture path are spelled in keras_dp_tools.contract
+"""The environment variables and the capture path are spelled in keras_dp_tools.records.contract
 only: messages and help texts name them through its constants too, so a rename there
 reaches every sentence (tests/test_layers.py checks the literals used as values)."""
 
@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from keras_dp_tools import contract
+from keras_dp_tools.records import contract
 from tests.test_layers import MODULES, string_constants
 
 # Inside any code string (docstrings are documentation, not code).
@@ -17,7 +17,7 @@ def test_no_code_string_spells_a_contract_name():
     spelled = {
         name: sorted(text[:80] for text in string_constants(path) if SPELLED.search(text))
         for name, path in MODULES.items()
-        if name != "keras_dp_tools.contract"
+        if name != "keras_dp_tools.records.contract"
     }
     assert {name: texts for name, texts in spelled.items() if texts} == {}
 
@@ -31,7 +31,7 @@ def test_the_pattern_finds_what_the_contract_defines():
 
 
 def test_help_texts_name_the_variables_through_the_contract(capsys):
-    from keras_dp_tools.cli import build_parser
+    from keras_dp_tools.tools.cli import build_parser
 
     for command in ("demo", "sweep", "launch"):
         with pytest.raises(SystemExit):

@@ -14,8 +14,8 @@ from pathlib import Path
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.records import SCHEMA_VERSION, RecordWriter, worker_records_path
-from keras_dp_tools.tensorboard_plugin import data as dashboard
+from keras_dp_tools.records.files import SCHEMA_VERSION, RecordWriter, worker_records_path
+from keras_dp_tools.report.tensorboard_plugin import data as dashboard
 
 from .conftest import get_json
 

@@ -5,7 +5,7 @@ import sys
 
 import pynvml
 
-from keras_dp_tools import doctor
+from keras_dp_tools.tools import doctor
 from tests.nvml_fake import FakeGpu, fake_pynvml
 
 from .conftest import REPO
@@ -14,7 +14,7 @@ BLOCKED_RUN = (
     "import sys\n"
     "sys.modules['tensorflow'] = None  # import tensorflow now raises ImportError\n"
     "sys.modules['pandas'] = None\n"
-    "from keras_dp_tools.cli import main\n"
+    "from keras_dp_tools.tools.cli import main\n"
     "sys.exit(main(['doctor']))\n"
 )
 

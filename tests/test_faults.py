@@ -18,8 +18,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keras_dp_tools as kdt
-from keras_dp_tools.cli import main as cli_main
-from keras_dp_tools.records import RecordWriter, worker_records_path
+from keras_dp_tools.records.files import RecordWriter, worker_records_path
+from keras_dp_tools.tools.cli import main as cli_main
 
 from .conftest import REPO, run_cli
 from .test_records import header, step

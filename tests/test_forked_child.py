@@ -16,8 +16,8 @@ import time
 import keras_dp_tools as kdt
 from keras_dp_tools.capture import data_parallel_profiler, step_timer
 from keras_dp_tools.capture.recorder import Recorder
-from keras_dp_tools.contract import FLUSH_SECONDS_ENV
-from keras_dp_tools.records import worker_records_path
+from keras_dp_tools.records.contract import FLUSH_SECONDS_ENV
+from keras_dp_tools.records.files import worker_records_path
 
 from .training import fit
 

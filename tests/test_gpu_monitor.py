@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.monitor.nvml_reader import NvmlReader
-from keras_dp_tools.monitor.replay import ReplayReader
-from keras_dp_tools.monitor.sampler import THREAD_NAME
+from keras_dp_tools.capture.monitor.nvml_reader import NvmlReader
+from keras_dp_tools.capture.monitor.replay import ReplayReader
+from keras_dp_tools.capture.monitor.sampler import THREAD_NAME
 from tests.conftest import nvml_works
 from tests.training import dense_model, fit, iterations
 

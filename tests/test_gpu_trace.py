@@ -12,7 +12,7 @@ from keras_dp_tools.analysis.gpu_trace import (
     UnusableTraceError,
     nccl_collective,
 )
-from keras_dp_tools.analysis.xspace import TraceEvent
+from keras_dp_tools.analysis.trace.xspace import TraceEvent
 
 ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
 GEMM = "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(Params)"
@@ -364,7 +364,7 @@ def test_line_timestamps_of_a_streamed_file_in_any_field_order(tf, tmp_path, mon
     group field; a line without events is left out."""
     from tensorflow.tsl.profiler.protobuf import xplane_pb2
 
-    from keras_dp_tools.analysis import xspace
+    from keras_dp_tools.analysis.trace import xspace
 
     def field(number, payload):  # a length-delimited field
         size, length = len(payload), b""

@@ -7,7 +7,7 @@ import sys
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.launch import cluster_addresses, launch
+from keras_dp_tools.tools.launch import cluster_addresses, launch
 
 from .conftest import REPO, run_cli
 

@@ -8,7 +8,7 @@ import textwrap
 import nbformat
 import pytest
 
-from keras_dp_tools.lint import check_source, lint_paths
+from keras_dp_tools.checks.lint import check_source, lint_paths
 
 from .conftest import run_cli
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from keras_dp_tools.lint import SEVERITIES, check_source
-from keras_dp_tools.lint.checker import MAX_CALL_DEPTH
-from keras_dp_tools.severity import Severity
+from keras_dp_tools.checks.lint import SEVERITIES, check_source
+from keras_dp_tools.checks.lint.checker import MAX_CALL_DEPTH
+from keras_dp_tools.common.severity import Severity
 
 from .conftest import run_cli
 

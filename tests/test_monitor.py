@@ -20,9 +20,13 @@ from keras_dp_tools.analysis.utilization import (
     step_gpu_utilization,
     utilization_findings,
 )
-from keras_dp_tools.monitor.host_usage import HostCpuMeter
-from keras_dp_tools.monitor.nvml_reader import NvmlReader, NvmlUnavailable, visible_nvml_indices
-from keras_dp_tools.monitor.sampler import THREAD_NAME, Sampler
+from keras_dp_tools.capture.monitor.host_usage import HostCpuMeter
+from keras_dp_tools.capture.monitor.nvml_reader import (
+    NvmlReader,
+    NvmlUnavailable,
+    visible_nvml_indices,
+)
+from keras_dp_tools.capture.monitor.sampler import THREAD_NAME, Sampler
 
 from .conftest import REPO, nvml_works
 
@@ -49,7 +53,7 @@ def test_reader_imports_without_tensorflow_or_pandas():
     code = (
         "import sys\n"
         "for name in ('tensorflow', 'pandas', 'numpy', 'pyarrow'): sys.modules[name] = None\n"
-        "from keras_dp_tools.monitor.nvml_reader import NvmlReader\n"
+        "from keras_dp_tools.capture.monitor.nvml_reader import NvmlReader\n"
         "import keras_dp_tools\n"
         "print('ok', keras_dp_tools.__version__)\n"
     )

@@ -6,7 +6,7 @@ import sys
 import pynvml
 import pytest
 
-from keras_dp_tools.monitor.nvml_reader import NvmlReader
+from keras_dp_tools.capture.monitor.nvml_reader import NvmlReader
 from tests.nvml_fake import GIB, FakeGpu, fake_pynvml
 
 MIB_PER_S_IN_GBPS = 2**20 / 1e9  # GPM reports NVLink MiB/s
@@ -90,7 +90,7 @@ def test_nvlink_counters_give_rates_between_reads(nvml):
 def test_buffered_samples_are_read_once_in_driver_time(nvml, monkeypatch):
     """nvmlDeviceGetSamples returns the buffer since a timestamp (µs); samples older
     than the first read are not ours, each later one comes back exactly once."""
-    import keras_dp_tools.monitor.nvml_reader as nvml_reader
+    import keras_dp_tools.capture.monitor.nvml_reader as nvml_reader
 
     start_s = 1_800_000_000.0
     monkeypatch.setattr(nvml_reader.time, "time", lambda: start_s)

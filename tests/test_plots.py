@@ -11,9 +11,9 @@ from matplotlib.collections import PathCollection
 from matplotlib.figure import Figure
 
 import keras_dp_tools as kdt
-from keras_dp_tools import plots
-from keras_dp_tools.cli import main
-from keras_dp_tools.html_report import write_html
+from keras_dp_tools.report import plots
+from keras_dp_tools.report.html import write_html
+from keras_dp_tools.tools.cli import main
 from tests.recorded_runs import (
     COMM_HEAVY,
     WAITING,

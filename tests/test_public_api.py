@@ -45,10 +45,10 @@ def test_every_exported_name_resolves_without_importing_tensorflow():
 def test_users_reach_analysis_plots_findings_and_one_severity_scale():
     import keras_dp_tools as kdt
     from keras_dp_tools.analysis.breakdown import analyze_trace
-    from keras_dp_tools.lint.checker import SEVERITIES, Violation
+    from keras_dp_tools.checks.lint.checker import SEVERITIES, Violation
 
     assert kdt.analyze_trace is analyze_trace
-    assert kdt.plots.__name__ == "keras_dp_tools.plots"
+    assert kdt.plots.__name__ == "keras_dp_tools.report.plots"
     assert kdt.LintViolation is Violation
     # The three kinds of finding speak the same scale.
     advice = kdt.Advice("high", "t", "e", "f")

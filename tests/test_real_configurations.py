@@ -17,7 +17,12 @@ import pytest
 import keras_dp_tools as kdt
 from keras_dp_tools.analysis import find_traces
 from keras_dp_tools.analysis.consistency import breakdown_problems
-from keras_dp_tools.analysis.xspace import host_planes, load_xspace, plane_events, step_markers
+from keras_dp_tools.analysis.trace.xspace import (
+    host_planes,
+    load_xspace,
+    plane_events,
+    step_markers,
+)
 
 from .conftest import REPO
 

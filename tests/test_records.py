@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keras_dp_tools.records import (
+from keras_dp_tools.records.files import (
     SCHEMA_VERSION,
     RecordTemplate,
     RecordWriter,
@@ -153,7 +153,7 @@ def test_find_record_files_says_what_is_missing(tmp_path):
 
 
 def test_reading_from_a_line_offset_leaves_out_the_lines_before_it(tmp_path):
-    from keras_dp_tools.records import read_records_by_type
+    from keras_dp_tools.records.files import read_records_by_type
 
     path = tmp_path / "worker-0.jsonl"
     writer = RecordWriter(path)

@@ -6,8 +6,8 @@ import time
 import pytest
 
 from keras_dp_tools import Report
-from keras_dp_tools.records import RecordWriter, worker_records_path
-from keras_dp_tools.report import (
+from keras_dp_tools.records.files import RecordWriter, worker_records_path
+from keras_dp_tools.report.facade import (
     BREAKDOWN_COLUMNS,
     MONITOR_COLUMNS,
     STEP_COLUMNS,

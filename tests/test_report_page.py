@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools import plots
+from keras_dp_tools.report import plots
 
 from .conftest import run_cli
 from .test_plots import assert_each_line_stays_in_one_window, only_axes

@@ -64,7 +64,7 @@ def test_warmup_epochs_need_steps_per_epoch():
 def test_docstring_examples_hold():
     import doctest
 
-    import keras_dp_tools.scaling
+    import keras_dp_tools.setup.scaling
 
-    result = doctest.testmod(keras_dp_tools.scaling, optionflags=doctest.NORMALIZE_WHITESPACE)
+    result = doctest.testmod(keras_dp_tools.setup.scaling, optionflags=doctest.NORMALIZE_WHITESPACE)
     assert result.attempted >= 5 and result.failed == 0

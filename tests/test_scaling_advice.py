@@ -5,8 +5,8 @@ import os
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.records import SCHEMA_VERSION, RecordWriter, worker_records_path
-from keras_dp_tools.sweep import run_sweep
+from keras_dp_tools.records.files import SCHEMA_VERSION, RecordWriter, worker_records_path
+from keras_dp_tools.tools.sweep import run_sweep
 from tests.conftest import REPO
 from tests.recorded_runs import BALANCED, COMM_HEAVY, write_run
 

@@ -13,8 +13,10 @@ import re
 import numpy as np
 import pandas as pd
 
-from keras_dp_tools import plots, records, schema
-from keras_dp_tools.report import Report
+from keras_dp_tools.records import columns as schema
+from keras_dp_tools.records import files as records
+from keras_dp_tools.report import plots
+from keras_dp_tools.report.facade import Report
 from tests.recorded_runs import COMM_HEAVY, write_run
 
 # Record plumbing, not data: the record's type and the records format's version.
@@ -162,7 +164,7 @@ def test_every_summary_field_has_its_label_and_no_label_is_stale(tmp_path):
 
 
 def test_the_dashboards_view_of_a_worker_keeps_every_report_frame(tmp_path):
-    from keras_dp_tools.tensorboard_plugin.data import for_worker
+    from keras_dp_tools.report.tensorboard_plugin.data import for_worker
 
     write_run(tmp_path, breakdown=COMM_HEAVY, gpu_util=50.0, batching=[("warning", "x")])
     report = Report.load(tmp_path)
@@ -221,7 +223,7 @@ def test_xprofs_fields_map_onto_the_schemas_xprof_columns():
 
 
 def test_plan_bus_ids_and_exit_code_reach_their_frames_with_their_values(tmp_path):
-    from keras_dp_tools.records import (
+    from keras_dp_tools.records.files import (
         LAUNCHER_RECORDS,
         SCHEMA_VERSION,
         RecordWriter,

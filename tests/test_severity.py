@@ -5,9 +5,9 @@ import json
 import pytest
 
 from keras_dp_tools.analysis.advice import Advice
-from keras_dp_tools.batching import Finding
-from keras_dp_tools.lint import CODES, SEVERITIES
-from keras_dp_tools.severity import Severity
+from keras_dp_tools.checks.batching import Finding
+from keras_dp_tools.checks.lint import CODES, SEVERITIES
+from keras_dp_tools.common.severity import Severity
 
 
 def test_levels_compare_by_weight_not_alphabet():

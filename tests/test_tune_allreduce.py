@@ -2,8 +2,8 @@
 
 import pytest
 
-from keras_dp_tools.tuning.allreduce import CANDIDATES, tune_allreduce
-from keras_dp_tools.tuning.child import function_reference, load_function
+from keras_dp_tools.tools.tuning.allreduce import CANDIDATES, tune_allreduce
+from keras_dp_tools.tools.tuning.child import function_reference, load_function
 from tests.conftest import REPO
 
 SCRIPT = REPO / "examples" / "tune_allreduce_script.py"
@@ -11,7 +11,7 @@ SCRIPT = REPO / "examples" / "tune_allreduce_script.py"
 
 def test_function_references_name_importable_functions(tf):
     reference = function_reference(tune_allreduce)
-    assert reference == "keras_dp_tools.tuning.allreduce:tune_allreduce"
+    assert reference == "keras_dp_tools.tools.tuning.allreduce:tune_allreduce"
     assert load_function(reference) is tune_allreduce
     script_function = load_function(f"{SCRIPT}:build_model")
     assert script_function.__name__ == "build_model"
@@ -97,14 +97,14 @@ def test_each_candidates_code_builds_a_mirrored_strategy_with_its_ops(name, expe
 
 
 def test_the_command_refuses_a_missing_script_with_a_clear_error(tmp_path, capsys):
-    from keras_dp_tools.cli import main
+    from keras_dp_tools.tools.cli import main
 
     assert main(["tune-allreduce", str(tmp_path / "missing.py")]) == 2
     assert "Expected a .py script" in capsys.readouterr().err
 
 
 def test_devices_become_code_that_creates_them():
-    from keras_dp_tools.tuning.allreduce import _devices_expression
+    from keras_dp_tools.tools.tuning.allreduce import _devices_expression
 
     assert _devices_expression(2) == "kdt.configure_devices(2)"
     assert _devices_expression(["/cpu:0", "/cpu:1"]) == "kdt.configure_devices(2)"

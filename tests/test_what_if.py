@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from keras_dp_tools.analysis.what_if import what_if
-from keras_dp_tools.report import Report
+from keras_dp_tools.report.facade import Report
 from tests.conftest import REPO
 
 MB = 1e6

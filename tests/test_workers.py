@@ -4,9 +4,9 @@ import pandas as pd
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools import plots
 from keras_dp_tools.analysis.workers import cross_worker_sync
-from keras_dp_tools.records import RecordWriter, worker_records_path
+from keras_dp_tools.records.files import RecordWriter, worker_records_path
+from keras_dp_tools.report import plots
 
 from .test_records import header
 

@@ -6,7 +6,7 @@ import random
 
 import pytest
 
-from keras_dp_tools.analysis.xevents import WireError, read_events, read_line_events
+from keras_dp_tools.analysis.trace.xevents import WireError, read_events, read_line_events
 
 
 @pytest.fixture(scope="module")

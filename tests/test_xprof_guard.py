@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from keras_dp_tools.analysis import analyze_trace
-from keras_dp_tools.schema import XPROF_COLUMNS
+from keras_dp_tools.records.columns import XPROF_COLUMNS
 from tests.test_gpu_trace import gpu_trace, two_gpu_run  # noqa: F401 (fixture)
 
 ROOT = Path(__file__).resolve().parent.parent

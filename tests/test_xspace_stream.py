@@ -4,7 +4,8 @@ of the whole file: same planes, same lines, the same events in the same order.""
 import pandas as pd
 import pytest
 
-from keras_dp_tools.analysis import analyze_trace, analyze_xspace, xspace
+from keras_dp_tools.analysis import analyze_trace, analyze_xspace
+from keras_dp_tools.analysis.trace import xspace
 
 
 def assert_streams_as_parsed(path, monkeypatch, group_bytes):

@@ -1,8 +1,12 @@
-"""Analysis layer: pure functions over profiler traces and records; no training needed."""
+"""Layer 2, analysis: pure functions over profiler traces (``trace``) and record frames;
+no TensorFlow session, no training needed.
+
+May import: ``common``, ``records``.
+"""
 
 from keras_dp_tools.analysis.breakdown import Breakdown, analyze_trace, analyze_xspace
-from keras_dp_tools.analysis.xspace import find_traces, load_xspace
-from keras_dp_tools.schema import REPLICA_COLUMNS, STEP_COLUMNS, XPROF_COLUMNS
+from keras_dp_tools.analysis.trace.xspace import find_traces, load_xspace
+from keras_dp_tools.records.columns import REPLICA_COLUMNS, STEP_COLUMNS, XPROF_COLUMNS
 
 __all__ = [
     "REPLICA_COLUMNS",

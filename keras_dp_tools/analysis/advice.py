@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 
 import pandas as pd
 
-from keras_dp_tools.severity import Severity
+from keras_dp_tools.common.severity import Severity
 
 COMM_SHARE_HIGH = 0.20  # exposed all-reduce transfer over step time
 WAIT_SHARE_HIGH = 0.15  # exposed waiting for the slowest replica over step time
@@ -210,7 +210,7 @@ def _waiting(profiled: pd.DataFrame, report) -> list[Advice]:
                 "ms per step.",
                 "Balance the work per replica: the same per-replica batch and sequence "
                 "lengths, input prepared ahead (prefetch), no other jobs on the devices; "
-                "see the straggler view (keras_dp_tools.plots.sync_wait).",
+                "see the straggler view (keras_dp_tools.report.plots.sync_wait).",
             )
         )
     stragglers = profiled["straggler_replica"].dropna()

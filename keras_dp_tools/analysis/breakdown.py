@@ -57,7 +57,7 @@ from keras_dp_tools.analysis.marker_checks import (
     untrue_markers,
 )
 from keras_dp_tools.analysis.replicas import packed_replica, peer_replicas
-from keras_dp_tools.analysis.xspace import (
+from keras_dp_tools.analysis.trace.xspace import (
     STEP_EVENT_NAME,
     StepMarker,
     TraceEvent,
@@ -68,9 +68,14 @@ from keras_dp_tools.analysis.xspace import (
     step_markers,
     stream_xspace,
 )
-from keras_dp_tools.schema import MEAN_COLUMNS, REPLICA_COLUMNS, STEP_COLUMNS, XPROF_COLUMNS
+from keras_dp_tools.records.columns import (
+    MEAN_COLUMNS,
+    REPLICA_COLUMNS,
+    STEP_COLUMNS,
+    XPROF_COLUMNS,
+)
 
-# The columns (keras_dp_tools.schema): MEAN_COLUMNS are the per-replica times (per
+# The columns (keras_dp_tools.records.columns): MEAN_COLUMNS are the per-replica times (per
 # step) the step row averages over replicas.
 _MEAN_COLUMNS = MEAN_COLUMNS
 _BYTES_COLUMNS = ["allreduce_bytes", "gather_bytes", "row_bytes"]

@@ -30,7 +30,7 @@ from __future__ import annotations
 import re
 from enum import Enum
 
-from keras_dp_tools.analysis.xspace import TraceEvent
+from keras_dp_tools.analysis.trace.xspace import TraceEvent
 
 
 class Kind(str, Enum):

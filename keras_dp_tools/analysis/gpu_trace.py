@@ -31,15 +31,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from keras_dp_tools.analysis.classify import KIND_CODES, Kind, classify_device_event
-from keras_dp_tools.analysis.xevents import EventTable, read_events, read_line_events
-from keras_dp_tools.analysis.xspace import (
+from keras_dp_tools.analysis.trace.xevents import EventTable, read_events, read_line_events
+from keras_dp_tools.analysis.trace.xspace import (
     StepMarker,
     TraceEvent,
     gpu_planes,
     named_stats,
     plane_events,
 )
-from keras_dp_tools.contract import gpu_ordinal
+from keras_dp_tools.records.contract import gpu_ordinal
 
 CORRELATION_STAT = "correlation_id"
 TF_OP_STAT = "tf_op"

@@ -37,7 +37,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from typing import NamedTuple
 
-from keras_dp_tools.analysis.xspace import StepMarker, named_stats
+from keras_dp_tools.analysis.trace.xspace import StepMarker, named_stats
 
 CAPTURE_PLANE = "Task Environment"
 _START, _STOP = "profile_start_time", "profile_stop_time"  # ns, set by the profiler session

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from keras_dp_tools.validation import require_positive_int, require_positive_number
+from keras_dp_tools.common.validation import require_positive_int, require_positive_number
 
 WHAT_IF_COLUMNS = [
     "run",

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from keras_dp_tools._warn import warn
-from keras_dp_tools.schema import XPROF_COLUMNS
+from keras_dp_tools.common.warn import warn
+from keras_dp_tools.records.columns import XPROF_COLUMNS
 
 logger = logging.getLogger("keras_dp_tools")
 

@@ -1,13 +1,17 @@
-"""Capture layer: Keras callbacks that record data-parallel training (Keras 3 and tf_keras).
+"""Layer 5, capture: Keras callbacks that record data-parallel training (Keras 3 and tf_keras).
 
 ``kdt.callbacks(log_dir)`` (defined here) is the one-line entry; the package was
 ``keras_dp_tools.callbacks`` in 0.1, a name the function shadowed.
 
 The callback classes load on first use (``keras_dp_tools.capture.StepTimer``), so
 importing this package stays light.
+
+May import: ``common``, ``records``, ``setup``, ``checks``, and of the analysis only
+its runner (``analysis.runner``), which analyses a finished window or run without the
+callbacks holding any analysis themselves.
 """
 
-from keras_dp_tools._lazy import lazy_exports
+from keras_dp_tools.common.lazy import lazy_exports
 
 _EXPORTS = {
     "BatchScalingCheck": "keras_dp_tools.capture.batch_scaling_check",

@@ -20,7 +20,7 @@ import logging
 import sys
 import weakref
 
-from keras_dp_tools._warn import warn
+from keras_dp_tools.common.warn import warn
 
 logger = logging.getLogger("keras_dp_tools")
 

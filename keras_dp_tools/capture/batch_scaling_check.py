@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import time
 
-from keras_dp_tools.batching import (
+from keras_dp_tools.capture.base import DataParallelCallback, find_in_fit
+from keras_dp_tools.capture.recorder import Recorder
+from keras_dp_tools.checks.batching import (
     DatasetBatch,
     Finding,
     adapter_batch,
@@ -13,8 +15,6 @@ from keras_dp_tools.batching import (
     unknown_batch,
     warn_findings,
 )
-from keras_dp_tools.capture.base import DataParallelCallback, find_in_fit
-from keras_dp_tools.capture.recorder import Recorder
 
 
 class BatchScalingCheck(DataParallelCallback):

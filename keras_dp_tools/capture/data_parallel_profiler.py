@@ -10,8 +10,8 @@ import weakref
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
-from keras_dp_tools._warn import warn
 from keras_dp_tools.capture.base import DataParallelCallback, MeasurementWarning, find_in_fit
+from keras_dp_tools.capture.monitor.background import lower_thread_priority
 from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.capture.run_info import (
     embedding_tables,
@@ -24,20 +24,20 @@ from keras_dp_tools.capture.run_info import (
     worker_index,
 )
 from keras_dp_tools.capture.step_counter import StepCounter
-from keras_dp_tools.contract import (
+from keras_dp_tools.common.validation import require_positive_int
+from keras_dp_tools.common.warn import warn
+from keras_dp_tools.records.columns import WINDOW_SCALARS
+from keras_dp_tools.records.contract import (
     PROFILE_RUN,
     PROFILE_SUBDIR,
     STEP_EVENT_NAME,
     TRACE_SUFFIX,
     step_marker_stats,
 )
-from keras_dp_tools.monitor.background import lower_thread_priority
-from keras_dp_tools.schema import WINDOW_SCALARS
-from keras_dp_tools.validation import require_positive_int
 
 logger = logging.getLogger("keras_dp_tools")
 
-# Scalars written per analysed step, tag -> column (keras_dp_tools.schema).
+# Scalars written per analysed step, tag -> column (keras_dp_tools.records.columns).
 SCALAR_TAGS = WINDOW_SCALARS
 
 
@@ -595,7 +595,7 @@ def analyze_in_child(trace: Path, **arguments):
     import tempfile
 
     import keras_dp_tools
-    from keras_dp_tools.monitor.background import NICE
+    from keras_dp_tools.capture.monitor.background import NICE
 
     root = str(Path(keras_dp_tools.__file__).resolve().parent.parent)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}

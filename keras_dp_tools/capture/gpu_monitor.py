@@ -7,19 +7,19 @@ import queue
 import re
 import time
 
-from keras_dp_tools._warn import warn
 from keras_dp_tools.capture.base import DataParallelCallback, MeasurementWarning
-from keras_dp_tools.capture.recorder import Recorder
-from keras_dp_tools.capture.run_info import global_step, strategy_devices
-from keras_dp_tools.contract import gpu_ordinal
-from keras_dp_tools.monitor.host_usage import HostCpuMeter
-from keras_dp_tools.monitor.nvml_reader import (
+from keras_dp_tools.capture.monitor.host_usage import HostCpuMeter
+from keras_dp_tools.capture.monitor.nvml_reader import (
     READING_FIELDS,
     NvmlReader,
     NvmlUnavailable,
     visible_nvml_indices,
 )
-from keras_dp_tools.monitor.sampler import Sampler
+from keras_dp_tools.capture.monitor.sampler import Sampler
+from keras_dp_tools.capture.recorder import Recorder
+from keras_dp_tools.capture.run_info import global_step, strategy_devices
+from keras_dp_tools.common.warn import warn
+from keras_dp_tools.records.contract import gpu_ordinal
 
 logger = logging.getLogger("keras_dp_tools")
 
@@ -100,7 +100,7 @@ class GpuMonitor(DataParallelCallback):
         tensorboard: also write TensorBoard scalars (every couple of seconds).
         source: where readings come from; default ``NvmlReader`` for the strategy's
             GPUs. Anything with ``open() -> devices``, ``read() -> list[dict]`` and
-            ``close()`` works, e.g. ``keras_dp_tools.monitor.replay.ReplayReader``.
+            ``close()`` works, e.g. ``keras_dp_tools.capture.monitor.replay.ReplayReader``.
         idle_timeout: seconds without a training step after which the sampler thread
             stops (a ``fit`` that raised never says so); the next step restarts it.
     """

@@ -32,8 +32,8 @@ from typing import ClassVar
 from keras_dp_tools.capture.base import MeasurementWarning
 from keras_dp_tools.capture.forking import set_aside
 from keras_dp_tools.capture.scalar_writer import ScalarWriter
-from keras_dp_tools.contract import FLUSH_SECONDS_ENV, RUN_ID_ENV
-from keras_dp_tools.records import (
+from keras_dp_tools.records.contract import FLUSH_SECONDS_ENV, RUN_ID_ENV
+from keras_dp_tools.records.files import (
     SCHEMA_VERSION,
     RecordTemplate,
     RecordWriter,
@@ -390,7 +390,7 @@ class _Flusher:
 
     @classmethod
     def _run(cls) -> None:
-        from keras_dp_tools.monitor.background import lower_thread_priority
+        from keras_dp_tools.capture.monitor.background import lower_thread_priority
 
         lower_thread_priority()
         while True:

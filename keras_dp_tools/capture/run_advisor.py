@@ -34,7 +34,7 @@ class RunAdvisor(DataParallelCallback):
 
     def on_train_end(self, logs=None):
         from keras_dp_tools.analysis.advice import advice_markdown
-        from keras_dp_tools.report import Report
+        from keras_dp_tools.report.facade import Report
 
         recorder = self._recorder
         recorder.flush()

@@ -12,7 +12,7 @@ from keras_dp_tools.capture.base import DataParallelCallback
 from keras_dp_tools.capture.data_parallel_profiler import profiling_disturbs
 from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.capture.step_counter import StepCounter
-from keras_dp_tools.validation import require_positive_int
+from keras_dp_tools.common.validation import require_positive_int
 
 SCALAR_BATCH = 64  # TensorBoard points handed to the recorder at once (and at epoch end)
 # The step record's fields after type, run and worker (records.STEP_FIELDS plus time).

@@ -1,0 +1,309 @@
+"""The events of an ``XLine`` and their stats as numpy arrays, read from its wire format.
+
+Reading a field of a protobuf message from Python costs about a microsecond per message,
+and an 8-GPU training window holds a million device events and launches. Here a line is
+serialised once (in C), its events' boundaries are found by one walk over their length
+prefixes, and then the fields of all events -- and of all their stats -- are decoded
+together with numpy, one field position at a time (a message has a handful of fields).
+
+Field numbers from ``xplane.proto``: ``XLine.events`` 4; ``XEvent`` metadata_id 1,
+duration_ps 3, stats 4 and its ``data`` oneof: offset_ps 2, num_occurrences 5;
+``XStat`` metadata_id 1 and its ``value`` oneof: double_value 2, uint64_value 3,
+int64_value 4, str_value 5, bytes_value 6, ref_value 7. A oneof holds one value: of
+several members on the wire, protobuf keeps the last (and so do we).
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass
+
+import numpy as np
+
+from keras_dp_tools.analysis.trace.xplane_proto import xplane_pb2
+
+_LINE_EVENTS = 4
+_EVENT_METADATA, _EVENT_OFFSET, _EVENT_DURATION, _EVENT_STATS = 1, 2, 3, 4
+_STAT_METADATA, _STAT_UINT, _STAT_INT, _STAT_STR, _STAT_REF = 1, 3, 4, 5, 7
+# Wire types: varint, fixed64, length-delimited.
+_VARINT, _FIXED64, _BYTES = 0, 1, 2
+# XEvent's ``data`` oneof: offset_ps 2, num_occurrences 5 (field number: wire type).
+_EVENT_ONEOF = {_EVENT_OFFSET: _VARINT, 5: _VARINT}
+# XStat's ``value`` oneof: double 2, uint64 3, int64 4, str 5, bytes 6, ref 7. A member
+# given with another wire type is an unknown field to protobuf, not a value.
+_STAT_ONEOF = {2: _FIXED64, _STAT_UINT: _VARINT, _STAT_INT: _VARINT, _STAT_STR: _BYTES}
+_STAT_ONEOF |= {6: _BYTES, _STAT_REF: _VARINT}
+_PADDING = bytes(16)  # varint reads may look past a message's end before checking it
+
+
+class WireError(ValueError):
+    """Bytes that are not the protobuf wire format (of an ``XLine``, or of the file
+    around it that ``xspace`` walks)."""
+
+
+@dataclass
+class EventTable:
+    """A line's events (in line order) and their stats (by event, in order).
+
+    Per event: ``metadata_id``, ``offset_ps``, ``duration_ps``. Per stat: ``event``
+    (index of its event), ``metadata_id``, the value fields ids live in
+    (``uint64_value`` as int64 bits, ``int64_value``, ``ref_value``) with masks of
+    which one is set, and ``text(i)`` for a ``str_value``: as protobuf reads them, at
+    most one per stat (the last member of the ``value`` oneof on the wire; the other
+    values 0).
+    """
+
+    metadata_id: np.ndarray
+    offset_ps: np.ndarray
+    duration_ps: np.ndarray
+    event: np.ndarray
+    stat_metadata_id: np.ndarray
+    uint64_value: np.ndarray
+    has_uint64: np.ndarray
+    int64_value: np.ndarray
+    has_int64: np.ndarray
+    ref_value: np.ndarray
+    has_ref: np.ndarray
+    _data: bytes
+    _text: dict[int, tuple[int, int]]
+
+    def text(self, stat: int) -> str | None:
+        """The ``str_value`` of stat ``stat``, None if it has none."""
+        span = self._text.get(stat)
+        return None if span is None else self._data[span[0] : span[1]].decode()
+
+
+def read_line_events(line) -> EventTable:
+    """The events of ``line`` (an ``XLine`` message) as an ``EventTable``."""
+    return read_events([line.SerializeToString()])[0]
+
+
+def read_events(lines: list[bytes]) -> tuple[EventTable, np.ndarray]:
+    """The events of several serialised lines at once (fewer, larger numpy calls), and
+    the index in ``lines`` of each event's line.
+
+    Raises:
+        WireError: a line is not an ``XLine`` message.
+    """
+    try:
+        return _read_events(lines)
+    except WireError:  # a field numpy does not decode (a group): protobuf skips it
+        return _read_events([_known_fields(line) for line in lines])
+
+
+def _known_fields(line: bytes) -> bytes:
+    """The serialised line without the fields ``xplane.proto`` does not define, as
+    protobuf's parser drops them (parsing and writing it again: rare, and exact)."""
+    from google.protobuf.message import DecodeError
+
+    try:
+        message = xplane_pb2().XLine.FromString(line)
+    except DecodeError as error:
+        raise WireError(f"not an XLine message ({error})") from None
+    message.DiscardUnknownFields()
+    return message.SerializeToString()
+
+
+def _read_events(lines: list[bytes]) -> tuple[EventTable, np.ndarray]:
+    raw = b"".join(lines)
+    starts, stops = _event_records(raw)
+    bounds = np.cumsum([len(line) for line in lines])
+    line_of = np.searchsorted(bounds, starts, side="right")
+    data = np.frombuffer(raw + _PADDING, np.uint8)
+    fields = (_EVENT_METADATA, _EVENT_OFFSET, _EVENT_DURATION)
+    values, _, nested, data_field = _fields(
+        data, starts, stops, fields, (_EVENT_STATS,), _EVENT_ONEOF
+    )
+    values[_EVENT_OFFSET][data_field != _EVENT_OFFSET] = 0  # a later num_occurrences
+    event, stat_starts, stat_stops = nested[_EVENT_STATS]
+    stat_fields = (_STAT_METADATA, _STAT_UINT, _STAT_INT, _STAT_REF)
+    stats, present, texts, value_field = _fields(
+        data, stat_starts, stat_stops, stat_fields, (_STAT_STR,), _STAT_ONEOF
+    )
+    owner, begin, end = texts[_STAT_STR]
+    kept = value_field[owner] == _STAT_STR  # a later member of the oneof replaced it
+    owner, begin, end = owner[kept], begin[kept], end[kept]
+    for number in (_STAT_UINT, _STAT_INT, _STAT_REF):
+        kept = value_field == number
+        stats[number][present[number] & ~kept] = 0  # a later member replaced it
+        present[number] = kept
+    table = EventTable(
+        *(values[field].view(np.int64) for field in fields),
+        event,
+        stats[_STAT_METADATA].view(np.int64),
+        stats[_STAT_UINT].view(np.int64),
+        present[_STAT_UINT],
+        stats[_STAT_INT].view(np.int64),
+        present[_STAT_INT],
+        stats[_STAT_REF].view(np.int64),
+        present[_STAT_REF],
+        raw,
+        dict(zip(owner.tolist(), zip(begin.tolist(), end.tolist(), strict=True), strict=True)),
+    )
+    return table, line_of
+
+
+def _event_records(raw: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Where each event of a serialised line starts and ends."""
+    starts, ends, _ = walk_fields(raw, _LINE_EVENTS << 3 | 2)
+    return np.frombuffer(starts, np.int64), np.frombuffer(ends, np.int64)
+
+
+def walk_fields(raw: bytes, tag: int, first_only: bool = False):
+    """One walk over the fields of the message serialised in ``raw`` (the only step
+    taken per event in Python): where the value of each length-delimited field of
+    ``tag`` starts and ends (two ``array('q')``; with ``first_only`` only the first's,
+    enough to say whether there is one), and (start, end) of each other field, its tag
+    included. Groups are skipped whole, as protobuf skips unknown fields.
+
+    Raises:
+        WireError: ``raw`` is not a message.
+    """
+    starts, ends, others = array("q"), array("q"), []
+    add_start, add_end = starts.append, ends.append
+    position, end = 0, len(raw)
+    while position < end:
+        run = position
+        try:  # runs of fields of ``tag`` shorter than 128 bytes (events): kept short
+            if first_only:
+                while raw[position] == tag and raw[position + 1] < 0x80:
+                    position += 2 + raw[position + 1]
+            else:
+                while raw[position] == tag and raw[position + 1] < 0x80:
+                    value = position + 2
+                    position = value + raw[position + 1]
+                    add_start(value)
+                    add_end(position)
+        except IndexError:  # the run reached the end (or ran past it: checked below)
+            pass
+        if first_only and position > run and not starts:
+            add_start(run + 2)
+            add_end(run + 2 + raw[run + 1])
+        if position >= end:
+            break
+        field = position
+        key, position = read_varint(raw, position)
+        if key == tag:
+            length, value = read_varint(raw, position)
+            position = value + length
+            if not (first_only and starts):
+                add_start(value)
+                add_end(position)
+        else:
+            position = skip_field(raw, position, key)
+            others.append((field, position))
+    if position != end:
+        raise WireError("a field runs past its message")
+    return starts, ends, others
+
+
+def skip_field(raw: bytes, position: int, key: int) -> int:
+    """Where the value of a field of tag ``key`` that starts at ``position`` ends."""
+    wire = key & 7
+    if wire == 0:
+        return read_varint(raw, position)[1]
+    if wire == 1 or wire == 5:
+        return position + (8 if wire == 1 else 4)
+    if wire == 2:
+        length, position = read_varint(raw, position)
+        return position + length
+    if wire == 3:  # a group: fields up to the end-group tag of its number
+        while True:
+            inner, position = read_varint(raw, position)
+            if inner == (key >> 3) << 3 | 4:
+                return position
+            position = skip_field(raw, position, inner)
+    raise WireError(f"wire type {wire} where a field starts")
+
+
+def read_varint(raw: bytes, position: int) -> tuple[int, int]:
+    """The varint at ``raw[position:]`` and the position after it."""
+    result = shift = 0
+    while shift < 70:
+        if position >= len(raw):
+            raise WireError("truncated varint")
+        byte = raw[position]
+        position += 1
+        result |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return result, position
+        shift += 7
+    raise WireError("varint longer than 10 bytes")
+
+
+def _varints(data: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The values (uint64) of the varints at ``positions`` and where each ends."""
+    value = np.zeros(len(positions), np.uint64)
+    ends = positions.copy()
+    live = np.arange(len(positions))
+    for shift in range(0, 70, 7):
+        if not len(live):
+            return value, ends
+        byte = data[ends[live]]
+        value[live] |= (byte & 0x7F).astype(np.uint64) << np.uint64(shift)
+        ends[live] += 1
+        live = live[byte >= 0x80]
+    if len(live):
+        raise WireError("varint longer than 10 bytes")
+    return value, ends
+
+
+def _fields(data, starts, stops, varint_fields, nested_fields, oneof=None):
+    """Decodes the messages at ``data[starts[i]:stops[i]]`` all together, one field
+    position at a time: per message the value of each of ``varint_fields`` (the last
+    one wins, as protobuf merges) and whether it was set; for each of
+    ``nested_fields``, every occurrence as (message, start, end), by message, in order;
+    and, given a oneof's members (field number: wire type), the number of the member
+    that came last per message (0: none): the one protobuf keeps.
+    """
+    count = len(starts)
+    values = {field: np.zeros(count, np.uint64) for field in varint_fields}
+    present = {field: np.zeros(count, bool) for field in varint_fields}
+    found = {field: [] for field in nested_fields}
+    oneof = oneof or {}
+    last_member = np.zeros(count if oneof else 0, np.int64)
+    # Members read as something else: found among the fields of their wire type.
+    others = [(n, w) for n, w in oneof.items() if n not in varint_fields and n not in found]
+    positions = starts.copy()
+    live = np.flatnonzero(positions < stops)
+    while len(live):
+        tag, at = _varints(data, positions[live])
+        field, wire = (tag >> np.uint64(3)).astype(np.int64), (tag & np.uint64(7)).astype(np.int64)
+        after = np.empty(len(live), np.int64)
+        is_varint = np.flatnonzero(wire == _VARINT)
+        value, after[is_varint] = _varints(data, at[is_varint])
+        for number in varint_fields:
+            chosen = field[is_varint] == number
+            owners = live[is_varint[chosen]]
+            values[number][owners] = value[chosen]
+            present[number][owners] = True
+            if oneof.get(number) == _VARINT:
+                last_member[owners] = number
+        is_bytes = np.flatnonzero(wire == _BYTES)
+        length, begin = _varints(data, at[is_bytes])
+        after[is_bytes] = begin + length.astype(np.int64)
+        for number in nested_fields:
+            chosen = field[is_bytes] == number
+            owners = live[is_bytes[chosen]]
+            found[number].append((owners, begin[chosen], after[is_bytes[chosen]]))
+            if oneof.get(number) == _BYTES:
+                last_member[owners] = number
+        is_fixed64 = np.flatnonzero(wire == _FIXED64)
+        after[is_fixed64] = at[is_fixed64] + 8
+        after[wire == 5] = at[wire == 5] + 4
+        for number, kind in others:
+            subset = {_VARINT: is_varint, _FIXED64: is_fixed64, _BYTES: is_bytes}[kind]
+            last_member[live[subset[field[subset] == number]]] = number
+        if ((wire > 2) & (wire != 5)).any() or (after > stops[live]).any():
+            raise WireError("not an XEvent / XStat message")
+        positions[live] = after
+        live = live[after < stops[live]]
+    nested = {}
+    for number, parts in found.items():
+        owner, begin, end = (
+            np.concatenate([part[column] for part in parts] or [np.empty(0, np.int64)])
+            for column in range(3)
+        )
+        order = np.lexsort((begin, owner))  # by message, each in its order
+        nested[number] = owner[order], begin[order], end[order]
+    return values, present, nested, last_member

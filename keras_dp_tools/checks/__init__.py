@@ -1,0 +1,6 @@
+"""Layer 3, checks: is the batch scaled by the replica count? At run time
+(``check_batching``, used by the ``BatchScalingCheck`` callback) and statically in the
+user's source (``lint``).
+
+May import: ``common``, ``records``, ``setup``.
+"""

@@ -1,0 +1,380 @@
+"""The run-time batching check: is the dataset batched for the replica count?
+
+The classic bug: ``dataset.batch(64)`` under a 4-replica strategy trains with 16
+examples per replica, because a batch given to a strategy is the *global* batch. The
+check reads the batch size from the dataset itself (its static shapes, or the batch
+node of its graph) and never consumes data. For arrays given to ``fit(x, y,
+batch_size=...)``, the batch is the one ``fit``'s data adapter makes
+(``adapter_batch``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from keras_dp_tools.common.severity import Severity
+from keras_dp_tools.common.validation import require_positive_int
+from keras_dp_tools.common.warn import warn as warn_at_user
+from keras_dp_tools.setup.scaling import replica_count
+
+# Dataset ops that batch (the first input is the dataset, the second the batch size).
+_BATCH_OPS = {
+    "BatchDataset": None,
+    "BatchDatasetV2": 2,  # index of drop_remainder among the inputs
+    "PaddedBatchDataset": None,
+    "PaddedBatchDatasetV2": -1,
+    "ParallelBatchDataset": -1,
+    "MapAndBatchDataset": -1,
+}
+_UNBATCH_OPS = {"UnbatchDataset", "ExperimentalUnbatchDataset"}
+
+
+class BatchScalingWarning(UserWarning):
+    """The dataset's batch does not fit the strategy's replica count."""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem (or remark) about batching: ``severity`` is a ``Severity``
+    (``error``, ``warning`` or ``info``); ``code`` a stable identifier; ``fix`` what to
+    change."""
+
+    severity: Severity
+    code: str
+    message: str
+    fix: str
+
+    def __post_init__(self):
+        object.__setattr__(self, "severity", Severity(self.severity))
+
+    def __str__(self) -> str:
+        return f"{self.message} Fix: {self.fix}"
+
+
+@dataclass(frozen=True)
+class DatasetBatch:
+    """What a dataset says about its batch: ``size`` (None if unknown or unbatched),
+    ``drop_remainder`` (None if unknown), ``batched`` (False: no batch op found, None:
+    cannot tell), ``remainder`` (examples in the smaller last batch of a pass: 0 when
+    every batch is full, None when the number of examples is unknown), and ``source``
+    (``"dataset"``, or ``"fit"`` for arrays that ``fit(batch_size=...)`` batches)."""
+
+    size: int | None
+    drop_remainder: bool | None
+    batched: bool | None
+    remainder: int | None = None
+    source: str = "dataset"
+
+
+def _graph_batch(dataset) -> DatasetBatch | None:
+    """The outermost batch op of the dataset's graph, walking from the output."""
+    import tensorflow as tf
+    from tensorflow.core.framework import graph_pb2
+
+    try:
+        serialized = tf.raw_ops.DatasetToGraphV2(input_dataset=dataset._variant_tensor)
+    except (AttributeError, tf.errors.OpError, TypeError):
+        return None
+    graph = graph_pb2.GraphDef()
+    graph.ParseFromString(serialized.numpy())
+    nodes = {node.name: node for node in graph.node}
+
+    def constant(name):
+        node = nodes.get(name.split(":")[0].lstrip("^"))
+        if node is None or node.op != "Const":
+            return None
+        return tf.make_ndarray(node.attr["value"].tensor).item()
+
+    output = next((node for node in graph.node if node.op == "_Retval"), None)
+    node = nodes.get(output.input[0].split(":")[0]) if output is not None and output.input else None
+    seen = set()
+    while node is not None and node.name not in seen:
+        seen.add(node.name)
+        if node.op in _UNBATCH_OPS:
+            return DatasetBatch(None, None, batched=False)
+        if node.op in _BATCH_OPS:
+            size = constant(node.input[1]) if len(node.input) > 1 else None
+            drop_index = _BATCH_OPS[node.op]
+            drop = constant(node.input[drop_index]) if drop_index is not None else False
+            size = None if size is None else int(size)
+            remainder = 0 if drop else _remainder(graph, output, node.input[0], size)
+            return DatasetBatch(size, drop, batched=True, remainder=remainder)
+        node = nodes.get(node.input[0].split(":")[0]) if node.input else None
+    return DatasetBatch(None, None, batched=False)
+
+
+def _remainder(graph, output, batch_input: str, size: int | None) -> int | None:
+    """Examples left for a smaller last batch: the cardinality of what the batch op
+    reads (rebuilt from the graph with the batch's input as output), modulo the batch
+    size. An endless input (``repeat()``) has no last batch; None when unknown (e.g. a
+    generator)."""
+    import tensorflow as tf
+
+    if not size:
+        return None
+    original = output.input[0]
+    output.input[0] = batch_input
+    try:
+        variant = tf.raw_ops.DatasetFromGraph(graph_def=graph.SerializeToString())
+        examples = int(tf.raw_ops.DatasetCardinality(input_dataset=variant))
+    except (tf.errors.OpError, TypeError, ValueError):
+        return None
+    finally:
+        output.input[0] = original
+    if examples == tf.data.INFINITE_CARDINALITY:
+        return 0
+    return None if examples < 0 else examples % size
+
+
+def dataset_batch(dataset) -> DatasetBatch:
+    """The batch size and remainder policy a ``tf.data.Dataset`` was batched with.
+
+    Read from the batch op of the dataset's graph. Without one, a leading dimension of
+    unknown size may still be a batch made by the source (a generator): ``batched`` is
+    then None (unknown). If the graph cannot be read, a known leading dimension of the
+    static shape is taken as the batch.
+    """
+    import tensorflow as tf
+
+    first = tf.nest.flatten(dataset.element_spec)[0]
+    shape = getattr(first, "shape", None)
+    leading = shape[0] if shape is not None and shape.rank else None
+    from_graph = _graph_batch(dataset)
+    if from_graph is None:  # no graph: trust the static shape
+        if leading is not None:
+            return DatasetBatch(int(leading), True, batched=True, remainder=0)
+        return DatasetBatch(None, None, batched=None)
+    if not from_graph.batched and shape is not None and shape.rank and leading is None:
+        return DatasetBatch(None, None, batched=None)
+    return from_graph
+
+
+def _adapter_value(adapter, name: str):
+    value = getattr(adapter, name, None)  # Keras 3: properties; tf_keras: methods
+    return value() if callable(value) else value
+
+
+def adapter_batch(adapter) -> DatasetBatch | None:
+    """What ``fit``'s data adapter (Keras 3 or tf_keras) says about its batch; None if
+    it says nothing.
+
+    For arrays, ``fit(x, y, batch_size=...)`` batches by ``batch_size`` and keeps a
+    smaller last batch (the adapter knows its size). For a ``tf.data.Dataset``, the
+    dataset the adapter wraps is read with ``dataset_batch``.
+    """
+    import tensorflow as tf
+
+    size = _adapter_value(adapter, "batch_size")
+    partial = _adapter_value(adapter, "has_partial_batch")
+    if size is not None and isinstance(partial, bool):  # arrays: fit batches them
+        remainder = int(_adapter_value(adapter, "partial_batch_size") or 0) if partial else 0
+        return DatasetBatch(int(size), False, batched=True, remainder=remainder, source="fit")
+    dataset = getattr(adapter, "_dataset", None)
+    if isinstance(dataset, tf.data.Dataset):
+        return dataset_batch(dataset)
+    if size is not None:
+        return DatasetBatch(int(size), None, batched=True, source="fit")
+    return None
+
+
+def is_distributed(dataset) -> bool:
+    import tensorflow as tf
+
+    return isinstance(
+        dataset, (tf.distribute.DistributedDataset, tf.distribute.DistributedIterator)
+    )
+
+
+def check_batching(dataset, strategy, per_replica_batch: int | None = None, warn: bool = True):
+    """Checks that ``dataset`` is batched right for ``strategy``; returns the findings.
+
+    Each problem is also reported with ``warnings.warn(..., kdt.BatchScalingWarning)``
+    (unless ``warn=False``). Findings (``Finding.code``):
+
+    * ``missing-multiply`` (error): the dataset's batch equals the intended
+      ``per_replica_batch``, so each replica gets a fraction of it;
+    * ``batch-mismatch`` (warning): the batch is neither the per-replica nor the
+      global batch you intended;
+    * ``uneven-split`` (warning): the global batch does not divide by the replicas;
+    * ``empty-replicas`` (error): fewer examples per step than replicas;
+    * ``partial-last-batch`` (info): ``drop_remainder=False`` and the examples do not
+      divide by the batch (or their number is unknown): the last step's batch is
+      smaller and split unevenly, with a shape of its own;
+    * ``unbatched`` / ``unknown-batch`` (warning): no batch to check; said, not guessed;
+    * ``already-distributed`` (info): a distributed dataset batches per replica itself.
+
+    Example:
+
+    ```python
+    import tensorflow as tf
+    import keras_dp_tools as kdt
+
+    strategy = kdt.mirrored_strategy(4)
+    dataset = tf.data.Dataset.range(1024).batch(64)  # meant 64 per replica
+    for finding in kdt.check_batching(dataset, strategy, per_replica_batch=64):
+        print(finding.severity, finding)  # error: ... batch(64 * 4) ...
+    ```
+
+    Args:
+        dataset: a ``tf.data.Dataset`` (or a distributed dataset), or a
+            ``DatasetBatch`` already read (``adapter_batch`` for arrays given to
+            ``fit``; ``kdt.BatchScalingCheck`` reads it for you).
+        strategy: the ``tf.distribute`` strategy, or the replica count.
+        per_replica_batch: the examples per replica you intend; without it the check
+            cannot tell a missing multiply from a deliberate small global batch.
+        warn: also issue a ``BatchScalingWarning`` per problem.
+    """
+    replicas = replica_count(strategy)
+    if per_replica_batch is not None:
+        per_replica_batch = require_positive_int("per_replica_batch", per_replica_batch)
+    findings = _findings(dataset, replicas, per_replica_batch)
+    if warn:
+        warn_findings(findings)
+    return findings
+
+
+def warn_findings(findings: list[Finding]) -> None:
+    """A ``BatchScalingWarning`` per problem (info findings stay quiet)."""
+    for finding in findings:
+        if finding.severity != "info":
+            warn_at_user(str(finding), BatchScalingWarning)
+
+
+def _findings(dataset, replicas: int, per_replica: int | None) -> list[Finding]:
+    import tensorflow as tf
+
+    if isinstance(dataset, DatasetBatch):
+        return _batch_findings(dataset, replicas, per_replica)
+    if is_distributed(dataset):
+        return [
+            Finding(
+                "info",
+                "already-distributed",
+                "The dataset is already distributed: its batches are per replica, so the "
+                "global batch cannot be read from it.",
+                "Check the batch of the dataset you distribute (before "
+                "strategy.experimental_distribute_dataset), or use "
+                "input_context.get_per_replica_batch_size in distribute_datasets_from_function.",
+            )
+        ]
+    if not isinstance(dataset, tf.data.Dataset):
+        raise TypeError(
+            f"check_batching reads the batch of a tf.data.Dataset; received a "
+            f"{type(dataset).__module__}.{type(dataset).__qualname__}. For arrays given to "
+            "fit(x, y, batch_size=...), add kdt.BatchScalingCheck(per_replica_batch=...) "
+            "to fit's callbacks: it reads the batch fit makes."
+        )
+    return _batch_findings(dataset_batch(dataset), replicas, per_replica)
+
+
+def unknown_batch(reason: str) -> Finding:
+    """The finding for a batch that cannot be read: said, not guessed."""
+    return Finding(
+        "warning",
+        "unknown-batch",
+        f"The batch size cannot be read ({reason}), so it cannot be checked.",
+        "Batch with dataset.batch(global_batch) or fit(batch_size=global_batch), where "
+        "global_batch = per-replica batch * strategy.num_replicas_in_sync.",
+    )
+
+
+def _batch_findings(batch: DatasetBatch, replicas: int, per_replica: int | None) -> list[Finding]:
+    from_fit = batch.source == "fit"
+    wanted = (
+        f"fit(batch_size={per_replica} * strategy.num_replicas_in_sync)"
+        if from_fit
+        else f"dataset.batch({per_replica} * strategy.num_replicas_in_sync)"
+    )
+    if batch.batched is False:
+        return [
+            Finding(
+                "warning",
+                "unbatched",
+                "The dataset is not batched (no batch op in its graph): fit would feed "
+                "single examples as batches.",
+                f"Batch it with the global batch: {wanted}."
+                if per_replica
+                else "Batch it with per-replica batch * strategy.num_replicas_in_sync.",
+            )
+        ]
+    if batch.size is None:
+        return [
+            unknown_batch("no batch op in the dataset; its source, e.g. a generator, may batch")
+        ]
+    size, findings = batch.size, []
+    batched_by = f"fit's batch_size is {size}" if from_fit else f"The dataset is batched by {size}"
+    if per_replica is not None and replicas > 1 and size == per_replica:
+        findings.append(
+            Finding(
+                "error",
+                "missing-multiply",
+                f"{batched_by}, your per-replica batch: under "
+                f"{replicas} replicas each replica trains on {size // replicas} examples "
+                f"per step, not {size}.",
+                f"{wanted} = {_batch_call(from_fit, per_replica * replicas)} "
+                "(kdt.scale_batch_size).",
+            )
+        )
+    elif per_replica is not None and size != per_replica * replicas:
+        findings.append(
+            Finding(
+                "warning",
+                "batch-mismatch",
+                f"{batched_by}; {per_replica} per replica on {replicas} "
+                f"replicas makes {per_replica * replicas}.",
+                f"{wanted} = {_batch_call(from_fit, per_replica * replicas)}.",
+            )
+        )
+    if size < replicas:
+        findings.append(
+            Finding(
+                "error",
+                "empty-replicas",
+                f"A batch of {size} over {replicas} replicas leaves "
+                f"{replicas - size} replica(s) with 0 examples per step.",
+                f"Use a global batch of at least {replicas}, ideally a multiple of it.",
+            )
+        )
+    elif size % replicas:
+        findings.append(
+            Finding(
+                "warning",
+                "uneven-split",
+                f"A batch of {size} does not divide by {replicas} replicas: replicas get "
+                f"{size // replicas} or {size // replicas + 1} examples, and the fuller ones "
+                "set the pace.",
+                f"Use a multiple of {replicas}, e.g. {(size // replicas + 1) * replicas}.",
+            )
+        )
+    if batch.drop_remainder is False and batch.remainder != 0:
+        findings.append(_partial_last_batch(batch))
+    return findings
+
+
+def _batch_call(from_fit: bool, size: int) -> str:
+    return f"fit(batch_size={size})" if from_fit else f"dataset.batch({size})"
+
+
+def _partial_last_batch(batch: DatasetBatch) -> Finding:
+    consequence = (
+        "split unevenly over replicas, with a shape of its own (one more trace of the "
+        "train function)."
+    )
+    if batch.source == "fit":
+        return Finding(
+            "info",
+            "partial-last-batch",
+            f"The examples do not divide by batch_size={batch.size}: the last step of each "
+            f"epoch has {batch.remainder} examples, " + consequence,
+            "Use a batch size that divides the number of examples, or leave the "
+            f"{batch.remainder} extra examples out.",
+        )
+    known = batch.remainder is not None
+    return Finding(
+        "info",
+        "partial-last-batch",
+        "The dataset keeps a partial last batch (drop_remainder=False): the last step of "
+        + (f"each pass has {batch.remainder} examples, " if known else "each pass can be smaller, ")
+        + consequence,
+        "dataset.batch(global_batch, drop_remainder=True), if losing the remainder is fine.",
+    )

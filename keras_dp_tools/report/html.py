@@ -1,0 +1,87 @@
+"""A static HTML page of a report: summary, advice and plots, in one self-contained file.
+
+The figures and the summary table come from ``keras_dp_tools.report.plots``, as in the notebook.
+A plot with nothing to draw (GPU utilization on a CPU run) is one line saying why.
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import os
+from pathlib import Path
+
+from keras_dp_tools.report import plots
+
+# Plots of one run, in reading order, with their captions.
+_RUN_PLOTS = (
+    (plots.step_time, "Wall time per step (warm-up and profiled steps marked)"),
+    (plots.step_breakdown, "Where each profiled step goes"),
+    (plots.comm_share, "Communication share over the profiled steps"),
+    (plots.sync_wait, "Sync wait per replica (stragglers)"),
+    (plots.gpu_utilization, "GPU utilization"),
+)
+_STYLE = (
+    "body{font-family:sans-serif;max-width:1100px;margin:2em auto;padding:0 1em;}"
+    "table{border-collapse:collapse;font-size:small;}td,th{padding:2px 8px;text-align:left;}"
+    "td+td,th+th{text-align:right;}tr:nth-child(even){background:#f4f4f4;}"
+    "img{max-width:100%;}.note,.omitted{color:#555;font-size:small;}"
+)
+
+
+def _figure_html(figure, caption: str) -> str:
+    if isinstance(figure, plots.Omitted):
+        return (
+            f'<p class="omitted"><b>{html.escape(figure.title)}</b> left out: '
+            f"{html.escape(figure.reason)}.</p>"
+        )
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", dpi=100)
+    data = base64.b64encode(buffer.getvalue()).decode("ascii")
+    return (
+        f'<figure><img alt="{html.escape(caption)}" src="data:image/png;base64,{data}">'
+        f"<figcaption>{html.escape(caption)}</figcaption></figure>"
+    )
+
+
+def _run_figures(report) -> list[str]:
+    runs = list(report.runs["run"].drop_duplicates())
+    parts = []
+    for run in runs:
+        if len(runs) > 1:
+            parts.append(f"<h3>Run {html.escape(str(run))}</h3>")
+        parts += [_figure_html(plot(report, run), caption) for plot, caption in _RUN_PLOTS]
+    if report.steps["replicas"].nunique() > 1:
+        parts.append(_figure_html(plots.scaling(report), "Scaling with replicas"))
+    return parts
+
+
+def write_html(report, path: str | os.PathLike, title: str = "keras_dp_tools report") -> Path:
+    """Writes ``report`` as one HTML file (images inlined) and returns its path."""
+    path = Path(path)
+    advice_items = (
+        "".join(
+            f"<li><b>{html.escape(item.severity)}: {html.escape(item.title)}</b>. "
+            f"{html.escape(item.evidence)} <i>Fix:</i> {html.escape(item.fix)}</li>"
+            for item in report.advice()
+        )
+        or "<li>No findings: nothing stands out in the recorded numbers.</li>"
+    )
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        "<h2>Summary</h2>",
+        plots.summary_table(report).reset_index().to_html(border=0, index=False),
+        f'<p class="note">{html.escape(plots.SUMMARY_NOTE)}</p>',
+        "<h2>Advice</h2>",
+        f"<ul>{advice_items}</ul>",
+        "<h2>Plots</h2>",
+        *_run_figures(report),
+    ]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title)}</title>"
+        f"<style>{_STYLE}</style></head><body>{''.join(body)}</body></html>",
+        encoding="utf-8",
+    )
+    return path

@@ -1,0 +1,483 @@
+"""Plots of a ``Report`` (matplotlib), and its summary as a table for people.
+
+Each plot function returns a ``Figure``, or an ``Omitted`` that says in one line why there
+is nothing to draw (no GPU on a CPU run, no profiler window): a notebook shows that line,
+the HTML report prints it in place of the figure. The notebook, ``keras-dp report --html``
+and any other view use these functions, so a plot is fixed once, here.
+
+Figures are made with ``matplotlib.figure.Figure`` rather than pyplot, so they work in
+scripts and servers without a display; notebooks show a returned Figure as is.
+
+Profiled steps are a few short windows (say steps 10-14, 110-114, 210-214). Plots of
+them put the windows side by side on a step axis with an empty slot between windows,
+and draw each window's points as their own line: a line never joins steps across the
+unmeasured steps between windows.
+
+Example:
+
+```python
+import keras_dp_tools as kdt
+from keras_dp_tools.report import plots
+
+report = kdt.Report.load("runs/demo-20261129-093000")
+figure = plots.step_breakdown(report)
+if isinstance(figure, plots.Omitted):
+    print(figure)  # e.g. "Where each profiled step goes: no profiled steps (...)"
+else:
+    figure.savefig("breakdown.png")
+print(plots.summary_table(report))
+```
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+from matplotlib.figure import Figure
+
+# Exclusive parts of a step, bottom to top, with their colours.
+_PARTS = {
+    "compute_ms": ("compute", "#4c72b0"),
+    "exposed_transfer_ms": ("all-reduce transfer (exposed)", "#dd8452"),
+    "exposed_sync_wait_ms": ("waiting for slowest replica", "#c44e52"),
+    "input_ms": ("input", "#55a868"),
+    "other_ms": ("other (host, launch, idle)", "#b3b3b3"),
+}
+_NO_PROFILE = "no profiled steps (add kdt.DataParallelProfiler)"
+_WARMUP_COLOUR = "#c44e52"
+_PROFILED_COLOUR = "#f0b27a"
+_MAX_STEP_LABELS = 40
+
+
+@dataclass(frozen=True)
+class Omitted:
+    """What a plot function returns when there is nothing to draw: the plot's title and
+    the reason, shown as one line (``str``, ``repr``, a notebook's output)."""
+
+    title: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.title}: {self.reason}"
+
+    __repr__ = __str__
+
+    def savefig(self, *args, **kwargs):
+        raise ValueError(
+            f"Nothing to save, the plot was left out ({self}). Check "
+            "isinstance(result, keras_dp_tools.report.plots.Omitted) before saving."
+        )
+
+
+def _run(report, run: str | None) -> tuple[str, object]:
+    runs = list(report.runs["run"].drop_duplicates())
+    if not runs:
+        raise ValueError("The report holds no runs.")
+    if run is None:
+        run = runs[-1]
+    elif run not in runs:
+        raise ValueError(f"No run {run!r} in the report; it has {', '.join(runs)}.")
+    return run, report.for_run(run)
+
+
+def _empty(figure: Figure, axes, message: str) -> Figure:
+    axes.text(0.5, 0.5, message, ha="center", va="center", transform=axes.transAxes)
+    axes.set_axis_off()
+    return figure
+
+
+def window_labels(rows: pd.DataFrame, windows: pd.DataFrame) -> pd.Series:
+    """The profiler window each row (``run``, ``worker``, ``step``) was captured in,
+    numbered per worker: the window that started last at or before the step. Without
+    window records, a step that does not follow the previous one starts a new window."""
+    captured = windows[windows["status"] != "skipped"].dropna(subset=["start_step"])
+    labels = pd.Series(0, index=rows.index, dtype="int64")
+    for (run, worker), part in rows.groupby(["run", "worker"], sort=False):
+        mine = captured[(captured["run"] == run) & (captured["worker"] == worker)]
+        starts = np.sort(mine["start_step"].astype("int64").unique())
+        if len(starts):
+            labels[part.index] = np.searchsorted(starts, part["step"].to_numpy(), side="right")
+        else:
+            ordered = part["step"].sort_values()
+            labels[ordered.index] = (ordered.diff() != 1).cumsum().to_numpy()
+    return labels
+
+
+class _StepAxis:
+    """Profiled steps side by side, an empty slot between windows, labelled by step."""
+
+    def __init__(self, rows: pd.DataFrame, windows: pd.DataFrame):
+        self.labels = window_labels(rows, windows)
+        members = (
+            pd.DataFrame({"step": rows["step"].astype("int64"), "worker": rows["worker"]})
+            .assign(window=self.labels)
+            .groupby("step")[["worker", "window"]]
+            .apply(lambda group: set(zip(group["worker"], group["window"], strict=True)))
+            .sort_index()
+        )
+        self.positions: dict[int, int] = {}
+        self.gaps: list[int] = []
+        position, previous = -1, None
+        for step, keys in members.items():
+            if previous is not None and not previous & keys:
+                position += 1  # an empty slot: the steps in between were not measured
+                self.gaps.append(position)
+            position += 1
+            self.positions[int(step)] = position
+            previous = keys
+
+    def x(self, steps: pd.Series) -> np.ndarray:
+        return steps.astype("int64").map(self.positions).to_numpy(dtype=float)
+
+    def draw(self, axes) -> None:
+        steps = list(self.positions)
+        every = max(1, math.ceil(len(steps) / _MAX_STEP_LABELS))
+        shown = steps[::every]
+        axes.set_xticks([self.positions[s] for s in shown], [str(s) for s in shown], rotation=90)
+        for gap in self.gaps:
+            axes.axvline(gap, color="#cccccc", linestyle=":", linewidth=1)
+        axes.set_xlim(-0.7, max(self.positions.values()) + 0.7)
+        axes.set_xlabel("global step (dotted: unmeasured steps left out)")
+
+    def lines(self, axes, rows: pd.DataFrame, values: pd.Series, label: str, **style) -> None:
+        """One Line2D per window, so no line crosses a gap; the legend names it once."""
+        frame = pd.DataFrame(
+            {"x": self.x(rows["step"]), "y": values, "window": self.labels[rows.index]}
+        )
+        for number, (_, segment) in enumerate(frame.sort_values("x").groupby("window")):
+            axes.plot(
+                segment["x"], segment["y"], label=label if number == 0 else "_nolegend_", **style
+            )
+
+
+def _profiled_steps(part) -> pd.DataFrame:
+    return part.steps.dropna(subset=["trace_step_ms"])
+
+
+def step_breakdown(report, run: str | None = None) -> Figure | Omitted:
+    """Stacked bars per profiled step: compute, exposed transfer and wait, input, other
+    (averaged over replicas; they add up to the step time). With several profiled
+    workers, their bars stand side by side."""
+    title = "Where each profiled step goes"
+    run, part = _run(report, run)
+    steps = _profiled_steps(part)
+    if steps.empty:
+        return Omitted(title, _NO_PROFILE)
+    axis = _StepAxis(steps, part.windows)
+    figure = Figure(figsize=(9, 4), layout="constrained")
+    axes = figure.subplots()
+    workers = sorted(int(worker) for worker in steps["worker"].unique())
+    width = 0.8 / len(workers)
+    for offset, worker in enumerate(workers):
+        rows = steps[steps["worker"] == worker]
+        positions = axis.x(rows["step"]) + (offset - (len(workers) - 1) / 2) * width
+        bottom = np.zeros(len(rows))
+        for column, (label, colour) in _PARTS.items():
+            values = rows[column].fillna(0.0).to_numpy()
+            label = label if offset == 0 else "_nolegend_"
+            axes.bar(
+                positions,
+                values,
+                bottom=bottom,
+                label=label,
+                color=colour,
+                width=width,
+                edgecolor="white",
+                linewidth=0.5,
+            )
+            bottom = bottom + values
+    axis.draw(axes)
+    if len(workers) > 1:
+        order = ", ".join(map(str, workers))
+        axes.set_xlabel(f"{axes.get_xlabel()}; bars left to right: workers {order}")
+    axes.set(title=f"{title}: run {run}", ylabel="ms per step (mean over replicas)")
+    axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    return figure
+
+
+def comm_share(report, run: str | None = None) -> Figure | Omitted:
+    """Exposed all-reduce transfer and sync-wait shares of each profiled step, in percent,
+    one line per profiler window."""
+    title = "Communication over steps"
+    run, part = _run(report, run)
+    steps = _profiled_steps(part)
+    if steps.empty:
+        return Omitted(title, _NO_PROFILE)
+    axis = _StepAxis(steps, part.windows)
+    figure = Figure(figsize=(9, 3.5), layout="constrained")
+    axes = figure.subplots()
+    several = steps["worker"].nunique() > 1
+    styles = ["-", "--", ":", "-."]
+    for number, (worker, rows) in enumerate(steps.groupby("worker")):
+        prefix = f"worker {worker}: " if several else ""
+        common = {"linestyle": styles[number % len(styles)]}
+        axis.lines(
+            axes,
+            rows,
+            100 * rows["comm_share"],
+            f"{prefix}comm share (transfer)",
+            marker="o",
+            color=_PARTS["exposed_transfer_ms"][1],
+            **common,
+        )
+        axis.lines(
+            axes,
+            rows,
+            100 * rows["wait_share"],
+            f"{prefix}wait share",
+            marker="s",
+            color=_PARTS["exposed_sync_wait_ms"][1],
+            **common,
+        )
+    axis.draw(axes)
+    axes.set(title=f"{title}: run {run}", ylabel="% of step time", ylim=(0, None))
+    axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    return figure
+
+
+def sync_wait(report, run: str | None = None) -> Figure | Omitted:
+    """The straggler view: sync wait of each replica per profiled step (left, one line per
+    replica and window) and on average (right). The replica that waits least arrived
+    last: the others wait for it."""
+    title = "Sync wait per replica"
+    run, part = _run(report, run)
+    replicas = part.replicas.dropna(subset=["sync_wait_ms"])
+    if replicas.empty:
+        return Omitted(title, _NO_PROFILE)
+    axis = _StepAxis(replicas, part.windows)
+    figure = Figure(figsize=(10, 3.5), layout="constrained")
+    left, right = figure.subplots(1, 2, width_ratios=[3, 1])
+    several = replicas["worker"].nunique() > 1
+    names, means = [], []
+    for number, ((worker, replica), rows) in enumerate(replicas.groupby(["worker", "replica"])):
+        name = f"w{worker} r{replica}" if several else f"{replica}"
+        axis.lines(
+            left,
+            rows,
+            rows["sync_wait_ms"],
+            f"worker {worker} replica {replica}" if several else f"replica {replica}",
+            marker=".",
+            color=f"C{number % 10}",
+        )
+        names.append(name)
+        means.append(rows["sync_wait_ms"].mean())
+    axis.draw(left)
+    left.set(title=f"{title}: run {run}", ylabel="ms")
+    left.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    right.bar(names, means, color=_PARTS["exposed_sync_wait_ms"][1])
+    right.set(title="Mean", xlabel="replica", ylabel="ms (mean over profiled steps)")
+    return figure
+
+
+def gpu_utilization(report, run: str | None = None) -> Figure | Omitted:
+    """NVML utilization of each GPU over the run's time; ``Omitted`` with GpuMonitor's
+    reason where there are no readings (a CPU run)."""
+    title = "GPU utilization"
+    run, part = _run(report, run)
+    gpu = part.gpu.dropna(subset=["util_gpu"])
+    if gpu.empty:
+        reason = part.runs["gpu_reason"].dropna()
+        why = reason.iloc[-1] if len(reason) else "GpuMonitor recorded nothing"
+        return Omitted(title, f"no GPU readings: {why}")
+    figure = Figure(figsize=(9, 3.5), layout="constrained")
+    axes = figure.subplots()
+    start = gpu["time"].min()
+    for (worker, device), readings in gpu.groupby(["worker", "gpu"]):
+        readings = readings.sort_values("time")
+        axes.plot(
+            readings["time"] - start, readings["util_gpu"], label=f"worker {worker} GPU {device}"
+        )
+    axes.set(
+        title=f"{title}: run {run}",
+        xlabel="seconds since the first reading",
+        ylabel="% of time a kernel ran",
+        ylim=(0, 105),
+    )
+    axes.legend(fontsize="small")
+    return figure
+
+
+def scaling(report) -> Figure:
+    """Throughput against replicas: measured and ideal (linear from the smallest run),
+    with the scaling efficiency of each point. With fewer than two replica counts the
+    figure says so (``keras-dp sweep`` saves it as a file either way)."""
+    table = report.compare()
+    figure = Figure(figsize=(6, 4), layout="constrained")
+    axes = figure.subplots()
+    if len(table) < 2:
+        return _empty(figure, axes, "Needs runs at two or more replica counts (keras-dp sweep).")
+    ideal = table["throughput"].iloc[0] * table["replicas"] / table["replicas"].iloc[0]
+    axes.plot(table["replicas"], ideal, linestyle="--", color="grey", label="ideal (linear)")
+    axes.plot(table["replicas"], table["throughput"], marker="o", label="measured")
+    for row in table.itertuples():
+        axes.annotate(
+            f"{row.scaling_efficiency:.0%}",
+            (row.replicas, row.throughput),
+            textcoords="offset points",
+            xytext=(0, 8),
+            ha="center",
+        )
+    unit = "examples/s" if table["global_batch"].notna().all() else "steps/s"
+    axes.set(title="Scaling", xlabel="replicas", ylabel=unit)
+    axes.set_xticks(table["replicas"].tolist())
+    axes.legend()
+    return figure
+
+
+def _spans(steps: pd.DataFrame, flag: pd.Series) -> list[tuple[float, float]]:
+    """Runs of consecutive step records with ``flag`` set, as (first, past-last) steps."""
+    per_step = (
+        pd.DataFrame({"step": steps["step"], "steps": steps["steps"].fillna(1), "flag": flag})
+        .groupby("step")
+        .agg(steps=("steps", "max"), flag=("flag", "any"))
+        .reset_index()
+    )
+    run = (per_step["flag"] != per_step["flag"].shift()).cumsum()
+    spans = []
+    for _, group in per_step[per_step["flag"]].groupby(run[per_step["flag"]]):
+        spans.append((group["step"].iloc[0], group["step"].iloc[-1] + group["steps"].iloc[-1]))
+    return spans
+
+
+def step_time(report, run: str | None = None) -> Figure | Omitted:
+    """Host wall time of every step, with warm-up calls (tracing, compilation: the
+    ``warmup`` column) as red crosses and profiled steps (a capture or its analysis ran:
+    ``profiled``) shaded. The y axis fits the steady steps; steps above it are marked at
+    the top edge and their largest time written there."""
+    title = "Wall time per step"
+    run, part = _run(report, run)
+    steps = part.steps.dropna(subset=["step_ms"])
+    if steps.empty:
+        return Omitted(title, "no timed steps (add kdt.StepTimer)")
+    warmup = steps["warmup"].fillna(False).astype(bool)
+    profiled = steps["profiled"].fillna(False).astype(bool) & ~warmup
+    steady = steps["step_ms"][~warmup & ~profiled]
+    figure = Figure(figsize=(9, 3.5), layout="constrained")
+    axes = figure.subplots()
+    for number, (first, end) in enumerate(_spans(steps, profiled)):
+        label = "profiled (capture or its analysis)" if number == 0 else "_nolegend_"
+        axes.axvspan(first - 0.5, end - 0.5, color=_PROFILED_COLOUR, alpha=0.35, label=label)
+    several = steps["worker"].nunique() > 1
+    for worker, rows in steps.groupby("worker"):
+        label = f"worker {worker}" if several else "every step"
+        axes.plot(rows["step"], rows["step_ms"], label=label, linewidth=0.8)
+    if warmup.any():
+        rows = steps[warmup]
+        axes.scatter(
+            rows["step"],
+            rows["step_ms"],
+            marker="x",
+            color=_WARMUP_COLOUR,
+            zorder=3,
+            label="warm-up (tracing, compilation)",
+        )
+    # Fit the y axis to the steady steps; mark the steps above it at the top edge.
+    top = 1.5 * steady.quantile(0.99) if len(steady) else math.inf
+    above = steps["step_ms"] > top
+    if above.any():
+        notes = []
+        for kind, mask, colour in (
+            ("warm-up", warmup, _WARMUP_COLOUR),
+            ("profiled", profiled, _PROFILED_COLOUR),
+            ("other", ~warmup & ~profiled, "C0"),
+        ):
+            rows = steps[above & mask]
+            if len(rows):
+                notes.append(f"{kind} up to {rows['step_ms'].max():.0f} ms")
+                axes.scatter(
+                    rows["step"],
+                    np.full(len(rows), top),
+                    marker="^",
+                    color=colour,
+                    edgecolor="black",
+                    clip_on=False,
+                    zorder=4,
+                )
+        axes.set_ylim(0, top)
+        xlabel = f"global step\n\u25b2 above the scale: {', '.join(notes)}"
+    else:
+        axes.set_ylim(0, None)
+        xlabel = "global step"
+    axes.set(title=f"{title}: run {run}", xlabel=xlabel, ylabel="ms")
+    axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    return figure
+
+
+# Summary fields as a person reads them: a label with its unit, and how to write a value.
+def _number(value) -> str:
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:.3g}"
+
+
+def _percent(share) -> str:
+    return f"{100 * share:.1f}"
+
+
+def _count(value) -> str:
+    return f"{int(value):,}"
+
+
+_SUMMARY_FIELDS = {
+    "start": ("start (UTC)", lambda time: time.strftime("%Y-%m-%d %H:%M:%S")),
+    "workers": ("workers", _count),
+    "replicas": ("replicas", _count),
+    "global_batch": ("global batch (examples)", _count),
+    "steps": ("steps (warm-up left out)", _count),
+    "measured_steps": ("steps in the step times (not profiled)", _count),
+    "breakdown_steps": ("steps in the breakdown (profiled)", _count),
+    "median_step_ms": ("median step time (ms)", _number),
+    "p90_step_ms": ("p90 step time (ms)", _number),
+    "examples_per_s": ("throughput (examples/s)", _number),
+    "compute_ms": ("compute (ms)", _number),
+    "allreduce_ms": ("all-reduce (ms)", _number),
+    "gather_ms": ("all-gather of sparse gradients (ms)", _number),
+    "exposed_allreduce_ms": ("all-reduce not hidden by compute (ms)", _number),
+    "sync_wait_ms": ("sync wait (ms)", _number),
+    "input_ms": ("input (ms)", _number),
+    "other_ms": ("other (ms)", _number),
+    "comm_share": ("communication share (% of step)", _percent),
+    "wait_share": ("wait share (% of step)", _percent),
+    "busbw_gbps": ("all-reduce bus bandwidth (GB/s)", _number),
+    "gpu_util": ("GPU utilization (%)", _number),
+}
+SUMMARY_NOTE = (
+    "Step times and throughput leave out warm-up and profiled steps; compute to bus "
+    "bandwidth are medians over the profiled steps (mean over replicas); a dash: not measured."
+)
+
+
+def summary_table(report) -> pd.DataFrame:
+    """``report.summary()`` as text for people: one row per field, its unit in the
+    label; one column per run (named ``value`` when there is one run)."""
+    summary = report.summary(advice=False)
+    rows = {}
+    for column in summary.columns:
+        label, write = _SUMMARY_FIELDS.get(column, (column, str))
+        rows[label] = ["-" if pd.isna(value) else write(value) for value in summary[column]]
+    table = pd.DataFrame.from_dict(rows, orient="index", columns=list(summary.index))
+    if len(table.columns) == 1:
+        table.columns = ["value"]
+    table.index.name = "field"
+    table.columns.name = None
+    return table
+
+
+def worker_wait(report, run: str | None = None) -> Figure | Omitted:
+    """Per step, how long each worker waited for the last worker to enter the step
+    (multi-worker runs; clocks aligned at the step ends, see ``Report.workers``)."""
+    run, part = _run(report, run)
+    title = f"Waiting for other workers: run {run}"
+    steps = part.steps.dropna(subset=["worker_wait_ms"])
+    if steps.empty:
+        return Omitted(title, "no cross-worker waits (needs 2+ workers with kdt.StepTimer)")
+    figure = Figure(figsize=(8, 3), layout="constrained")
+    axes = figure.subplots()
+    for worker, rows in steps.groupby("worker"):
+        axes.plot(rows["step"], rows["worker_wait_ms"], label=f"worker {worker}", linewidth=0.8)
+    axes.set(title=title, xlabel="global step", ylabel="ms")
+    axes.legend()
+    return figure

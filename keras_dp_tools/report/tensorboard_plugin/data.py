@@ -1,0 +1,353 @@
+"""What the dashboard shows, computed from a log dir with ``kdt.Report``.
+
+No web framework here: ``LogDirData`` answers the plugin's routes with JSON-ready dicts
+and SVG text, so it is testable without a server. The report is reloaded when a records
+file changed (mtime or size), so a log dir that is still being written stays current;
+figures are the ``keras_dp_tools.report.plots`` figures (the notebook's and the HTML report's),
+rendered as SVG on the server from a copy of the data thinned to what a chart can show.
+"""
+
+from __future__ import annotations
+
+import inspect
+import io
+import math
+import threading
+import time
+from collections import OrderedDict
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+# Most points a line chart gets; longer series are averaged over consecutive rows.
+MAX_POINTS = 2000
+# Most per-window breakdown charts listed (the latest ones).
+MAX_WINDOWS = 50
+# A report is reloaded at most this often while its files keep changing.
+MIN_RELOAD_SECONDS = 2.0
+_FIGURE_CACHE_SIZE = 64
+# Figures of one run (and worker): keras_dp_tools.report.plots function -> what it shows.
+FIGURES = {
+    "step_time": "Wall time per step",
+    "comm_share": "Communication and wait share of profiled steps",
+    "sync_wait": "Sync wait per replica (stragglers)",
+    "gpu_utilization": "GPU utilization over time",
+}
+# rc_context changes matplotlib's global settings: one SVG export at a time.
+_SVG_LOCK = threading.Lock()
+
+
+def _files_key(log_dir: Path) -> tuple:
+    from keras_dp_tools.records.files import find_record_files
+
+    try:
+        files = find_record_files(log_dir)
+    except FileNotFoundError:
+        return ()
+    key = []
+    for path in files:
+        try:
+            stat = path.stat()
+        except OSError:  # removed between the listing and now
+            continue
+        key.append((str(path), stat.st_mtime_ns, stat.st_size))
+    return tuple(key)
+
+
+def json_value(value):
+    """A cell as JSON: NaN and NA as null, timestamps as ISO text, numpy as Python."""
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return [json_value(item) for item in value]
+    if value is None or value is pd.NA or value is pd.NaT:
+        return None
+    if isinstance(value, pd.Timestamp):
+        return value.isoformat()
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def table(frame: pd.DataFrame, index: bool = False) -> dict:
+    """A DataFrame as ``{"columns": [...], "rows": [[...], ...]}`` for the page's tables."""
+    if index:
+        frame = frame.reset_index()
+    return {
+        "columns": [str(column) for column in frame.columns],
+        "rows": [[json_value(value) for value in row] for row in frame.itertuples(index=False)],
+    }
+
+
+def for_worker(report, worker: int | None):
+    """The part of ``report`` recorded by one worker (all of it for None)."""
+    if worker is None:
+        return report
+    frames = _frames(report)
+    return _replace(report, **{n: f[f["worker"] == worker] for n, f in frames.items()})
+
+
+def thin(frame: pd.DataFrame, by: list[str], order: str, limit: int = MAX_POINTS):
+    """At most ``limit`` rows per group of ``by``: consecutive rows (in ``order``)
+    averaged in equal buckets: numbers by their mean, ``order`` and other columns by
+    their first.
+    Returns the frame and the rows per bucket (1 when nothing was thinned)."""
+    sizes = frame.groupby(by).size() if len(frame) else pd.Series(dtype="int64")
+    if sizes.empty or sizes.max() <= limit:
+        return frame, 1
+    rows_per_point = math.ceil(sizes.max() / limit)
+    frame = frame.sort_values([*by, order], kind="stable")
+    bucket = frame.groupby(by).cumcount() // rows_per_point
+    numbers = frame.select_dtypes("number").columns.difference(by)
+    aggregations = {
+        column: ("mean" if column in numbers and column != order else "first")
+        for column in frame.columns
+        if column not in by
+    }
+    thinned = frame.groupby([*[frame[c] for c in by], bucket.rename("_bucket")]).agg(aggregations)
+    return thinned.reset_index().drop(columns="_bucket"), rows_per_point
+
+
+def svg(figure, salt: str) -> str:
+    """A matplotlib figure as inline SVG text: text stays text (searchable, small), and
+    ``salt`` keeps the clip-path ids of several figures on one page apart."""
+    import matplotlib
+
+    buffer = io.StringIO()
+    with _SVG_LOCK, matplotlib.rc_context({"svg.fonttype": "none", "svg.hashsalt": salt}):
+        figure.savefig(buffer, format="svg")
+    text = buffer.getvalue()
+    return text[text.index("<svg") :]
+
+
+class LogDirData:
+    """The dashboard's data for one log dir, reloaded when its records change."""
+
+    def __init__(self, log_dir: str | Path):
+        self.log_dir = Path(log_dir) if log_dir else None
+        self._lock = threading.Lock()
+        self._key: tuple | None = None
+        self._checked = 0.0
+        self._report = None
+        self._error: str | None = None
+        self._figures: OrderedDict[tuple, str] = OrderedDict()
+
+    # -- loading -------------------------------------------------------------
+
+    def report(self):
+        """The current Report (None when the log dir holds no records yet)."""
+        with self._lock:
+            now = time.monotonic()
+            if self._report is not None and now - self._checked < MIN_RELOAD_SECONDS:
+                return self._report
+            self._checked = now
+            key = _files_key(self.log_dir) if self.log_dir else ()
+            if key != self._key:
+                self._load(key)
+            return self._report
+
+    def _load(self, key: tuple) -> None:
+        from keras_dp_tools.report.facade import Report
+
+        self._key = key
+        self._figures.clear()
+        if not key:
+            self._report, self._error = None, None
+            return
+        try:
+            self._report, self._error = Report.load([path for path, _, _ in key]), None
+        except (OSError, ValueError) as error:  # a file being replaced, a bad record
+            self._error = f"{type(error).__name__}: {error}"
+
+    def has_records(self) -> bool:
+        return bool(self.log_dir) and bool(_files_key(self.log_dir))
+
+    # -- routes ----------------------------------------------------------------
+
+    def runs(self) -> dict:
+        """Runs with their workers, newest first, and the scaling table for a sweep."""
+        report = self.report()
+        if report is None:
+            return {"log_dir": str(self.log_dir), "runs": [], "error": self._error}
+        runs = report.runs.groupby("run", sort=False).agg(
+            start=("time", "min"),
+            workers=("worker", lambda workers: sorted({int(w) for w in workers})),
+            replicas=("replicas", "max"),
+            strategy=("strategy", "first"),
+        )
+        runs = runs.sort_values("start", ascending=False)
+        listing = [
+            {
+                "run": run,
+                "start": json_value(pd.to_datetime(row.start, unit="s").floor("s")),
+                "workers": row.workers,
+                "replicas": json_value(row.replicas),
+                "strategy": json_value(row.strategy),
+            }
+            for run, row in runs.iterrows()
+        ]
+        sweep = report.steps["replicas"].nunique() > 1
+        return {
+            "log_dir": str(self.log_dir),
+            "runs": listing,
+            "error": self._error,
+            "scaling": table(report.compare().round(4)) if sweep else None,
+        }
+
+    def run(self, run: str, worker: int | None) -> dict:
+        """Summary, advice, windows and sync wait of one run (one worker, or all)."""
+        part = self._part(run, worker)
+        summary = part.summary()
+        row = summary.iloc[0] if len(summary) else pd.Series(dtype=object)
+        advice = [
+            {"severity": a.severity, "title": a.title, "evidence": a.evidence, "fix": a.fix}
+            for a in part.advice()
+        ]
+        header = part.runs.iloc[-1]
+        windows = part.windows.sort_values(["time", "worker"]).tail(MAX_WINDOWS)
+        replicas = part.replicas
+        sync_wait = {}
+        if not replicas.empty:
+            by = ["worker", "replica"]
+            waits = replicas.groupby(by)["sync_wait_ms"].agg(["mean", "max", "count"])
+            sync_wait["by_replica"] = table(waits.round(3), index=True)
+            if replicas["worker"].nunique() > 1:
+                by_worker = replicas.groupby("worker")["sync_wait_ms"].agg(["mean", "max"])
+                sync_wait["by_worker"] = table(by_worker.round(3), index=True)
+        gpu_reason = part.runs["gpu_reason"].dropna()
+        return {
+            "run": run,
+            "worker": worker,
+            "workers": sorted(int(w) for w in part.runs["worker"].unique()),
+            "header": {
+                name: json_value(header.get(name))
+                for name in (
+                    "strategy",
+                    "replicas",
+                    "workers",
+                    "global_batch",
+                    "devices",
+                    "hostname",
+                    "keras_package",
+                    "keras_version",
+                    "tf_version",
+                )
+            },
+            "summary": [
+                {"metric": str(name), "value": json_value(value)}
+                for name, value in row.items()
+                if name != "advice"
+            ],
+            "advice": advice,
+            "windows": table(
+                windows[
+                    [
+                        "worker",
+                        "window",
+                        "start_step",
+                        "end_step",
+                        "status",
+                        "reason",
+                        "steps_analysed",
+                        "profile_run",
+                    ]
+                ]
+            ),
+            "sync_wait": sync_wait,
+            "gpu_available": not part.gpu.dropna(subset=["util_gpu"]).empty,
+            "gpu_reason": json_value(gpu_reason.iloc[-1]) if len(gpu_reason) else None,
+            "figures": FIGURES,
+            "steps_recorded": len(part.steps),
+        }
+
+    def figure(self, name: str, run: str | None, worker: int | None, window: int | None) -> str:
+        """One figure as SVG text (cached until the records change)."""
+        report = self.report()
+        if report is None:
+            raise LookupError("The log dir holds no keras_dp_tools records yet.")
+        cache_key = (self._key, name, run, worker, window)
+        with self._lock:
+            if cache_key in self._figures:
+                self._figures.move_to_end(cache_key)
+                return self._figures[cache_key]
+        figure = self._draw(report, name, run, worker, window)
+        text = svg(figure, salt=f"{name}-{run}-{worker}-{window}")
+        with self._lock:
+            self._figures[cache_key] = text
+            while len(self._figures) > _FIGURE_CACHE_SIZE:
+                self._figures.popitem(last=False)
+        return text
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _part(self, run: str, worker: int | None):
+        report = self.report()
+        if report is None:
+            raise LookupError("The log dir holds no keras_dp_tools records yet.")
+        if run not in set(report.runs["run"]):
+            known = ", ".join(report.runs["run"].drop_duplicates())
+            raise LookupError(f"No run {run!r} in {self.log_dir}; it has {known}.")
+        part = for_worker(report.for_run(run), worker)
+        if part.runs.empty:
+            raise LookupError(f"Run {run!r} has no worker {worker}.")
+        return part
+
+    def _draw(self, report, name: str, run, worker, window):
+        from keras_dp_tools.report import plots
+
+        if name == "scaling":
+            return plots.scaling(report)
+        part = self._part(run, worker)
+        if name == "step_breakdown":
+            return plots.step_breakdown(_window_part(part, window), run)
+        if name not in FIGURES:
+            raise LookupError(f"No figure {name!r}; the dashboard draws {', '.join(FIGURES)}.")
+        per_point = 1
+        if name == "step_time":  # warm-up calls are never drawn: leave them out first
+            timed = part.steps[~part.steps["warmup"].fillna(False).astype(bool)]
+            steps, per_point = thin(timed, ["worker"], "step")
+            part = _replace(part, steps=steps)
+        elif name == "gpu_utilization":
+            gpu, per_point = thin(part.gpu, ["worker", "gpu"], "time")
+            part = _replace(part, gpu=gpu)
+        else:  # per profiled step: keep every k-th one past the limit
+            profiled = part.steps.dropna(subset=["trace_step_ms"])
+            per_point = max(1, math.ceil(len(profiled) / MAX_POINTS))
+            kept = profiled.iloc[::per_point]
+            replicas = part.replicas[part.replicas["step"].isin(kept["step"])]
+            part = _replace(part, steps=kept, replicas=replicas)
+        figure = getattr(plots, name)(part, run)
+        if per_point > 1:
+            how = "mean of" if name in ("step_time", "gpu_utilization") else "one in"
+            figure.suptitle(f"each point: {how} {per_point} consecutive rows", fontsize="small")
+        return figure
+
+
+def _frames(report) -> dict[str, pd.DataFrame]:
+    """Every frame of ``report``, named as ``Report``'s constructor names them (so a
+    frame the report gains is never dropped here)."""
+    from keras_dp_tools.report.facade import Report
+
+    return {name: getattr(report, name) for name in inspect.signature(Report).parameters}
+
+
+def _replace(report, **frames):
+    """A Report with some frames replaced."""
+    from keras_dp_tools.report.facade import Report
+
+    current = _frames(report)
+    return Report(**{**current, **{k: v.reset_index(drop=True) for k, v in frames.items()}})
+
+
+def _window_part(part, window: int | None):
+    """The steps and replica rows of one profiler window (``part`` is one worker's)."""
+    if window is None:
+        return part
+    rows = part.windows[part.windows["window"] == window]
+    if rows.empty:
+        raise LookupError(f"No profiler window {window}.")
+    first, end = rows.iloc[-1]["start_step"], rows.iloc[-1]["end_step"]
+    steps = part.steps[part.steps["step"].between(first, end - 1)]
+    replicas = part.replicas[part.replicas["window"] == window]
+    return _replace(part, steps=steps, replicas=replicas)

@@ -1,0 +1,431 @@
+"""The ``keras-dp`` command (also ``python -m keras_dp_tools``)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+import keras_dp_tools
+from keras_dp_tools.records.contract import LOG_DIR_ENV, REPLICAS_ENV, RUN_ID_ENV, TRACE_SUFFIX
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a positive integer, received {text!r}"
+        ) from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, received {value}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="keras-dp",
+        description="Profile and tune data-parallel Keras training.",
+    )
+    parser.add_argument("--version", action="version", version=keras_dp_tools.__version__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo",
+        help="train a small CNN data-parallel on synthetic data and record it",
+        description="Train a small CNN with MirroredStrategy on synthetic images (GPUs if "
+        "present, else the CPU split into logical devices), with keras_dp_tools callbacks, "
+        "then print a summary and where to look next.",
+    )
+    demo.add_argument(
+        "--replicas",
+        type=positive_int,
+        default=None,
+        help="replicas: GPUs to use, or logical CPU devices without GPUs "
+        f"(default: all GPUs, or {REPLICAS_ENV}, or 4 CPU devices)",
+    )
+    demo.add_argument("--steps", type=positive_int, default=300, help="training steps (300)")
+    demo.add_argument("--epochs", type=positive_int, default=3, help="epochs (3)")
+    demo.add_argument(
+        "--per-replica-batch", type=positive_int, default=16, help="examples per replica (16)"
+    )
+    demo.add_argument(
+        "--log-dir", type=Path, default=None, help="run folder (runs/demo-<timestamp>)"
+    )
+    demo.set_defaults(handler=run_demo_command)
+
+    analyze = commands.add_parser(
+        "analyze",
+        help="break profiled steps down into compute, all-reduce, sync wait and input",
+        description=f"Read profiler traces (a {TRACE_SUFFIX}, or every one under a log dir) and "
+        "print the per-step breakdown averaged over replicas. Under a log dir written by "
+        "keras_dp_tools, the records supply replica count, devices and gradient bytes.",
+    )
+    analyze.add_argument("source", type=Path, help=f"a {TRACE_SUFFIX} file or a log dir")
+    analyze.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    analyze.add_argument("--per-replica", action="store_true", help="one row per step and replica")
+    analyze.add_argument(
+        "--allreduce-bytes",
+        type=positive_int,
+        default=None,
+        help="bytes all-reduced per step (the gradients), for bandwidths, when the "
+        "records do not say",
+    )
+    analyze.set_defaults(handler=run_analyze_command)
+
+    lint = commands.add_parser(
+        "lint",
+        help="find batch sizes not scaled by the replica count (static, flake8-style)",
+        description="Check Python files and notebooks for batch sizes given under a "
+        "distribution strategy that are not derived from num_replicas_in_sync (KDP001; "
+        "followed through helper functions and imports of project files), constant "
+        "batch_size given to fit/evaluate/predict, the global batch (KDP003), and "
+        "constant learning rates next to scaled batches (KDP002). Parses only: never "
+        "imports or runs the code. '# noqa: KDP001' silences a line. Exit status: 0 "
+        "clean, 1 findings, 2 usage error (bad option, missing path, unreadable notebook).",
+    )
+    lint.add_argument("paths", nargs="+", type=Path, help="files or folders (.py, .ipynb)")
+    lint.add_argument("--ignore", default="", help="comma-separated codes to skip, e.g. KDP002")
+    lint.add_argument(
+        "--exit-zero", action="store_true", help="exit 0 even when there are findings"
+    )
+    lint.add_argument(
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        help="text: flake8-style lines (default); json: one array of findings, each with "
+        "path, line, col, cell, code, severity, message and related places",
+    )
+    lint.set_defaults(handler=run_lint_command)
+
+    report = commands.add_parser(
+        "report",
+        help="print a run's summary and advice (optionally an HTML page with plots)",
+        description="Load the records under LOG_DIR (all runs and workers) and print the "
+        "summary, the scaling table when runs differ in replicas, and the advice.",
+    )
+    report.add_argument("log_dir", type=Path, help="a log dir (searched recursively)")
+    report.add_argument("--html", type=Path, default=None, help="also write this HTML page")
+    report.set_defaults(handler=run_report_command)
+
+    sweep = commands.add_parser(
+        "sweep",
+        help="run a training script once per replica count and compare",
+        description="Run SCRIPT (a .py file, or 'demo') once per replica count with "
+        f"{REPLICAS_ENV}, {LOG_DIR_ENV}=<log dir>/replicas-<N> and, with GPUs, "
+        "CUDA_VISIBLE_DEVICES set; '{replicas}' and '{log_dir}' in the script arguments "
+        "are replaced. Then print the scaling table and save scaling.png.",
+    )
+    sweep.add_argument("script", help="path of a training script, or 'demo'")
+    sweep.add_argument(
+        "--replicas", type=replica_list, required=True, help="comma-separated, e.g. 1,2,4"
+    )
+    sweep.add_argument(
+        "--log-dir", type=Path, default=None, help="sweep folder (runs/sweep-<timestamp>)"
+    )
+    sweep.add_argument("script_args", nargs="*", help="after --: the script's own arguments")
+    sweep.set_defaults(handler=run_sweep_command)
+
+    doctor = commands.add_parser(
+        "doctor",
+        help="print what the toolkit sees: devices, NVML, nvidia-smi, CUPTI",
+        description="Check this machine for data-parallel profiling: TensorFlow's devices "
+        "(or that TensorFlow is absent), NVML's version and each GPU's GPM and NVLink "
+        "support, NVML readings next to nvidia-smi's, and whether the profiler records "
+        "GPU activity (CUPTI), by profiling one matmul on the first GPU.",
+    )
+    doctor.add_argument(
+        "--no-profile", action="store_true", help="skip the profiled matmul (CUPTI check)"
+    )
+    doctor.set_defaults(handler=run_doctor_command)
+    launch = commands.add_parser(
+        "launch",
+        help="start the workers of a MultiWorkerMirroredStrategy job (TF_CONFIG each)",
+        description="Run COMMAND once per worker with its own TF_CONFIG and one "
+        f"{RUN_ID_ENV} for the job: --workers N starts N workers on this machine on free "
+        "loopback ports; --host-list names every worker's host[:port] (2222 by default) "
+        "and starts the ones on this machine (run the same command on each host). Output "
+        "is prefixed with [worker i]; when a worker fails the others are stopped and the "
+        "exit status is the failed worker's (128 + signal when it was killed).",
+    )
+    launch.add_argument("--workers", type=positive_int, default=None, help="local workers")
+    launch.add_argument(
+        "--host-list", default=None, help="comma-separated host[:port] of every worker"
+    )
+    launch.add_argument(
+        "--run-id", default=None, help=f"the job's run id ({RUN_ID_ENV}; default: new)"
+    )
+    launch.add_argument(
+        "--log-dir",
+        type=Path,
+        default=None,
+        help=f"the job's log dir: given to the workers as {LOG_DIR_ENV}, and where the "
+        "launcher records how each worker ended (keras_dp/launcher.jsonl)",
+    )
+    launch.add_argument(
+        "--grace",
+        type=float,
+        default=10.0,
+        help="seconds a stopped worker gets to exit after SIGINT before SIGKILL (10)",
+    )
+    launch.add_argument(
+        "script_args", nargs="*", help="after --: the command, e.g. python train.py"
+    )
+    launch.set_defaults(handler=run_launch_command)
+    tune = commands.add_parser(
+        "tune-allreduce",
+        help="measure each all-reduce implementation on your model and pick the fastest",
+        description="Import SCRIPT in one process per candidate cross-device implementation "
+        "(MirroredStrategy's collective default, packings, ReductionToOneDevice, NCCL and "
+        "hierarchical copy on GPUs), train its build_model() on make_dataset(global_batch) "
+        "in interleaved rounds, and print the table, the decision and the code that builds "
+        "the fastest strategy. See docs/tuning.md and examples/tune_allreduce_script.py.",
+    )
+    tune.add_argument("script", type=Path, help="a .py file with build_model and make_dataset")
+    tune.add_argument(
+        "--replicas", type=positive_int, default=None, help="GPUs, or logical CPU devices"
+    )
+    tune.add_argument(
+        "--per-replica-batch", type=positive_int, default=32, help="examples per replica (32)"
+    )
+    tune.add_argument("--steps", type=positive_int, default=20, help="timed steps each (20)")
+    tune.add_argument("--rounds", type=positive_int, default=3, help="interleaved rounds (3)")
+    tune.add_argument("--candidates", default=None, help="comma-separated names (default: all)")
+    tune.add_argument("--log-dir", type=Path, default=None, help="keep records and logs here")
+    tune.set_defaults(handler=run_tune_allreduce_command)
+    return parser
+
+
+def replica_list(text: str) -> list[int]:
+    try:
+        counts = [positive_int(part.strip()) for part in text.split(",") if part.strip()]
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected positive integers separated by commas, received {text!r}"
+        ) from None
+    if not counts:
+        raise argparse.ArgumentTypeError(f"expected at least one replica count, received {text!r}")
+    return sorted(set(counts))
+
+
+def run_demo_command(args: argparse.Namespace) -> int:
+    # TensorFlow's C++ info lines (CUDA probing on a CPU machine) bury the demo's output.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    from keras_dp_tools.tools import demo
+
+    log_dir = args.log_dir or demo.default_log_dir()
+    report = demo.run_demo(
+        replicas=args.replicas,
+        steps=args.steps,
+        epochs=args.epochs,
+        per_replica_batch=args.per_replica_batch,
+        log_dir=log_dir,
+    )
+    demo.print_next_steps(report, log_dir)
+    return 0
+
+
+def run_report_command(args: argparse.Namespace) -> int:
+    report = keras_dp_tools.Report.load(args.log_dir)
+    print(report.text())
+    if report.steps.empty:  # "no steps yet": nothing to draw
+        return 0
+    if args.html:
+        from keras_dp_tools.report.html import write_html
+
+        print(f"\nHTML report: {write_html(report, args.html)}")
+    return 0
+
+
+def run_sweep_command(args: argparse.Namespace) -> int:
+    import time
+
+    from keras_dp_tools.report import plots
+    from keras_dp_tools.tools.sweep import run_sweep
+
+    log_dir = args.log_dir or Path("runs") / f"sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+    script_args = args.script_args
+    print(f"Sweep of {args.script} over {args.replicas} replicas into {log_dir}", flush=True)
+    report = run_sweep(
+        args.script,
+        args.replicas,
+        log_dir,
+        script_args,
+        progress=lambda line: print(line, flush=True),
+    )
+    print()
+    print(report.text())
+    figure_path = log_dir / "scaling.png"
+    plots.scaling(report).savefig(figure_path, dpi=100)
+    print(f"\nScaling plot: {figure_path}\nMore: keras-dp report {log_dir} --html report.html")
+    return 0
+
+
+def run_launch_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.tools.launch import cluster_addresses, launch
+
+    addresses = cluster_addresses(args.workers, args.host_list)
+    return launch(
+        args.script_args, addresses, run_id=args.run_id, log_dir=args.log_dir, grace_s=args.grace
+    )
+
+
+def run_tune_allreduce_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.tools.tuning.allreduce import tune_allreduce
+
+    script = _script_path(args.script)
+    candidates = args.candidates.split(",") if args.candidates else None
+    result = tune_allreduce(
+        f"{script}:build_model",
+        f"{script}:make_dataset",
+        devices=args.replicas,
+        steps=args.steps,
+        rounds=args.rounds,
+        per_replica_batch=args.per_replica_batch,
+        candidates=[name.strip() for name in candidates] if candidates else None,
+        log_dir=args.log_dir,
+        progress=lambda line: print(line, flush=True),
+    )
+    print()
+    print(result)
+    return 0 if result.best else 1
+
+
+def _script_path(script: Path) -> Path:
+    if not script.is_file() or script.suffix != ".py":
+        raise FileNotFoundError(f"Expected a .py script, received {script}.")
+    return script.resolve()
+
+
+def run_lint_command(args: argparse.Namespace) -> int:
+    import json
+
+    from keras_dp_tools.checks.lint import lint_paths
+
+    ignore = [code.strip() for code in args.ignore.split(",") if code.strip()]
+    reports = []
+    for report in lint_paths(args.paths, ignore=ignore):
+        if args.format == "text":
+            print(report, flush=True)
+        reports.append(report)
+    if args.format == "json":
+        print(json.dumps([report.to_dict() for report in reports], indent=2))
+    return 0 if args.exit_zero or not reports else 1
+
+
+def run_analyze_command(args: argparse.Namespace) -> int:
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import pandas as pd
+
+    from keras_dp_tools.analysis import analyze_trace, find_traces
+    from keras_dp_tools.records.contract import STEP_EVENT_NAME
+
+    for line in _interrupted_windows(args.source):
+        print(line, file=sys.stderr, flush=True)
+    traces = find_traces(args.source)
+    context = _recorded_context(args.source)
+    frames = []
+    for number, trace in enumerate(traces, 1):
+        print(f"analysing {trace} ({number}/{len(traces)})", file=sys.stderr, flush=True)
+        known = context.get(trace.resolve(), {})
+        try:
+            breakdown = analyze_trace(
+                trace,
+                allreduce_bytes=args.allreduce_bytes or known.get("allreduce_bytes"),
+                replicas=len(known["devices"]) if known.get("devices") else None,
+                devices=known.get("devices"),
+                group_size=known.get("replicas"),
+                sparse_bytes=known.get("sparse_bytes"),
+                gather_bytes=known.get("gather_bytes"),
+                release_memory=True,  # this process does nothing else meanwhile
+            )
+        except ValueError as error:  # a partial capture (killed while writing) costs only itself
+            print(f"skipped {trace}: {error}", file=sys.stderr, flush=True)
+            continue
+        if breakdown.unmeasured:  # their rows stay, empty, with the reason
+            print(f"{trace}: {breakdown.unmeasured}", file=sys.stderr, flush=True)
+        frame = breakdown.replicas if args.per_replica else breakdown.steps
+        frames.append(frame.assign(trace=str(trace)))
+    if not frames:
+        raise ValueError(f"none of the {len(traces)} trace(s) under {args.source} could be read")
+    table = pd.concat(frames, ignore_index=True)
+    if table.empty:
+        raise ValueError(
+            f"no marked steps in {len(traces)} trace(s) under {args.source}: capture with "
+            "kdt.DataParallelProfiler, or wrap steps in "
+            f'tf.profiler.experimental.Trace("{STEP_EVENT_NAME}", step_num=..., _r=1).'
+        )
+    if args.csv:
+        table.to_csv(sys.stdout, index=False)
+    else:
+        with pd.option_context("display.width", 200, "display.max_columns", 40):
+            print(table.drop(columns="trace").round(3).to_string(index=False))
+    return 0
+
+
+def _interrupted_windows(source: Path) -> list[str]:
+    """Profiler windows the records say were cut short: they have no capture to analyse."""
+    if not source.is_dir():
+        return []
+    try:
+        windows = keras_dp_tools.Report.load(source).windows
+    except (FileNotFoundError, ValueError):
+        return []
+    return [
+        f"skipped window {int(row.window)} of run {row.run} worker {row.worker} (from step "
+        f"{row.start_step}): {row.reason}"
+        for row in windows[windows["status"] == "interrupted"].itertuples()
+    ]
+
+
+def _recorded_context(source: Path) -> dict[Path, dict]:
+    """Per trace, what the records of its run say (replicas, devices, gradient bytes)."""
+    if not source.is_dir():
+        return {}
+    try:
+        report = keras_dp_tools.Report.load(source)
+    except FileNotFoundError:
+        return {}
+    context = {}
+    windows = report.windows.dropna(subset=["trace"])
+    runs = report.runs.drop_duplicates(["run", "worker"]).set_index(["run", "worker"])
+    for window in windows.itertuples():
+        log_dir = Path(window.source).parent.parent  # <log_dir>/keras_dp/worker-<i>.jsonl
+        run = runs.loc[(window.run, window.worker)]
+        context[(log_dir / window.trace).resolve()] = {
+            "allreduce_bytes": _int_or_none(window.allreduce_bytes),
+            "sparse_bytes": _int_or_none(getattr(window, "sparse_bytes", None)),
+            "gather_bytes": _int_or_none(getattr(window, "gather_bytes", None)),
+            "replicas": _int_or_none(run["replicas"]),
+            "devices": list(run["devices"]) if run["devices"] is not None else None,
+        }
+    return context
+
+
+def _int_or_none(value):
+    import pandas as pd
+
+    return None if pd.isna(value) else int(value)
+
+
+def run_doctor_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.tools.doctor import run_doctor
+
+    return run_doctor(profile=not args.no_profile)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # "keras-dp sweep SCRIPT --replicas 1,2 -- ARGS": ARGS belong to the script, untouched.
+    script_args = []
+    if "--" in argv and {"sweep", "launch"} & set(argv[: argv.index("--")]):
+        argv, script_args = argv[: argv.index("--")], argv[argv.index("--") + 1 :]
+    args = build_parser().parse_args(argv)
+    if args.command in ("sweep", "launch"):
+        args.script_args = [*args.script_args, *script_args]
+    try:
+        return args.handler(args)
+    except (ValueError, RuntimeError, FileNotFoundError) as error:  # told, not traced
+        print(f"keras-dp {args.command}: error: {error}", file=sys.stderr)
+        return 2

@@ -1,0 +1,425 @@
+"""``tune_allreduce``: measure each cross-device all-reduce implementation, pick the fastest.
+
+Every candidate runs in its own process (TensorFlow's collective state does not reset
+within one), all of them started together and kept alive, then measured in turns:
+round after round, each candidate trains a block of steps while the others wait. A
+slow phase of a shared machine then hits every candidate alike, and the decision is
+a ratio of medians of block medians from the same rounds.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import statistics
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from keras_dp_tools.common.validation import require_positive_int
+from keras_dp_tools.records.contract import REPLICAS_ENV
+from keras_dp_tools.tools.tuning.child import Child, ChildFailed, function_reference
+
+TABLE_COLUMNS = [
+    "candidate",
+    "status",
+    "step_ms",
+    "spread_pct",
+    "allreduce_ms",
+    "busbw_gbps",
+    "cross_device_ops",
+    "reason",
+]
+
+_COLLECTIVE = (
+    "cross_device_ops_lib.CollectiveAllReduce(devices=devices, group_size=len(devices), "
+    "options=tf.distribute.experimental.CommunicationOptions({}))"
+)
+_IMPLEMENTATION = "implementation=tf.distribute.experimental.CommunicationImplementation.{}"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One way to all-reduce: ``cross_device_ops`` is the Python expression given to
+    ``tf.distribute.MirroredStrategy(devices, cross_device_ops=...)`` ("None": the
+    default); ``gpu_only`` ones are skipped without GPUs; ``cpu_skip`` says why one is
+    not worth measuring on CPU devices."""
+
+    name: str
+    cross_device_ops: str
+    description: str
+    gpu_only: bool = False
+    cpu_skip: str | None = None
+
+    def code(self, devices: str) -> str:
+        """Python lines that build the strategy (``devices``: an expression)."""
+        lines = ["import tensorflow as tf"]
+        if "cross_device_ops_lib" in self.cross_device_ops:
+            lines.append(
+                "from tensorflow.python.distribute import cross_device_ops as cross_device_ops_lib"
+            )
+        if "kdt." in devices:
+            lines.append("import keras_dp_tools as kdt")
+        lines.append(f"devices = {devices}")
+        argument = (
+            "" if self.cross_device_ops == "None" else f", cross_device_ops={self.cross_device_ops}"
+        )
+        lines.append(f"strategy = tf.distribute.MirroredStrategy(devices{argument})")
+        return "\n".join(lines)
+
+
+def _candidates() -> dict[str, Candidate]:
+    mib = 1024 * 1024
+    listed = [
+        Candidate("collective", "None", "MirroredStrategy's default: CollectiveAllReduce"),
+        Candidate(
+            "collective_ring",
+            _COLLECTIVE.format(_IMPLEMENTATION.format("RING")),
+            "CollectiveAllReduce, ring implementation",
+            cpu_skip="on CPU devices the default collective already uses the ring "
+            "implementation (same as 'collective')",
+        ),
+        Candidate(
+            "collective_nccl",
+            _COLLECTIVE.format(_IMPLEMENTATION.format("NCCL")),
+            "CollectiveAllReduce, NCCL implementation",
+            gpu_only=True,
+        ),
+        *(
+            Candidate(
+                f"collective_pack_{size}mib",
+                _COLLECTIVE.format(f"bytes_per_pack={size * mib}"),
+                f"CollectiveAllReduce, gradients packed in {size} MiB packs",
+            )
+            for size in (1, 32)
+        ),
+        Candidate(
+            "reduction_to_one_device",
+            "tf.distribute.ReductionToOneDevice()",
+            "reduce on one device, then broadcast",
+        ),
+        *(
+            Candidate(
+                f"nccl_packs_{packs}",
+                f"tf.distribute.NcclAllReduce(num_packs={packs})",
+                f"NcclAllReduce with {packs} pack(s)",
+                gpu_only=True,
+            )
+            for packs in (1, 2)
+        ),
+        *(
+            Candidate(
+                f"hierarchical_copy_packs_{packs}",
+                f"tf.distribute.HierarchicalCopyAllReduce(num_packs={packs})",
+                f"HierarchicalCopyAllReduce with {packs} pack(s) (GPU copy topology)",
+                gpu_only=True,
+            )
+            for packs in (1, 2)
+        ),
+    ]
+    return {candidate.name: candidate for candidate in listed}
+
+
+CANDIDATES = _candidates()
+
+
+@dataclass
+class AllReduceTuning:
+    """The result of ``tune_allreduce``.
+
+    Attributes:
+        table: one row per candidate (``TABLE_COLUMNS``): ``status`` is ``measured``,
+            ``skipped`` or ``failed`` (``reason`` says why); ``step_ms`` the median
+            over rounds of each round's median step time; ``spread_pct`` the range of
+            the round medians relative to ``step_ms``; ``allreduce_ms`` and
+            ``busbw_gbps`` the profiled steps' medians from the breakdown. Fastest first.
+        best: the fastest measured candidate's name (None if none was measured).
+        code: Python lines that build the best candidate's strategy.
+        note: the decision in words: by how much the best beats the next, and the noise.
+        log_dir: where each candidate's records, traces and output log are.
+    """
+
+    table: pd.DataFrame
+    best: str | None
+    code: str | None
+    note: str
+    log_dir: Path
+    codes: dict = field(default_factory=dict, repr=False)
+
+    def __str__(self) -> str:
+        with pd.option_context("display.width", 160, "display.max_columns", 20):
+            shown = self.table.drop(columns="reason").round(3).to_string(index=False)
+        reasons = [
+            f"  {row.candidate}: {row.reason}"
+            for row in self.table.itertuples()
+            if isinstance(row.reason, str)
+        ]
+        parts = [shown, "", self.note]
+        if reasons:
+            parts += ["", "Not measured:", *reasons]
+        if self.code:
+            parts += ["", "Use it with:", self.code]
+        return "\n".join(parts)
+
+
+def _devices_expression(devices) -> str:
+    """The expression for the strategy's devices in ``.code``. Logical CPU devices only
+    exist once the CPU is split, so CPU lists become ``kdt.configure_devices(n)``."""
+    if devices is None:
+        return "kdt.configure_devices()"
+    if isinstance(devices, int) and not isinstance(devices, bool):
+        return f"kdt.configure_devices({require_positive_int('devices', devices)})"
+    if isinstance(devices, (list, tuple)) and devices and all(isinstance(d, str) for d in devices):
+        cpus = [d for d in devices if re.search(r"CPU:\d+$", d, re.IGNORECASE)]
+        if not cpus:
+            return repr(list(devices))
+        expected = [f"/cpu:{index}" for index in range(len(devices))]
+        if [d.lower().replace("device:", "") for d in devices] == expected:
+            return f"kdt.configure_devices({len(devices)})"
+    raise ValueError(
+        f"devices must be None (all GPUs, or the CPU split in {REPLICAS_ENV} or 4), a "
+        "replica count, a list of GPU names, or '/cpu:0' ... '/cpu:<n-1>'; received "
+        f"{devices!r}."
+    )
+
+
+def _have_gpus() -> bool:
+    from keras_dp_tools.tools.sweep import _gpu_ids
+
+    return bool(_gpu_ids())
+
+
+def _skip_reason(candidate: Candidate, gpus: bool) -> str | None:
+    if candidate.gpu_only and not gpus:
+        return f"needs GPUs ({candidate.description}); none are visible here"
+    if candidate.cpu_skip and not gpus:
+        return candidate.cpu_skip
+    return None
+
+
+def tune_allreduce(
+    build_model,
+    dataset,
+    *,
+    devices=None,
+    steps: int = 20,
+    candidates: Sequence[str] | None = None,
+    rounds: int = 3,
+    per_replica_batch: int | None = None,
+    log_dir: str | os.PathLike | None = None,
+    progress: Callable[[str], None] | None = print,
+    timeout: float = 600,
+) -> AllReduceTuning:
+    """Measures each cross-device all-reduce implementation on your model; picks the fastest.
+
+    Candidates: ``collective`` (MirroredStrategy's default), ``collective_ring`` and
+    ``collective_nccl`` (the implementation), ``collective_pack_1mib`` /
+    ``collective_pack_32mib`` (``CommunicationOptions(bytes_per_pack=...)``),
+    ``reduction_to_one_device``, and on GPUs ``nccl_packs_1/2`` (``NcclAllReduce``) and
+    ``hierarchical_copy_packs_1/2`` (``HierarchicalCopyAllReduce``). Those that do not
+    apply here are listed as skipped with the reason.
+
+    Each candidate runs in its own process, so ``build_model`` and ``dataset`` must be
+    importable there: module-level functions (of a module, or of the script you run:
+    the script is imported again under another name, so keep its training under
+    ``if __name__ == "__main__":``), or strings ``"package.module:function"`` /
+    ``"path/script.py:function"``. Lambdas and nested functions cannot be sent.
+
+    Example:
+
+    ```python
+    # tune_me.py
+    import keras, numpy as np, tensorflow as tf
+    import keras_dp_tools as kdt
+
+    def build_model():  # called inside strategy.scope()
+        model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(256),
+                                  keras.layers.Dense(1)])
+        model.compile(optimizer="adam", loss="mse")
+        return model
+
+    def make_dataset(strategy):  # global batches
+        x = np.zeros((1024, 64), "float32")
+        return tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(
+            kdt.scale_batch_size(32, strategy))
+
+    if __name__ == "__main__":
+        result = kdt.tune_allreduce(build_model, make_dataset, devices=2, steps=20)
+        print(result)       # the table, the decision and the code
+        print(result.code)  # tf.distribute.MirroredStrategy(devices, cross_device_ops=...)
+    ```
+
+    Args:
+        build_model: returns a compiled Keras model; called inside the strategy's scope
+            (with the strategy, if it takes an argument).
+        dataset: returns a ``tf.data.Dataset`` of global batches, repeated as needed.
+            It is called with the strategy (if it takes an argument), or, when
+            ``per_replica_batch`` is given, with the global batch
+            ``per_replica_batch * replicas`` (the ``make_dataset(global_batch)`` form
+            that ``find_per_replica_batch`` uses too).
+        devices: None (all GPUs, or the CPU split into ``KERAS_DP_REPLICAS`` or 4
+            logical devices), a replica count, a list of GPU names, or
+            ``["/cpu:0", ..., "/cpu:<n-1>"]``.
+        steps: measured steps per candidate, spread over ``rounds`` blocks.
+        candidates: names from ``CANDIDATES`` (default: all of them).
+        rounds: blocks of steps per candidate, taken in turns with the others.
+        per_replica_batch: see ``dataset``.
+        log_dir: where the candidates' records and logs go (default: a temporary
+            folder, removed afterwards unless something failed).
+        progress: called with one line per stage (default ``print``; None: quiet).
+        timeout: seconds a candidate may take to start or to run one block.
+
+    Returns:
+        An ``AllReduceTuning`` with ``.table``, ``.best``, ``.code`` and ``.note``.
+    """
+    steps = require_positive_int("steps", steps)
+    if per_replica_batch is not None:
+        per_replica_batch = require_positive_int("per_replica_batch", per_replica_batch)
+    rounds = require_positive_int("rounds", rounds)
+    say = progress or (lambda line: None)
+    names = list(CANDIDATES) if candidates is None else list(candidates)
+    unknown = [name for name in names if name not in CANDIDATES]
+    if unknown or not names:
+        raise ValueError(
+            f"Unknown candidate(s) {unknown or names!r}; choose from {', '.join(CANDIDATES)}."
+        )
+    references = {
+        "build_model": function_reference(build_model),
+        "dataset": function_reference(dataset),
+    }
+    devices_code = _devices_expression(devices)
+    temporary = log_dir is None
+    root = Path(tempfile.mkdtemp(prefix="kdt-tune-") if temporary else log_dir)
+    gpus = _have_gpus()
+    block = max(1, steps // rounds)
+
+    rows = {name: {"candidate": name, "status": "skipped", "reason": None} for name in names}
+    codes = {name: CANDIDATES[name].code(devices_code) for name in names}
+    children: dict[str, Child] = {}
+    failed_any = False
+
+    def fail(name: str, error: Exception) -> None:
+        nonlocal failed_any
+        failed_any = True
+        rows[name].update(status="failed", reason=str(error)[-500:])
+        say(f"  {name}: failed: {str(error)[-300:]}")
+        child = children.pop(name, None)
+        if child is not None:
+            child.close(timeout=5)
+
+    try:
+        for name in names:
+            reason = _skip_reason(CANDIDATES[name], gpus)
+            if reason:
+                rows[name]["reason"] = reason
+                say(f"{name}: skipped ({reason})")
+                continue
+            spec = {
+                **references,
+                "code": codes[name],
+                "log_dir": str(root / name),
+                "warmup_steps": 3,
+                "per_replica_batch": per_replica_batch,
+            }
+            children[name] = Child(
+                "keras_dp_tools.tools.tuning._allreduce_trial", spec, root / name / "output.log"
+            )
+        say(f"starting {len(children)} candidate process(es) (logs under {root})")
+        for name in list(children):
+            try:
+                ready = children[name].wait(timeout)
+                rows[name]["cross_device_ops"] = ready["cross_device_ops"]
+                say(f"  {name}: ready ({ready['cross_device_ops']}, {ready['replicas']} replicas)")
+            except ChildFailed as error:
+                fail(name, error)
+        for name in list(children):  # one at a time: a profile must not share the CPU
+            say(f"profiling {name}")
+            try:
+                children[name].request({"profile": 3}, timeout)
+            except ChildFailed as error:
+                fail(name, error)
+        blocks: dict[str, list[tuple[int, int]]] = {name: [] for name in children}
+        for number in range(rounds):
+            order = list(children)
+            order = order[number % len(order) :] + order[: number % len(order)] if order else []
+            say(f"round {number + 1}/{rounds}: {block} steps each")
+            for name in order:
+                try:
+                    answer = children[name].request({"time": block}, timeout)
+                    blocks[name].append((answer["first_step"], answer["last_step"]))
+                except ChildFailed as error:
+                    fail(name, error)
+    finally:
+        for child in children.values():
+            child.close()
+
+    for name in children:
+        rows[name].update(_measure(root / name, blocks[name]), status="measured")
+    table = pd.DataFrame(list(rows.values())).reindex(columns=TABLE_COLUMNS)
+    order = {"measured": 0, "failed": 1, "skipped": 2}
+    table = table.sort_values(
+        ["status", "step_ms"],
+        key=lambda column: column.map(order) if column.name == "status" else column,
+    ).reset_index(drop=True)
+    measured = table[table["status"] == "measured"].dropna(subset=["step_ms"])
+    best = measured["candidate"].iloc[0] if len(measured) else None
+    note = _decision(measured)
+    say(note)
+    if temporary and not failed_any:
+        shutil.rmtree(root, ignore_errors=True)
+    return AllReduceTuning(
+        table=table,
+        best=best,
+        code=codes.get(best),
+        note=note,
+        log_dir=root,
+        codes=codes,
+    )
+
+
+def _measure(log_dir: Path, blocks: list[tuple[int, int]]) -> dict:
+    """A candidate's step time (median of block medians), their spread, and the
+    profiled steps' all-reduce time and bus bandwidth, from its records."""
+    from keras_dp_tools.report.facade import Report
+
+    steps = Report.load(log_dir).steps
+    timed = steps[~steps["warmup"].fillna(False).astype(bool) & ~steps["profiled"]]
+    medians = [
+        timed.loc[(timed["step"] >= first) & (timed["step"] < last), "step_ms"].median()
+        for first, last in blocks
+    ]
+    medians = [value for value in medians if pd.notna(value)]
+    step_ms = statistics.median(medians) if medians else None
+    spread = (max(medians) - min(medians)) / step_ms * 100 if step_ms else None
+    profiled = steps.dropna(subset=["allreduce_ms"])
+    return {
+        "step_ms": step_ms,
+        "spread_pct": spread,
+        "allreduce_ms": profiled["allreduce_ms"].median() if len(profiled) else None,
+        "busbw_gbps": profiled["busbw_gbps"].median() if len(profiled) else None,
+    }
+
+
+def _decision(measured: pd.DataFrame) -> str:
+    if measured.empty:
+        return "No candidate was measured: see the reasons in the table."
+    best = measured.iloc[0]
+    if len(measured) == 1:
+        return f"Only {best.candidate} was measured ({best.step_ms:.2f} ms per step)."
+    runner_up = measured.iloc[1]
+    ratio = runner_up.step_ms / best.step_ms
+    noise = max(best.spread_pct or 0, runner_up.spread_pct or 0)
+    verdict = (
+        "a clear win"
+        if (ratio - 1) * 100 > noise
+        else "within the round-to-round spread, so treat the two as equal"
+    )
+    return (
+        f"Fastest: {best.candidate} at {best.step_ms:.2f} ms per step, {ratio:.2f}x faster "
+        f"than {runner_up.candidate} ({runner_up.step_ms:.2f} ms); round medians spread up to "
+        f"{noise:.0f}%: {verdict}."
+    )
