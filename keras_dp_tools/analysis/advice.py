@@ -49,6 +49,14 @@ class AdvisorFrames:
         """The frames of anything that has them as attributes (a ``Report``)."""
         return source if isinstance(source, cls) else cls(**_frames_of(source))
 
+    @classmethod
+    def of_mapping(cls, frames) -> AdvisorFrames:
+        """The frames of a mapping of name -> frame (``analysis.frames.report_frames``),
+        where ``workers`` may be the function that computes it."""
+        workers = frames["workers"]
+        workers = workers() if callable(workers) else workers
+        return cls(**{**{name: frames[name] for name in _NAMES}, "workers": workers})
+
     def for_run(self, run: str) -> AdvisorFrames:
         """The rows of one run id."""
         return AdvisorFrames(
@@ -59,8 +67,11 @@ class AdvisorFrames:
         )
 
 
+_NAMES = [field.name for field in fields(AdvisorFrames)]
+
+
 def _frames_of(source) -> dict[str, pd.DataFrame]:
-    return {field.name: getattr(source, field.name) for field in fields(AdvisorFrames)}
+    return {name: getattr(source, name) for name in _NAMES}
 
 
 def _profiled(report) -> pd.DataFrame:
@@ -367,7 +378,8 @@ def _scaling(report, table: pd.DataFrame | None) -> list[Finding]:
             "Communication and waiting are low there: compare compute_ms, input_ms and "
             "other_ms of the runs (Report.summary) to see which part grew."
         )
-    return [Advice(severity, "Scaling is poor", evidence + ".", " ".join(causes), code="poor-scaling")]
+    fix = " ".join(causes)
+    return [Advice(severity, "Scaling is poor", evidence + ".", fix, code="poor-scaling")]
 
 
 def _shared_cpu_cores(report, run) -> int | None:
@@ -463,9 +475,7 @@ def advise(frames, scaling: pd.DataFrame | None = None) -> list[Finding]:
             part = report.for_run(run)
             replicas = part.runs["replicas"].max()
             where = f"run {run} ({replicas} replicas): "
-            advice += [
-                replace(item, evidence=where + item.evidence) for item in _run_advice(part)
-            ]
+            advice += [replace(item, evidence=where + item.evidence) for item in _run_advice(part)]
     advice += _scaling(report, scaling)
     return sorted(advice, key=lambda item: -item.severity.level)
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keras_dp_tools.common.findings import Finding  # its findings: Finding(severity, code, message, fix)
+from keras_dp_tools.common.findings import Finding  # the check returns Findings
 from keras_dp_tools.common.validation import require_positive_int
 from keras_dp_tools.common.warn import warn as warn_at_user
 from keras_dp_tools.setup.scaling import replica_count

@@ -55,8 +55,7 @@ class Finding:
         # line with their fix (the batching warning's text).
         if self.evidence:
             return (
-                f"[{self.severity}] {self.message}\n  evidence: {self.evidence}\n"
-                f"  fix: {self.fix}"
+                f"[{self.severity}] {self.message}\n  evidence: {self.evidence}\n  fix: {self.fix}"
             )
         return f"{self.message} Fix: {self.fix}" if self.fix else self.message
 
