@@ -18,8 +18,9 @@ _EXPORTS = {
     "callbacks": "keras_dp_tools.capture",
     "analyze_trace": "keras_dp_tools.analysis.breakdown",
     "Breakdown": "keras_dp_tools.analysis.breakdown",
-    "Advice": "keras_dp_tools.analysis.advice",
-    "Finding": "keras_dp_tools.checks.batching",
+    # One finding type; Advice and LintViolation construct it in their old argument order.
+    "Advice": "keras_dp_tools.common.findings",
+    "Finding": "keras_dp_tools.common.findings",
     "LintViolation": ("keras_dp_tools.checks.lint.checker", "Violation"),
     "lint_paths": "keras_dp_tools.checks.lint.runner",
     "plots": ("keras_dp_tools.report.plots", None),

@@ -2,16 +2,19 @@
 
 Pure functions over DataFrames (``AdvisorFrames``: a ``Report`` has them all, and
 passes its scaling table): thresholds are module constants so a finding says which line
-it crossed. Nothing here calls back into ``Report``.
+it crossed. Nothing here calls back into ``Report``. Each finding is a
+``keras_dp_tools.common.findings.Finding`` (made with ``Advice``: severity, title,
+evidence, fix) with a ``code`` of its own.
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import pandas as pd
 
+from keras_dp_tools.common.findings import Advice, Finding
 from keras_dp_tools.common.severity import Severity
 
 COMM_SHARE_HIGH = 0.20  # exposed all-reduce transfer over step time
@@ -27,26 +30,6 @@ CPU_SATURATED = 75.0  # percent of all cores busy
 GATHER_SHARE_HIGH = 0.10  # all-gather of sparse gradients over step time: medium, else info
 OTHER_SHARE_HIGH = 0.40  # time outside compute, communication and input over step time
 _TABLE_SIZE = re.compile(r"\((\d+)x(\d+)\)")
-
-
-@dataclass(frozen=True)
-class Advice:
-    """``severity``: a ``Severity`` (error, warning or info; the former words high
-    and medium are read as error and warning); ``evidence``: the numbers behind it."""
-
-    severity: Severity
-    title: str
-    evidence: str
-    fix: str
-
-    def __post_init__(self):
-        object.__setattr__(self, "severity", Severity(self.severity))
-
-    def __str__(self) -> str:
-        return f"[{self.severity}] {self.title}\n  evidence: {self.evidence}\n  fix: {self.fix}"
-
-    def to_markdown(self) -> str:
-        return f"- **{self.severity}: {self.title}**. {self.evidence} *Fix:* {self.fix}"
 
 
 @dataclass(frozen=True)
@@ -66,6 +49,14 @@ class AdvisorFrames:
         """The frames of anything that has them as attributes (a ``Report``)."""
         return source if isinstance(source, cls) else cls(**_frames_of(source))
 
+    @classmethod
+    def of_mapping(cls, frames) -> AdvisorFrames:
+        """The frames of a mapping of name -> frame (``analysis.frames.report_frames``),
+        where ``workers`` may be the function that computes it."""
+        workers = frames["workers"]
+        workers = workers() if callable(workers) else workers
+        return cls(**{**{name: frames[name] for name in _NAMES}, "workers": workers})
+
     def for_run(self, run: str) -> AdvisorFrames:
         """The rows of one run id."""
         return AdvisorFrames(
@@ -76,8 +67,11 @@ class AdvisorFrames:
         )
 
 
+_NAMES = [field.name for field in fields(AdvisorFrames)]
+
+
 def _frames_of(source) -> dict[str, pd.DataFrame]:
-    return {field.name: getattr(source, field.name) for field in fields(AdvisorFrames)}
+    return {name: getattr(source, name) for name in _NAMES}
 
 
 def _profiled(report) -> pd.DataFrame:
@@ -85,7 +79,7 @@ def _profiled(report) -> pd.DataFrame:
     return steps[steps["trace_step_ms"].notna()] if "trace_step_ms" in steps else steps.iloc[:0]
 
 
-def _communication(profiled: pd.DataFrame, report) -> list[Advice]:
+def _communication(profiled: pd.DataFrame, report) -> list[Finding]:
     share = profiled["comm_share"].median()
     if not share >= COMM_SHARE_HIGH:
         return []
@@ -105,7 +99,11 @@ def _communication(profiled: pd.DataFrame, report) -> list[Advice]:
     )
     advice = [
         Advice(
-            "high", "Communication-bound: gradients take a large share of each step", evidence, fix
+            "high",
+            "Communication-bound: gradients take a large share of each step",
+            evidence,
+            fix,
+            code="communication-bound",
         )
     ]
     return advice
@@ -121,7 +119,7 @@ def _embedding_names(report) -> list[str]:
     return found
 
 
-def _embeddings(profiled: pd.DataFrame, report) -> list[Advice]:
+def _embeddings(profiled: pd.DataFrame, report) -> list[Finding]:
     """Sparse gradients seen in the trace: TF 2.21 all-gathers them (values and
     indices) rather than all-reducing the table."""
     if "gather_ms" not in profiled or not (profiled["gather_ms"] > 0).any():
@@ -157,10 +155,11 @@ def _embeddings(profiled: pd.DataFrame, report) -> list[Advice]:
         "one device, so the GPUs take turns."
     )
     severity = "medium" if share >= GATHER_SHARE_HIGH else "info"
-    return [Advice(severity, f"Embedding gradients are all-gathered ({layers})", evidence, fix)]
+    title = f"Embedding gradients are all-gathered ({layers})"
+    return [Advice(severity, title, evidence, fix, code="embedding-gather")]
 
 
-def _other(profiled: pd.DataFrame) -> list[Advice]:
+def _other(profiled: pd.DataFrame) -> list[Finding]:
     """Time in no named part of the step, split into what can be named."""
     share = (profiled["other_ms"] / profiled["trace_step_ms"]).median()
     if not share >= OTHER_SHARE_HIGH:
@@ -194,10 +193,10 @@ def _other(profiled: pd.DataFrame) -> list[Advice]:
         split = ", ".join(f"{name[:-3]} {value:.2f} ms" for name, value in medians.items())
         evidence += f"; most of it is {described} ({split} per step)"
     return [Advice("medium", "Most of the step is outside compute and communication",
-                   evidence + ".", fix[0].upper() + fix[1:] + ".")]  # fmt: skip
+                   evidence + ".", fix[0].upper() + fix[1:] + ".", code="other-time")]  # fmt: skip
 
 
-def _waiting(profiled: pd.DataFrame, report) -> list[Advice]:
+def _waiting(profiled: pd.DataFrame, report) -> list[Finding]:
     advice = []
     share = profiled["wait_share"].median()
     if share >= WAIT_SHARE_HIGH:
@@ -211,6 +210,7 @@ def _waiting(profiled: pd.DataFrame, report) -> list[Advice]:
                 "Balance the work per replica: the same per-replica batch and sequence "
                 "lengths, input prepared ahead (prefetch), no other jobs on the devices; "
                 "see the straggler view (keras_dp_tools.report.plots.sync_wait).",
+                code="replica-wait",
             )
         )
     stragglers = profiled["straggler_replica"].dropna()
@@ -226,12 +226,13 @@ def _waiting(profiled: pd.DataFrame, report) -> list[Advice]:
                     "profiled steps.",
                     f"Check the device of replica {replica}: clocks and temperature "
                     "(Report.gpu), another process on it, or a slower link.",
+                    code="replica-straggler",
                 )
             )
     return advice
 
 
-def _input(profiled: pd.DataFrame) -> list[Advice]:
+def _input(profiled: pd.DataFrame) -> list[Finding]:
     share = (profiled["input_ms"] / profiled["trace_step_ms"]).median()
     if not share >= INPUT_SHARE_HIGH:
         return []
@@ -243,11 +244,12 @@ def _input(profiled: pd.DataFrame) -> list[Advice]:
             "dataset.prefetch(tf.data.AUTOTUNE) last; map(..., num_parallel_calls="
             "tf.data.AUTOTUNE); cache() after expensive, deterministic steps; interleave "
             "file reads; decode and augment on fewer, larger batches.",
+            code="input-bound",
         )
     ]
 
 
-def _gpu(report) -> list[Advice]:
+def _gpu(report) -> list[Finding]:
     advice = []
     utilization = report.steps["gpu_util_mean"].mean() if "gpu_util_mean" in report.steps else None
     if utilization is not None and pd.notna(utilization) and utilization < GPU_UTIL_LOW:
@@ -260,23 +262,15 @@ def _gpu(report) -> list[Advice]:
                 "Feed more work per step (larger per-replica batch), fix input or "
                 "communication waits above, and keep Python out of the step "
                 "(steps_per_execution > 1 in tf_keras, tf.function).",
+                code="gpu-idle",
             )
         )
-    from keras_dp_tools.analysis.utilization import utilization_findings
+    from keras_dp_tools.analysis.utilization import misleading_utilization
 
-    for note in utilization_findings(report.gpu):
-        advice.append(
-            Advice(
-                "info",
-                "GPU utilization is possibly misleading",
-                note,
-                "Judge by SM activity (GPM) and step time rather than NVML utilization.",
-            )
-        )
-    return advice
+    return advice + misleading_utilization(report.gpu)
 
 
-def _cpu(report) -> list[Advice]:
+def _cpu(report) -> list[Finding]:
     """CPU-only runs: replicas on logical CPU devices share the cores."""
     if report.gpu.shape[0] or report.cpu.empty:
         return []
@@ -294,20 +288,28 @@ def _cpu(report) -> list[Advice]:
             "an interconnect.",
             "Read these numbers as a rehearsal; measure communication on GPUs, or give "
             "each CPU replica its own cores.",
+            code="cpu-saturated",
         )
     ]
 
 
-def _batching(report) -> list[Advice]:
-    severity = {"error": "high", "warning": "medium", "info": "info"}
+def _batching(report) -> list[Finding]:
+    """The batching check's recorded findings (``batching_finding`` records), once each."""
     findings = report.batching.drop_duplicates(["code", "message"])
+    known = {str(level) for level in Severity}
     return [
-        Advice(severity.get(row.severity, "info"), f"Batching: {row.code}", row.message, row.fix)
+        Advice(
+            row.severity if row.severity in known else "info",
+            f"Batching: {row.code}",
+            row.message,
+            row.fix,
+            code=row.code,
+        )
         for row in findings.itertuples()
     ]
 
 
-def _steps(report) -> list[Advice]:
+def _steps(report) -> list[Finding]:
     steps = report.steps
     steps = steps[~steps["warmup"].fillna(False).astype(bool) & ~steps["profiled"].astype(bool)]
     if len(steps) < 10:
@@ -322,11 +324,12 @@ def _steps(report) -> list[Advice]:
             f"p90 step time {p90:.1f} ms is {p90 / median:.1f}x the median {median:.1f} ms.",
             "Look for periodic host work (checkpoints, logging, evaluation), input "
             "stalls, or other processes sharing the machine (Report.cpu).",
+            code="step-jitter",
         )
     ]
 
 
-def _scaling(report, table: pd.DataFrame | None) -> list[Advice]:
+def _scaling(report, table: pd.DataFrame | None) -> list[Finding]:
     """Poor scaling, with only the causes the runs show: communication or waiting over
     their thresholds, a shrinking per-replica batch, replicas sharing CPU cores.
     ``table``: the runs by replica count (``Report.compare()``)."""
@@ -340,9 +343,10 @@ def _scaling(report, table: pd.DataFrame | None) -> list[Advice]:
         f"at {replicas} replicas throughput is {worst['speedup']:.2f}x that of "
         f"{int(base['replicas'])} (efficiency {worst['scaling_efficiency']:.0%})"
     )
-    comm, wait = worst["comm_share"], worst["wait_share"]
-    if pd.notna(comm):
-        evidence += f"; comm share there {comm:.0%}, wait share {wait:.0%}"
+    # comm_share: exposed transfer only (docs/breakdown.md); waiting is wait_share.
+    comm_share, wait_share = worst["comm_share"], worst["wait_share"]
+    if pd.notna(comm_share):
+        evidence += f"; comm share there {comm_share:.0%}, wait share {wait_share:.0%}"
     causes = []
     cores = _shared_cpu_cores(report, worst["run"])
     if cores is not None:
@@ -353,9 +357,9 @@ def _scaling(report, table: pd.DataFrame | None) -> list[Advice]:
             "The replicas share the same CPU cores: more replicas add no compute, so "
             "throughput cannot grow with them. Measure scaling on GPUs (one per replica)."
         )
-    if comm >= COMM_SHARE_HIGH:
+    if comm_share >= COMM_SHARE_HIGH:
         causes.append("Communication is a large share of the step: see the communication advice.")
-    if wait >= WAIT_SHARE_HIGH:
+    if wait_share >= WAIT_SHARE_HIGH:
         causes.append("Replicas wait for each other: see the waiting advice.")
     per_replica = table["global_batch"] / table["replicas"]
     if per_replica.iloc[-1] < per_replica.iloc[0]:
@@ -365,7 +369,7 @@ def _scaling(report, table: pd.DataFrame | None) -> list[Advice]:
         )
     # On shared cores alone, poor scaling is expected: a note, not an alarm.
     severity = "info" if cores is not None and len(causes) == 1 else "high"
-    if pd.isna(comm):
+    if pd.isna(comm_share):
         causes.append(
             "Profile the largest run (kdt.DataParallelProfiler) to see where its time goes."
         )
@@ -374,7 +378,8 @@ def _scaling(report, table: pd.DataFrame | None) -> list[Advice]:
             "Communication and waiting are low there: compare compute_ms, input_ms and "
             "other_ms of the runs (Report.summary) to see which part grew."
         )
-    return [Advice(severity, "Scaling is poor", evidence + ".", " ".join(causes))]
+    fix = " ".join(causes)
+    return [Advice(severity, "Scaling is poor", evidence + ".", fix, code="poor-scaling")]
 
 
 def _shared_cpu_cores(report, run) -> int | None:
@@ -395,7 +400,7 @@ def _shared_cpu_cores(report, run) -> int | None:
     return int(counts.max()) if len(counts) else 0
 
 
-def _workers(report) -> list[Advice]:
+def _workers(report) -> list[Finding]:
     """Multi-worker runs: the worker the others wait for (``analysis.workers``)."""
     from keras_dp_tools.analysis.workers import straggler
 
@@ -432,10 +437,11 @@ def _workers(report) -> list[Advice]:
         + (f"; {found['detail']}" if found["detail"] else "")
         + "."
     )
-    return [Advice("high", f"Worker {worker} is a straggler", evidence, fixes[found["why"]])]
+    title = f"Worker {worker} is a straggler"
+    return [Advice("high", title, evidence, fixes[found["why"]], code="worker-straggler")]
 
 
-def _run_advice(report) -> list[Advice]:
+def _run_advice(report) -> list[Finding]:
     profiled = _profiled(report)
     advice = []
     if not profiled.empty:
@@ -445,7 +451,7 @@ def _run_advice(report) -> list[Advice]:
     return advice + _gpu(report) + _cpu(report) + _batching(report) + _steps(report)
 
 
-def advise(frames, scaling: pd.DataFrame | None = None) -> list[Advice]:
+def advise(frames, scaling: pd.DataFrame | None = None) -> list[Finding]:
     """All findings for the runs in ``frames`` (``AdvisorFrames``, or a ``Report``),
     worst first. With several runs, each run's findings say which run they are about;
     ``scaling`` (``Report.compare()``: the runs by replica count) adds the scaling
@@ -469,15 +475,12 @@ def advise(frames, scaling: pd.DataFrame | None = None) -> list[Advice]:
             part = report.for_run(run)
             replicas = part.runs["replicas"].max()
             where = f"run {run} ({replicas} replicas): "
-            advice += [
-                Advice(item.severity, item.title, where + item.evidence, item.fix)
-                for item in _run_advice(part)
-            ]
+            advice += [replace(item, evidence=where + item.evidence) for item in _run_advice(part)]
     advice += _scaling(report, scaling)
     return sorted(advice, key=lambda item: -item.severity.level)
 
 
-def advice_markdown(advice: list[Advice]) -> str:
+def advice_markdown(advice: list[Finding]) -> str:
     """The findings as a markdown list (TensorBoard's Text tab, HTML reports)."""
     if not advice:
         return "No findings: nothing stands out in the recorded numbers."

@@ -12,7 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-# Set by the monitor's GPM readings; compared with NVML's util_gpu by utilization_findings.
+from keras_dp_tools.common.findings import Advice, Finding
+
+# Set by the monitor's GPM readings; compared with NVML's util_gpu by misleading_utilization.
 MISLEADING_RATIO = 0.5
 
 
@@ -126,9 +128,9 @@ def epoch_gpu_summary(samples: pd.DataFrame, steps: pd.DataFrame) -> pd.DataFram
     return pd.concat([summary, pd.DataFrame(extra, index=summary.index)], axis=1)[columns]
 
 
-def utilization_findings(samples: pd.DataFrame) -> list[str]:
-    """Notes on readings that mislead: NVML utilization high while GPM SM activity (the
-    share of SMs actually busy) is much lower, per run, worker and GPU."""
+def misleading_utilization(samples: pd.DataFrame) -> list[Finding]:
+    """Readings that mislead: NVML utilization high while GPM SM activity (the share of
+    SMs actually busy) is much lower, per run, worker and GPU (info findings)."""
     if "sm_activity" not in samples or samples["sm_activity"].isna().all():
         return []
     findings = []
@@ -142,8 +144,20 @@ def utilization_findings(samples: pd.DataFrame) -> list[str]:
             and activity < MISLEADING_RATIO * util
         ):
             findings.append(
-                f"run {run}, worker {worker}, GPU {gpu}: NVML utilization {util:.0f}% but SM "
-                f"activity {activity:.0f}%: kernels ran most of the time on few SMs. "
-                "Utilization is possibly misleading; look at larger batches or fused kernels."
+                Advice(
+                    "info",
+                    "GPU utilization is possibly misleading",
+                    f"run {run}, worker {worker}, GPU {gpu}: NVML utilization {util:.0f}% but "
+                    f"SM activity {activity:.0f}%: kernels ran most of the time on few SMs. "
+                    "Utilization is possibly misleading; look at larger batches or fused "
+                    "kernels.",
+                    "Judge by SM activity (GPM) and step time rather than NVML utilization.",
+                    code="misleading-utilization",
+                )
             )
     return findings
+
+
+def utilization_findings(samples: pd.DataFrame) -> list[str]:
+    """The notes of ``misleading_utilization``, as text (``Report.gpu_findings()``)."""
+    return [finding.evidence for finding in misleading_utilization(samples)]

@@ -19,6 +19,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+# The columns this analysis adds to Report.steps (restarts and cross-worker waiting).
+WORKER_STEP_COLUMNS = [
+    "attempt",  # the process that recorded the step: 0, then 1 after a restart, ...
+    "redone",  # a later attempt ran this step again (it resumed from an earlier checkpoint)
+    "worker_wait_ms",  # multi-worker: waited for the last worker to enter the step
+    "last_worker",  # multi-worker: the worker that entered the step last
+]
 WORKER_COLUMNS = [
     "run",
     "worker",
@@ -155,6 +162,39 @@ def cross_worker_sync(steps: pd.DataFrame) -> pd.DataFrame:
     if not frames:
         return pd.DataFrame(columns=SYNC_COLUMNS)
     return pd.concat(frames, ignore_index=True)[SYNC_COLUMNS]
+
+
+def with_worker_wait(steps: pd.DataFrame, sync: pd.DataFrame) -> pd.DataFrame:
+    """Adds each step's wait for other workers (``cross_worker_sync``) and, in profiled
+    steps, moves it from ``transfer_ms`` (where a worker's own trace shows it) to
+    ``sync_wait_ms``; the shares and bandwidths that read those columns follow."""
+    if sync.empty:
+        return steps.assign(worker_wait_ms=float("nan"), last_worker=pd.NA)
+    steps = steps.drop(columns=["worker_wait_ms", "last_worker"], errors="ignore").merge(
+        sync[["run", "worker", "step", "worker_wait_ms", "last_worker"]],
+        on=["run", "worker", "step"],
+        how="left",
+    )
+    steps["last_worker"] = steps["last_worker"].astype("Int64")
+    wait = steps["worker_wait_ms"].fillna(0.0)
+    old_transfer = steps["transfer_ms"].astype("float64")
+    for total, waited in (
+        ("transfer_ms", "sync_wait_ms"),
+        ("exposed_transfer_ms", "exposed_sync_wait_ms"),
+    ):
+        moved = np.minimum(wait, steps[total].astype("float64")).where(steps[total].notna())
+        steps[total] = steps[total] - moved.fillna(0.0)
+        steps[waited] = steps[waited] + moved.fillna(0.0)
+        if total == "transfer_ms":  # every local replica waited that long for the worker
+            steps["max_sync_wait_ms"] = steps["max_sync_wait_ms"] + moved.fillna(0.0)
+    # The shares as docs/breakdown.md defines them, on the moved times.
+    profiled = steps["trace_step_ms"]
+    steps["comm_share"] = (steps["exposed_transfer_ms"] / profiled).where(profiled > 0)
+    steps["wait_share"] = (steps["exposed_sync_wait_ms"] / profiled).where(profiled > 0)
+    faster = old_transfer / steps["transfer_ms"].astype("float64")  # bandwidth ~ 1 / time
+    for name in ("algbw_gbps", "busbw_gbps"):
+        steps[name] = (steps[name] * faster).where(steps["transfer_ms"] > 0)
+    return steps
 
 
 def _warmup(steps: pd.DataFrame) -> pd.Series:

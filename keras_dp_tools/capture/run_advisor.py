@@ -33,13 +33,12 @@ class RunAdvisor(DataParallelCallback):
         self._recorder = Recorder.for_fit(self.log_dir, self.model)
 
     def on_train_end(self, logs=None):
-        from keras_dp_tools.analysis.advice import advice_markdown
-        from keras_dp_tools.report.facade import Report
+        # The one door into the analysis (keras_dp_tools.analysis.runner).
+        from keras_dp_tools.analysis.runner import run_advice_markdown
 
         recorder = self._recorder
         recorder.flush()
         # This run's lines only: the runs before it in the file are not read again.
-        report = Report.from_files([(recorder.records_path, recorder.run_offset)])
-        report = report.for_run(recorder.run_id)
-        self._recorder.text("keras_dp/advice", advice_markdown(report.advice()))
+        files = [(recorder.records_path, recorder.run_offset)]
+        recorder.text("keras_dp/advice", run_advice_markdown(files, recorder.run_id))
         self._release_recorder()

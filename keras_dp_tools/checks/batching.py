@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keras_dp_tools.common.severity import Severity
+from keras_dp_tools.common.findings import Finding  # the check returns Findings
 from keras_dp_tools.common.validation import require_positive_int
 from keras_dp_tools.common.warn import warn as warn_at_user
 from keras_dp_tools.setup.scaling import replica_count
@@ -31,24 +31,6 @@ _UNBATCH_OPS = {"UnbatchDataset", "ExperimentalUnbatchDataset"}
 
 class BatchScalingWarning(UserWarning):
     """The dataset's batch does not fit the strategy's replica count."""
-
-
-@dataclass(frozen=True)
-class Finding:
-    """One problem (or remark) about batching: ``severity`` is a ``Severity``
-    (``error``, ``warning`` or ``info``); ``code`` a stable identifier; ``fix`` what to
-    change."""
-
-    severity: Severity
-    code: str
-    message: str
-    fix: str
-
-    def __post_init__(self):
-        object.__setattr__(self, "severity", Severity(self.severity))
-
-    def __str__(self) -> str:
-        return f"{self.message} Fix: {self.fix}"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """The columns of the step breakdown, defined once: the analysis emits them, the records
 store them (with these types), ``Report.steps`` / ``.replicas`` show them, and the
-TensorBoard tags name them. Standard library only, so every layer may import it.
+TensorBoard tags name them; and the fields of the monitor's and the batching check's
+records as ``Report`` reads them. Standard library only, so every layer may import it.
 
 Types are Python's (``int``, ``float``, ``str``); ``keras_dp_tools.records.files`` maps them
 to Arrow types. Order is the order of the frames' columns.
@@ -93,6 +94,20 @@ READING_FIELDS = (
     "nvlink_rx_gbps",
     "nvlink_tx_gbps",
 )
+
+# The fields of other record types, as the report's frames hold them (``Report.gpu``,
+# ``.cpu``, ``.batching``, and the GPU status merged into ``Report.runs``).
+GPU_STATUS_COLUMNS = ["gpu_available", "gpu_reason", "gpu_names", "gpu_pci_bus_ids"]
+GPU_SAMPLE_COLUMNS = ["run", "worker", "gpu", "time", "sampling", *READING_FIELDS]
+CPU_SAMPLE_COLUMNS = [
+    "run",
+    "worker",
+    "time",
+    "process_cpu_percent",
+    "system_cpu_percent",
+    "cpu_count",
+]
+BATCHING_FINDING_COLUMNS = ["run", "worker", "time", "severity", "code", "message", "fix"]
 
 # The breakdown's headline columns: the medians of ``Report.summary()`` and the
 # TensorBoard window scalars (the records keep every column).

@@ -62,9 +62,9 @@ def write_html(report, path: str | os.PathLike, title: str = "keras_dp_tools rep
     path = Path(path)
     advice_items = (
         "".join(
-            f"<li><b>{html.escape(item.severity)}: {html.escape(item.title)}</b>. "
-            f"{html.escape(item.evidence)} <i>Fix:</i> {html.escape(item.fix)}</li>"
-            for item in report.advice()
+            f"<li><b>{html.escape(finding.severity)}: {html.escape(finding.message)}</b>. "
+            f"{html.escape(finding.evidence)} <i>Fix:</i> {html.escape(finding.fix)}</li>"
+            for finding in report.advice()
         )
         or "<li>No findings: nothing stands out in the recorded numbers.</li>"
     )

@@ -113,9 +113,9 @@ class _StepAxis:
         self.labels = window_labels(rows, windows)
         members = (
             pd.DataFrame({"step": rows["step"].astype("int64"), "worker": rows["worker"]})
-            .assign(window=self.labels)
-            .groupby("step")[["worker", "window"]]
-            .apply(lambda group: set(zip(group["worker"], group["window"], strict=True)))
+            .assign(window_index=self.labels)
+            .groupby("step")[["worker", "window_index"]]
+            .apply(lambda group: set(zip(group["worker"], group["window_index"], strict=True)))
             .sort_index()
         )
         self.positions: dict[int, int] = {}
@@ -145,9 +145,9 @@ class _StepAxis:
     def lines(self, axes, rows: pd.DataFrame, values: pd.Series, label: str, **style) -> None:
         """One Line2D per window, so no line crosses a gap; the legend names it once."""
         frame = pd.DataFrame(
-            {"x": self.x(rows["step"]), "y": values, "window": self.labels[rows.index]}
+            {"x": self.x(rows["step"]), "y": values, "window_index": self.labels[rows.index]}
         )
-        for number, (_, segment) in enumerate(frame.sort_values("x").groupby("window")):
+        for number, (_, segment) in enumerate(frame.sort_values("x").groupby("window_index")):
             axes.plot(
                 segment["x"], segment["y"], label=label if number == 0 else "_nolegend_", **style
             )

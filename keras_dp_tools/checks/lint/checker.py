@@ -35,8 +35,9 @@ from __future__ import annotations
 import ast
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
+from keras_dp_tools.common.findings import Finding
 from keras_dp_tools.common.severity import Severity
 
 CODES = {
@@ -108,23 +109,12 @@ class Related:
     note: str
 
 
-@dataclass(frozen=True, order=True)
-class Violation:
-    """One finding: 1-based ``line``, 0-based ``col`` (as flake8 reports them);
-    ``related`` the other places it involves (the ``batch(...)`` a value reaches)."""
-
-    line: int
-    col: int
-    code: str
-    message: str
-    related: tuple[Related, ...] = field(default=(), compare=False)
-
-    @property
-    def severity(self) -> Severity:
-        return SEVERITIES[self.code]
-
-    def format(self, path: str) -> str:
-        return f"{path}:{self.line}:{self.col + 1}: {self.code} {self.message}"
+def Violation(line: int, col: int, code: str, message: str, related=()) -> Finding:
+    """A lint finding (``kdt.LintViolation``): a ``Finding`` at 1-based ``line``, 0-based
+    ``col`` (as flake8 reports them), with the code's severity (``SEVERITIES``);
+    ``related`` the other places it involves (the ``batch(...)`` a value reaches).
+    ``violation.format(path)`` is flake8's line; findings sort by place."""
+    return Finding(SEVERITIES[code], code, message, line=line, col=col, related=related)
 
 
 @dataclass(frozen=True)

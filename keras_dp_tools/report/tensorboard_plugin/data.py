@@ -200,10 +200,8 @@ class LogDirData:
         part = self._part(run, worker)
         summary = part.summary()
         row = summary.iloc[0] if len(summary) else pd.Series(dtype=object)
-        advice = [
-            {"severity": a.severity, "title": a.title, "evidence": a.evidence, "fix": a.fix}
-            for a in part.advice()
-        ]
+        # Each Finding as the page reads it (its message is the item's title).
+        advice = [{**finding.to_dict(), "title": finding.message} for finding in part.advice()]
         header = part.runs.iloc[-1]
         windows = part.windows.sort_values(["time", "worker"]).tail(MAX_WINDOWS)
         replicas = part.replicas
@@ -261,18 +259,21 @@ class LogDirData:
             "steps_recorded": len(part.steps),
         }
 
-    def figure(self, name: str, run: str | None, worker: int | None, window: int | None) -> str:
-        """One figure as SVG text (cached until the records change)."""
+    def figure(
+        self, name: str, run: str | None, worker: int | None, window_index: int | None
+    ) -> str:
+        """One figure as SVG text (cached until the records change); ``window_index``
+        picks one profiler window of the breakdown figure."""
         report = self.report()
         if report is None:
             raise LookupError("The log dir holds no keras_dp_tools records yet.")
-        cache_key = (self._key, name, run, worker, window)
+        cache_key = (self._key, name, run, worker, window_index)
         with self._lock:
             if cache_key in self._figures:
                 self._figures.move_to_end(cache_key)
                 return self._figures[cache_key]
-        figure = self._draw(report, name, run, worker, window)
-        text = svg(figure, salt=f"{name}-{run}-{worker}-{window}")
+        figure = self._draw(report, name, run, worker, window_index)
+        text = svg(figure, salt=f"{name}-{run}-{worker}-{window_index}")
         with self._lock:
             self._figures[cache_key] = text
             while len(self._figures) > _FIGURE_CACHE_SIZE:
@@ -293,14 +294,14 @@ class LogDirData:
             raise LookupError(f"Run {run!r} has no worker {worker}.")
         return part
 
-    def _draw(self, report, name: str, run, worker, window):
+    def _draw(self, report, name: str, run, worker, window_index):
         from keras_dp_tools.report import plots
 
         if name == "scaling":
             return plots.scaling(report)
         part = self._part(run, worker)
         if name == "step_breakdown":
-            return plots.step_breakdown(_window_part(part, window), run)
+            return plots.step_breakdown(_window_part(part, window_index), run)
         if name not in FIGURES:
             raise LookupError(f"No figure {name!r}; the dashboard draws {', '.join(FIGURES)}.")
         per_point = 1
@@ -340,14 +341,14 @@ def _replace(report, **frames):
     return Report(**{**current, **{k: v.reset_index(drop=True) for k, v in frames.items()}})
 
 
-def _window_part(part, window: int | None):
+def _window_part(part, window_index: int | None):
     """The steps and replica rows of one profiler window (``part`` is one worker's)."""
-    if window is None:
+    if window_index is None:
         return part
-    rows = part.windows[part.windows["window"] == window]
+    rows = part.windows[part.windows["window"] == window_index]
     if rows.empty:
-        raise LookupError(f"No profiler window {window}.")
+        raise LookupError(f"No profiler window {window_index}.")
     first, end = rows.iloc[-1]["start_step"], rows.iloc[-1]["end_step"]
     steps = part.steps[part.steps["step"].between(first, end - 1)]
-    replicas = part.replicas[part.replicas["window"] == window]
+    replicas = part.replicas[part.replicas["window"] == window_index]
     return _replace(part, steps=steps, replicas=replicas)

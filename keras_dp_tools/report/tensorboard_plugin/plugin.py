@@ -79,13 +79,13 @@ class DataParallelPlugin(base_plugin.TBPlugin):
 
     @wrappers.Request.application
     def _serve_figure(self, request):
-        window = request.args.get("window")
+        window_index = request.args.get("window")
         try:
             text = self._data.figure(
                 request.args.get("name", ""),
                 request.args.get("run"),
                 _worker(request),
-                None if window in (None, "") else int(window),
+                None if window_index in (None, "") else int(window_index),
             )
         except (LookupError, ValueError) as error:
             return http_util.Respond(request, str(error), "text/plain", code=404)

@@ -1,0 +1,89 @@
+"""Runs summarised and compared: ``Report.summary()``, ``Report.compare()`` and
+``Report.advice()`` as pure functions over the report's frames (``AdvisorFrames``, or
+anything with the frames as attributes)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from keras_dp_tools.analysis.advice import AdvisorFrames, advise
+from keras_dp_tools.common.findings import Finding
+from keras_dp_tools.records import columns as schema
+
+
+def run_summary(frames, advice: bool = True) -> pd.DataFrame:
+    """One row per run (see ``Report.summary``); ``advice`` adds the titles of each
+    run's findings."""
+    runs, steps = frames.runs, frames.steps
+    if steps.empty:
+        return pd.DataFrame(columns=["start", "workers", "replicas", "steps"])
+    steps = steps[~steps["warmup"].fillna(False).astype(bool)]
+    steps = steps[~steps["redone"].astype(bool)]  # a restart ran them again: count once
+    grouped = steps.groupby("run", sort=False)
+    measured = steps[~steps["profiled"]]
+    timed = measured.groupby("run", sort=False)
+    analysed = steps[steps["trace_step_ms"].notna()]
+
+    def count(frame):  # every worker records every step: count one worker's
+        per_worker = frame["steps"].fillna(1).groupby([frame["run"], frame["worker"]]).sum()
+        return per_worker.groupby("run").max().reindex(grouped.size().index, fill_value=0)
+
+    summary = pd.DataFrame(
+        {
+            "workers": grouped["worker"].nunique(),
+            "replicas": grouped["replicas"].first(),
+            "global_batch": grouped["global_batch"].first(),
+            "steps": count(steps),
+            "measured_steps": count(measured),
+            "breakdown_steps": count(analysed),
+            "median_step_ms": timed["step_ms"].median(),
+            "p90_step_ms": timed["step_ms"].quantile(0.9),
+            "examples_per_s": timed["examples_per_s"].median(),
+            **{name: grouped[name].median() for name in schema.HEADLINE_COLUMNS},
+            "gpu_util": grouped["gpu_util_mean"].mean(),
+        }
+    )
+    started = runs.groupby("run")["time"].min()
+    summary.insert(0, "start", pd.to_datetime(started.reindex(summary.index), unit="s"))
+    if advice:
+        by_run = AdvisorFrames.of(frames)
+        summary["advice"] = [
+            "; ".join(item.title for item in advise(by_run.for_run(run))) for run in summary.index
+        ]
+    return summary.sort_values("start")
+
+
+def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
+    """Runs side by side by replica count (see ``Report.compare``), from
+    ``run_summary``: throughput, speed-up and scaling efficiency."""
+    summary = summary.dropna(subset=["replicas"]).drop_duplicates("replicas", keep="last")
+    summary = summary.sort_values("replicas")
+    throughput = summary["examples_per_s"].where(
+        summary["examples_per_s"].notna(), 1000.0 / summary["median_step_ms"]
+    )
+    base = summary.iloc[0] if len(summary) else None
+    table = pd.DataFrame(
+        {
+            "run": summary.index,
+            "replicas": summary["replicas"].astype("int64").to_numpy(),
+            "global_batch": summary["global_batch"].to_numpy(),
+            "median_step_ms": summary["median_step_ms"].to_numpy(),
+            "throughput": throughput.to_numpy(),
+            "comm_share": summary["comm_share"].to_numpy(),
+            "wait_share": summary["wait_share"].to_numpy(),
+        }
+    )
+    if base is not None:
+        base_throughput = table["throughput"].iloc[0]
+        table["speedup"] = table["throughput"] / base_throughput
+        ideal = table["replicas"] / int(base["replicas"])
+        table["scaling_efficiency"] = table["speedup"] / ideal
+    return table.reset_index(drop=True)
+
+
+def run_advice(frames) -> list[Finding]:
+    """The advisor's findings, worst first, with the scaling finding where the runs
+    differ in replica count (``Report.advice``)."""
+    several = frames.steps["replicas"].nunique() > 1
+    scaling = scaling_table(run_summary(frames, advice=False)) if several else None
+    return advise(frames, scaling=scaling)

@@ -1,0 +1,100 @@
+"""One finding type for every producer: the advisor, the run-time batching check, the lint
+and the GPU utilization notes. Presenters (report text, HTML, dashboard, TensorBoard,
+lint output, ``--format json``) read its fields; dependency-free, so any layer may import it.
+
+``kdt.Finding`` is this class; ``kdt.Advice`` and ``kdt.LintViolation`` are constructors
+of it with the argument order those names had.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from keras_dp_tools.common.severity import Severity
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A problem (or remark) with its severity and what to do.
+
+    Args:
+        severity: a ``Severity`` (``error``, ``warning``, ``info``; the advisor's former
+            words ``high`` and ``medium`` are read as error and warning).
+        code: a stable identifier (``missing-multiply``, ``KDP001``, ...).
+        message: what is wrong, in a sentence (the advisor's title).
+        fix: what to change; empty where the producer has none (the lint's message
+            says it).
+        evidence: the measured numbers behind it (the advisor's); empty for findings
+            read off code or configuration.
+        path, line, col: where it is, for findings about source code: 1-based ``line``,
+            0-based ``col`` (as ``ast`` and flake8 count them); None elsewhere.
+        related: the other places it involves (the lint's ``Related`` entries).
+    """
+
+    severity: Severity
+    code: str
+    message: str
+    fix: str = ""
+    evidence: str = ""
+    path: str | None = None
+    line: int | None = None
+    col: int | None = None
+    related: tuple = field(default=(), compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "severity", Severity(self.severity))
+        object.__setattr__(self, "related", tuple(self.related))
+
+    @property
+    def title(self) -> str:
+        """The message, as the advisor names it (``Advice.title``)."""
+        return self.message
+
+    def __str__(self) -> str:
+        # A finding with evidence (the advisor's) reads as a block; the others as one
+        # line with their fix (the batching warning's text).
+        if self.evidence:
+            return (
+                f"[{self.severity}] {self.message}\n  evidence: {self.evidence}\n  fix: {self.fix}"
+            )
+        return f"{self.message} Fix: {self.fix}" if self.fix else self.message
+
+    def __lt__(self, other: Finding) -> bool:
+        """Findings sort by place, then code and message (the lint's file order)."""
+        if not isinstance(other, Finding):
+            return NotImplemented
+        return self._place_order() < other._place_order()
+
+    def _place_order(self) -> tuple:
+        return (self.path or "", self.line or 0, self.col or 0, self.code, self.message)
+
+    def to_markdown(self) -> str:
+        """One markdown list item (TensorBoard's Text tab, the HTML report)."""
+        text = f"- **{self.severity}: {self.message}**."
+        if self.evidence:
+            text += f" {self.evidence}"
+        return text + (f" *Fix:* {self.fix}" if self.fix else "")
+
+    def format(self, path: str | None = None) -> str:
+        """``path:line:col: CODE message``, flake8's form, with a 1-based column;
+        ``path`` defaults to the finding's own."""
+        return f"{path or self.path}:{self.line}:{(self.col or 0) + 1}: {self.code} {self.message}"
+
+    def to_dict(self) -> dict:
+        """The finding as JSON-ready data (severity as its word, the place where known)."""
+        data = {
+            "severity": str(self.severity),
+            "code": self.code,
+            "message": self.message,
+            "evidence": self.evidence,
+            "fix": self.fix,
+        }
+        if self.line is not None:
+            data.update(path=self.path, line=self.line, col=self.col)
+        return data
+
+
+def Advice(severity, title: str, evidence: str, fix: str, code: str = "") -> Finding:
+    """An advisor finding (``kdt.Advice``), in the argument order that name always had:
+    severity, title, evidence, fix."""
+    return Finding(severity, code, title, fix=fix, evidence=evidence)

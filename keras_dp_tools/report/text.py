@@ -1,0 +1,77 @@
+"""A report as plain text, for terminals and logs (``Report.text()``, ``keras-dp report``)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from keras_dp_tools.analysis import workers as worker_analysis
+
+# The straggler view's columns of Report.workers.
+_WORKER_TEXT_COLUMNS = [
+    "run",
+    "worker",
+    "median_worker_wait_ms",
+    "last_to_enter_share",
+    "median_host_gap_ms",
+    "clock_offset_ms",
+    "clock_residual_ms",
+]
+
+
+def report_text(report) -> str:
+    """The summary (a column per run), the scaling table when the runs differ in
+    replicas, the workers, and the advice. ``report``: a ``Report``."""
+    if report.steps.empty:
+        return no_steps_text(report.runs)
+    summary = report.summary(advice=False)
+    numbers = summary.select_dtypes("number").columns
+    summary[numbers] = summary[numbers].round(3)
+    summary["start"] = summary["start"].dt.floor("s")
+    parts = ["Summary (warm-up and profiled steps left out of step times):"]
+    with pd.option_context("display.width", 160, "display.max_columns", 30):
+        parts.append(summary.T.to_string())
+        if report.steps["replicas"].nunique() > 1:
+            parts += ["", "Scaling:", report.compare().round(3).to_string(index=False)]
+    parts += worker_text(report.workers, report.restarts)
+    advice = report.advice()
+    parts += ["", "Advice:" if advice else "Advice: nothing stands out in the numbers."]
+    parts += [str(finding) for finding in advice]
+    return "\n".join(parts)
+
+
+def no_steps_text(runs: pd.DataFrame) -> str:
+    """Why there is nothing to summarise: no header yet, or no step yet."""
+    if runs.empty:
+        return (
+            "No runs recorded yet: the records file(s) are empty. The job stopped (or "
+            "is still starting) before keras_dp_tools wrote its run header."
+        )
+    names = ", ".join(runs["run"].drop_duplicates())
+    return (
+        f"Run {names} has no steps yet: the job stopped (or is still starting) before "
+        f"its first training step finished ({len(runs)} worker header(s) recorded)."
+    )
+
+
+def worker_text(workers: pd.DataFrame, restarts: pd.DataFrame) -> list[str]:
+    """Workers that stopped, restarts, and the straggler view, where there are any."""
+    parts = []
+    stopped = worker_analysis.stopped_workers(workers)
+    if stopped:
+        parts += ["", "Workers that stopped before the end of fit:", *stopped]
+    for row in restarts.itertuples():
+        parts += [
+            "",
+            f"Restart: run {row.run} worker {row.worker} attempt {row.attempt} resumed "
+            f"at step {row.resumed_at_step} (the previous attempt recorded up to step "
+            f"{row.previous_last_step}; {row.redone_steps} step(s) ran again).",
+        ]
+    timed = workers.dropna(subset=["median_worker_wait_ms"])
+    if not timed.empty:
+        parts += [
+            "",
+            "Workers (wait for the last worker to enter a step, on clocks aligned at "
+            "the step ends):",
+            timed[_WORKER_TEXT_COLUMNS].round(3).to_string(index=False),
+        ]
+    return parts

@@ -1,0 +1,94 @@
+"""One finding type: the advisor, the batching check, the lint and the GPU notes all give a
+``kdt.Finding``, and the old names construct it with the text they always printed."""
+
+import pandas as pd
+
+import keras_dp_tools as kdt
+from keras_dp_tools.analysis.runner import run_advice_markdown
+from keras_dp_tools.analysis.utilization import misleading_utilization
+from keras_dp_tools.checks.batching import unknown_batch
+from keras_dp_tools.checks.lint.checker import check_source
+from keras_dp_tools.records.files import worker_records_path
+from tests.recorded_runs import BALANCED, COMM_HEAVY, write_run
+
+
+def test_every_producer_gives_the_one_type():
+    advice = kdt.Advice("high", "Title", "The numbers.", "Do this.")
+    violation = kdt.LintViolation(3, 24, "KDP001", "batch size 64 is not scaled")
+    batching = unknown_batch("a generator")
+    for finding in (advice, violation, batching):
+        assert type(finding) is kdt.Finding
+    assert (advice.severity, advice.title, advice.message) == ("error", "Title", "Title")
+    assert (violation.severity, violation.line, violation.col) == ("error", 3, 24)
+    assert (batching.severity, batching.code) == ("warning", "unknown-batch")
+
+
+def test_the_old_constructors_print_what_they_always_printed():
+    advice = kdt.Advice("medium", "Title", "The numbers.", "Do this.")
+    assert str(advice) == "[warning] Title\n  evidence: The numbers.\n  fix: Do this."
+    assert advice.to_markdown() == "- **warning: Title**. The numbers. *Fix:* Do this."
+    finding = kdt.Finding("error", "missing-multiply", "Too small.", "Multiply.")
+    assert str(finding) == "Too small. Fix: Multiply."
+    violation = kdt.LintViolation(7, 0, "KDP002", "constant rate")
+    assert violation.format("train.py") == "train.py:7:1: KDP002 constant rate"
+    assert violation.severity is kdt.Severity.INFO
+
+
+def test_lint_findings_sort_by_place_and_carry_it():
+    found = check_source(
+        "import tensorflow as tf\n"
+        "strategy = tf.distribute.MirroredStrategy()\n"
+        "with strategy.scope():\n"
+        "    pass\n"
+        "ds = tf.data.Dataset.range(10).batch(64)\n"
+        "ds2 = tf.data.Dataset.range(10).batch(32)\n"
+    )
+    # 0-based columns of the 64 and the 32, counted by hand.
+    assert [(finding.line, finding.col, finding.code) for finding in found] == [
+        (5, 37, "KDP001"),
+        (6, 38, "KDP001"),
+    ]
+    assert found == sorted(found) and sorted(reversed(found)) == found
+    later = kdt.LintViolation(5, 1, "KDP001", "b")
+    earlier = kdt.LintViolation(5, 0, "KDP003", "a")
+    assert sorted([later, earlier]) == [earlier, later]
+    assert later.to_dict()["line"] == 5 and "col" in later.to_dict()
+
+
+def test_advisor_findings_have_codes(tmp_path):
+    write_run(tmp_path, breakdown=COMM_HEAVY, gpu_util=20.0, batching=[("warning", "x")])
+    codes = {finding.code for finding in kdt.Report.load(tmp_path).advice()}
+    # Exposed transfer 35% of the step (over 20%), GPUs 20% busy (under 50%), and the
+    # recorded batching finding under its own code.
+    assert {"communication-bound", "gpu-idle", "x"} <= codes
+
+
+def test_gpu_notes_are_findings_and_gpu_findings_keeps_their_text():
+    polled = pd.DataFrame(
+        {
+            "run": "r",
+            "worker": 0,
+            "gpu": [0, 0],
+            "time": [1.0, 2.0],
+            "sampling": "poll",
+            "util_gpu": [90.0, 90.0],
+            "sm_activity": [20.0, 20.0],  # under half of 90%: misleading
+        }
+    )
+    (finding,) = misleading_utilization(polled)
+    assert (finding.severity, finding.code) == ("info", "misleading-utilization")
+    assert "NVML utilization 90% but SM activity 20%" in finding.evidence
+    report = kdt.Report(pd.DataFrame(columns=["run"]), pd.DataFrame(), gpu=polled)
+    assert report.gpu_findings() == [finding.evidence]
+
+
+def test_the_runner_advises_on_the_run_from_its_offset(tmp_path):
+    write_run(tmp_path, run="first", breakdown=COMM_HEAVY)
+    path = worker_records_path(tmp_path, 0)
+    offset = path.stat().st_size
+    write_run(tmp_path, run="second", breakdown=BALANCED, start=5000.0)
+    # The communication-bound run is before the offset: the second run has nothing.
+    second = run_advice_markdown([(path, offset)], "second")
+    assert second == "No findings: nothing stands out in the recorded numbers."
+    first = run_advice_markdown([(path, 0)], "first")
+    assert first.startswith("- **error: Communication-bound")
