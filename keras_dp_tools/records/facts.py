@@ -12,6 +12,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
+
 @dataclass(frozen=True)
 class RunFacts:
     """The run's facts for the analysis of one trace; None where unknown.
