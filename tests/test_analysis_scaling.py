@@ -10,12 +10,10 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
-from keras_dp_tools.analysis import analyze_trace
-from keras_dp_tools.analysis import breakdown as breakdown_module
+from keras_dp_tools.analysis import analyze_trace, memory
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks" / "bench.py"
@@ -72,7 +70,7 @@ print(json.dumps(kib("VmHWM") - before))
 @pytest.mark.skipif(
     not Path("/proc/self/clear_refs").exists(), reason="needs Linux's resettable peak RSS"
 )
-@pytest.mark.skipif(breakdown_module._malloc_trim() is None, reason="needs glibc's malloc_trim")
+@pytest.mark.skipif(memory.malloc_trim() is None, reason="needs glibc's malloc_trim")
 def test_peak_memory_of_an_analysis_is_under_three_times_its_file(tmp_path, tf):
     """The goal of issue 12 (< 3x the file) at 300k events, in a process of its own
     (``release_memory``, as the profiler's child). Measured: 2.2-2.6x (11-14 MB for a
@@ -108,15 +106,18 @@ def test_the_heap_is_trimmed_only_where_the_analysis_has_its_process(tmp_path, m
     the profiler's analysis in a thread of the training process (traces under
     ``CHILD_PROCESS_MIN_BYTES``) never trims; a caller with a process of its own (the
     child analysis, the CLI) asks for it, and then the analysis trims between stages."""
-    from keras_dp_tools.capture import data_parallel_profiler as profiler_module
+    from keras_dp_tools.analysis import runner
+    from keras_dp_tools.records.facts import RunFacts
 
     trace = _bench().synthetic_trace(tmp_path / "host.xplane.pb", 2_000)
-    assert trace.stat().st_size < profiler_module.CHILD_PROCESS_MIN_BYTES
+    assert trace.stat().st_size < runner.CHILD_PROCESS_MIN_BYTES
     trim = _CountedTrim()
-    monkeypatch.setattr(breakdown_module, "_malloc_trim", lambda: trim)
-    names = ("allreduce_bytes", "replicas", "devices", "group_size", "sparse_bytes")
-    profiler = SimpleNamespace(_run_facts=dict.fromkeys((*names, "gather_bytes")))
-    breakdown = profiler_module.DataParallelProfiler._analyze(profiler, trace, {}, {})
+    monkeypatch.setattr(memory, "malloc_trim", lambda: trim)
+    windows = runner.WindowRunner()  # as the profiler's, which analyses in its thread
+    try:
+        breakdown = windows.submit(trace, RunFacts()).result()
+    finally:
+        windows.shutdown()
     assert len(breakdown.steps) > 0
     assert trim.calls == 0  # the training process's heap is left alone
     analyze_trace(trace)

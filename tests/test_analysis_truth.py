@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from keras_dp_tools.analysis import analyze_trace, breakdown
+from keras_dp_tools.analysis import analyze_trace, memory, xprof_steps
 from tests.xplane_builder import SpaceBuilder
 
 
@@ -29,7 +29,7 @@ def small_cpu_trace(builder, tmp_path):
 def trims(monkeypatch):
     """Calls of glibc's ``malloc_trim`` made by the analysis: the real function, wrapped
     to count its calls (and still trim)."""
-    real = breakdown._malloc_trim()
+    real = memory.malloc_trim()
     if real is None:
         pytest.skip("no glibc malloc_trim here: release_memory has no effect to observe")
     calls = []
@@ -38,7 +38,7 @@ def trims(monkeypatch):
         calls.append(pad)
         return real(pad)
 
-    monkeypatch.setattr(breakdown, "_malloc_trim", lambda: counting)
+    monkeypatch.setattr(memory, "malloc_trim", lambda: counting)
     return calls
 
 
@@ -63,15 +63,17 @@ def test_keras_dp_analyze_hands_freed_memory_back(builder, tmp_path, trims, monk
 def test_the_profilers_child_analysis_hands_freed_memory_back(
     builder, tmp_path, trims, monkeypatch
 ):
-    """The child process the profiler starts for large traces runs ``_CHILD``: run here
-    (same script, same arguments), so that the wrapped trim sees its calls."""
-    from keras_dp_tools.capture import data_parallel_profiler
+    """The child process the profiler starts for large traces runs the runner's
+    ``main``: run here (same request), so that the wrapped trim sees its calls."""
+    from keras_dp_tools.analysis import runner
+    from keras_dp_tools.records.facts import RunFacts
 
     trace = small_cpu_trace(builder, tmp_path)
     request, answer = tmp_path / "request.pkl", tmp_path / "answer.pkl"
-    request.write_bytes(pickle.dumps((str(trace), {"allreduce_bytes": 64})))
-    monkeypatch.setattr(sys, "argv", ["-c", str(request), str(answer)])
-    exec(data_parallel_profiler._CHILD % 0, {"__name__": "__main__"})  # nice(0): no change
+    nice = 0  # no change to this process's priority
+    request.write_bytes(pickle.dumps((str(trace), RunFacts(allreduce_bytes=64), nice)))
+    monkeypatch.setattr(sys, "argv", ["runner", str(request), str(answer)])
+    runner.main()
     result, _ = pickle.loads(answer.read_bytes())
     assert not isinstance(result, BaseException), result
     assert result.steps["step_ms"].tolist() == pytest.approx([8.0, 8.0])
@@ -390,7 +392,7 @@ def test_xprofs_steps_pair_with_ours_only_where_the_pairing_is_known():
 
     def paired(xprof_numbers):
         xprof = pd.DataFrame({"step": xprof_numbers, "xprof_step_ms": range(len(xprof_numbers))})
-        return breakdown._align_steps(xprof, ours)["step"].tolist()
+        return xprof_steps.align_steps(xprof, ours)["step"].tolist()
 
     assert paired([0, 1, 2]) == [1, 2, 3]  # GPU: XProf counts from 0, same steps in order
     assert paired([2, 3]) == [2, 3]  # XProf's numbers are ours: by number

@@ -15,8 +15,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from keras_dp_tools.analysis import analyze_xspace
-from keras_dp_tools.analysis import breakdown as breakdown_module
+from keras_dp_tools.analysis import analyze_xspace, step_engine
+from keras_dp_tools.analysis import rows as rows_module
+from keras_dp_tools.analysis import spans as spans_module
 from tests.xplane_builder import MS, SpaceBuilder
 
 INPUT_NAME = "IteratorGetNextOp::DoCompute"  # a tf.data wait: shared by all replicas
@@ -258,8 +259,8 @@ def test_tiny_batches_and_index_blocks_lose_no_span(trace):
     blocks of the running maximum of ends and split over many batches (real traces
     take blocks of 256 and batches of 32k spans, more than these small traces hold)."""
     with (
-        mock.patch.object(breakdown_module, "_BATCH_SPANS", 3),
-        mock.patch.object(breakdown_module, "_REACH_BLOCK", 2),
+        mock.patch.object(rows_module, "BATCH_SPANS", 3),
+        mock.patch.object(step_engine, "REACH_BLOCK", 2),
     ):
         _check_against_reference(*trace)
 
@@ -290,7 +291,7 @@ def test_step_index_finds_every_span_of_a_window_beside_long_and_launched_spans(
     end = start + rng.integers(0, 2_000, count)
     end[rng.choice(count, 3, replace=False)] = 2 * 10**6  # last past everything
     launched = np.where(rng.random(count) < 0.5, rng.integers(0, 50, count), -1)
-    spans = breakdown_module._Spans(
+    spans = spans_module.Spans(
         0,
         np.zeros(count, np.int8),
         np.zeros(count, np.int16),
@@ -299,8 +300,8 @@ def test_step_index_finds_every_span_of_a_window_beside_long_and_launched_spans(
         launched.astype(np.int32),
         np.ones(count, bool),
     )
-    with mock.patch.object(breakdown_module, "_REACH_BLOCK", 4):
-        index = breakdown_module._StepIndex(spans)
+    with mock.patch.object(step_engine, "REACH_BLOCK", 4):
+        index = step_engine.StepIndex(spans)
         for first, stop, low, high in [(0, 5, 0, 10**4), (10, 12, 4 * 10**5, 5 * 10**5)]:
             found = set(index.spans(first, stop, low, high).tolist())
             by_time = (launched < 0) & (start < high) & (end > low)

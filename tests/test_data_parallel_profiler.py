@@ -1,6 +1,5 @@
 """DataParallelProfiler on real MirroredStrategy training over 4 logical CPU devices."""
 
-import sys
 import threading
 
 import numpy as np
@@ -180,9 +179,10 @@ def test_failed_analysis_warns_and_training_goes_on(tmp_path, keras, strategy4, 
         raise ValueError("trace unreadable")
 
     # Every window goes to the child process, whose launcher here stands in for it.
-    profiler_module = sys.modules[kdt.DataParallelProfiler.__module__]
-    monkeypatch.setattr(profiler_module, "CHILD_PROCESS_MIN_BYTES", 0)
-    monkeypatch.setattr(profiler_module, "analyze_in_child", broken)
+    from keras_dp_tools.analysis import runner
+
+    monkeypatch.setattr(runner, "CHILD_PROCESS_MIN_BYTES", 0)
+    monkeypatch.setattr(runner, "analyze_in_child", broken)
     model = dense_model(keras, strategy4)
     with pytest.warns(kdt.MeasurementWarning, match="could not analyse"):
         fit(model, [profiled(tmp_path, every=4)], epochs=2)
@@ -224,9 +224,10 @@ def test_invalid_arguments_name_the_value(tmp_path):
 
 def test_analysis_child_process_matches_and_raises_like_analyze_trace(tmp_path, tf):
     from keras_dp_tools.analysis import analyze_trace
+    from keras_dp_tools.analysis.runner import analyze_in_child
+    from keras_dp_tools.records.facts import RunFacts
     from tests.xplane_builder import SpaceBuilder
 
-    analyze_in_child = sys.modules[kdt.DataParallelProfiler.__module__].analyze_in_child
     builder = SpaceBuilder().step(1, 0, 10).step(2, 10, 20)
     for replica in range(2):
         scope = f"replica_{replica}/" if replica else ""
@@ -235,7 +236,7 @@ def test_analysis_child_process_matches_and_raises_like_analyze_trace(tmp_path, 
                 f"tf_Compute/{replica}", f"{scope}d/MatMul:MatMul", start + 1, start + 6
             )
     trace = builder.write(tmp_path)
-    in_child = analyze_in_child(trace, allreduce_bytes=64)
+    in_child = analyze_in_child(trace, RunFacts(allreduce_bytes=64))
     here = analyze_trace(trace, allreduce_bytes=64)
     assert in_child.replicas.equals(here.replicas) and in_child.steps.equals(here.steps)
     assert in_child.replicas["compute_ms"].tolist() == pytest.approx([5.0] * 4)
@@ -243,4 +244,4 @@ def test_analysis_child_process_matches_and_raises_like_analyze_trace(tmp_path, 
     corrupt = tmp_path / "corrupt.xplane.pb"
     corrupt.write_bytes(b"not a protobuf")
     with pytest.raises(ValueError, match="is not an XSpace profile"):
-        analyze_in_child(corrupt)
+        analyze_in_child(corrupt, RunFacts())

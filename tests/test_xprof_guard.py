@@ -77,7 +77,8 @@ def test_analysis_in_a_child_process_still_warns_once_without_xprof(
     monkeypatch,
 ):
     from keras_dp_tools.analysis import xprof_steps
-    from keras_dp_tools.capture.data_parallel_profiler import analyze_in_child
+    from keras_dp_tools.analysis.runner import analyze_in_child
+    from keras_dp_tools.records.facts import RunFacts
 
     trace = two_gpu_run(gpu_trace).write(tmp_path / "trace")
     monkeypatch.setenv(
@@ -86,6 +87,6 @@ def test_analysis_in_a_child_process_still_warns_once_without_xprof(
     monkeypatch.setattr(xprof_steps, "_warned", False)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        breakdown = analyze_in_child(trace, devices=GPUS)
+        breakdown = analyze_in_child(trace, RunFacts(devices=GPUS))
     assert breakdown.steps[XPROF_COLUMNS].isna().all().all()  # the child had no XProf
     assert len([w for w in caught if issubclass(w.category, xprof_steps.XProfWarning)]) == 1

@@ -4,7 +4,12 @@ no TensorFlow session, no training needed.
 May import: ``common``, ``records``.
 """
 
-from keras_dp_tools.analysis.breakdown import Breakdown, analyze_trace, analyze_xspace
+from keras_dp_tools.analysis.breakdown import (
+    Breakdown,
+    analyze_trace,
+    analyze_window,
+    analyze_xspace,
+)
 from keras_dp_tools.analysis.trace.xspace import find_traces, load_xspace
 from keras_dp_tools.records.columns import REPLICA_COLUMNS, STEP_COLUMNS, XPROF_COLUMNS
 
@@ -14,6 +19,7 @@ __all__ = [
     "XPROF_COLUMNS",
     "Breakdown",
     "analyze_trace",
+    "analyze_window",
     "analyze_xspace",
     "find_traces",
     "load_xspace",

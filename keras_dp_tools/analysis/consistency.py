@@ -114,7 +114,7 @@ def breakdown_problems(
 
 
 def _byte_problems(values, ranks, where, tolerance) -> list[str]:
-    from keras_dp_tools.analysis.breakdown import _bandwidths
+    from keras_dp_tools.analysis.bandwidth import row_bandwidths
 
     problems = []
     steps = values.get("steps")
@@ -136,7 +136,7 @@ def _byte_problems(values, ranks, where, tolerance) -> list[str]:
     for column, nbytes, seconds, collective, rule in checks:
         if values.get(column) is None or seconds is None:
             continue
-        expected = _bandwidths(nbytes, seconds, int(ranks), collective)[1]
+        expected = row_bandwidths(nbytes, seconds, int(ranks), collective)[1]
         follows = expected is not None and (
             _close(values[column], expected, 1e-3)
             or (rule == "at least" and values[column] > expected)

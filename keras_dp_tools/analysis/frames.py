@@ -92,6 +92,13 @@ WINDOW_COLUMNS = [
     "allreduce_bytes",
     "sparse_bytes",
     "gather_bytes",
+    # The rest of the run's facts the window was analysed with (records.facts.RunFacts).
+    "local_replicas",
+    "replicas_in_sync",
+    "devices",
+    "global_batch",
+    "steps_per_execution",
+    "steps_covered",
     "attribution",
     "profile_run",
     "trace",

@@ -1,83 +1,13 @@
-"""Interval arithmetic on time spans: the unions, overlaps and differences that turn
-trace events into exclusive parts of a step.
+"""Union lengths of time spans, per group, vectorised: the step engine's one piece of
+interval arithmetic (what a replica's compute, communication, ... cover in a step).
 
-An interval is a ``(start, end)`` pair of integers (picoseconds in traces) with
-``start <= end``. "Merged" lists are sorted and non-overlapping; ``merge`` makes one.
+An interval is a ``(start, end)`` pair of integers (picoseconds in traces); an empty or
+inverted one (``end <= start``) covers nothing.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 import numpy as np
-
-Interval = tuple[int, int]
-
-
-def merge(intervals: Iterable[Interval]) -> list[Interval]:
-    """The union of ``intervals`` as a sorted list of disjoint intervals (touching
-    intervals are joined; empty ones dropped)."""
-    merged: list[list[int]] = []
-    for start, end in sorted(intervals):
-        if end <= start:
-            continue
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    return [(start, end) for start, end in merged]
-
-
-def length(merged: Iterable[Interval]) -> int:
-    """Total time covered by a merged list."""
-    return sum(end - start for start, end in merged)
-
-
-def intersect(first: list[Interval], second: list[Interval]) -> list[Interval]:
-    """Time covered by both merged lists, as a merged list (one linear sweep)."""
-    overlap = []
-    i = j = 0
-    while i < len(first) and j < len(second):
-        start = max(first[i][0], second[j][0])
-        end = min(first[i][1], second[j][1])
-        if start < end:
-            overlap.append((start, end))
-        if first[i][1] < second[j][1]:
-            i += 1
-        else:
-            j += 1
-    return overlap
-
-
-def overlap_length(first: list[Interval], second: list[Interval]) -> int:
-    """``length(intersect(first, second))`` for two merged lists."""
-    return length(intersect(first, second))
-
-
-def subtract(merged: list[Interval], removed: list[Interval]) -> list[Interval]:
-    """Time in the merged list ``merged`` not covered by the merged list ``removed``."""
-    left = []
-    j = 0
-    for start, end in merged:
-        while j < len(removed) and removed[j][1] <= start:
-            j += 1
-        k = j
-        while k < len(removed) and removed[k][0] < end:
-            if removed[k][0] > start:
-                left.append((start, removed[k][0]))
-            start = max(start, removed[k][1])
-            k += 1
-        if start < end:
-            left.append((start, end))
-    return left
-
-
-def union_length(starts: np.ndarray, ends: np.ndarray) -> int:
-    """``length(merge(zip(starts, ends)))`` for integer arrays, vectorised."""
-    order = np.argsort(starts, kind="stable")
-    groups = np.zeros(len(starts), dtype=np.int64)
-    return int(union_lengths(groups, starts[order], ends[order], 1)[0])
-
 
 # Shifted times stay below this, far from int64's end.
 _SHIFT_LIMIT = 2**62

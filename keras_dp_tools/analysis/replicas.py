@@ -12,12 +12,21 @@ copies *within one collective* (the ops of one peer key): the k-th copy created 
 replica k's. When the copies' names do not tell that order (they differ in no
 numbered scope, or the group is not one op per replica), the attribution is
 ambiguous and ``peer_replicas`` says why instead of guessing.
+
+``attribute_cpu_replicas`` applies this to the spans of a CPU trace.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter, defaultdict
 from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from keras_dp_tools.analysis.classify import copy_number, scoped_replica
+from keras_dp_tools.analysis.spans import NO_REPLICA, Spans
 
 _NUMBERED = re.compile(r"^(?P<base>.*?[^\d_].*?)(?:_(?P<index>\d+))?$")
 _FUNCTION_ID = re.compile(r"^_\d+$")  # ids of inlined function bodies: "_90", "_126"
@@ -67,3 +76,59 @@ def packed_replica(index: int, copies: Sequence[int], replicas: int) -> int | No
     if not ordered or len(ordered) % replicas:
         return None
     return ordered.index(index) // (len(ordered) // replicas)
+
+
+def attribute_cpu_replicas(spans: Spans, replica_count: int) -> tuple[Spans, str | None]:
+    """Gives the per-replica copies of collectives and packing ops their replica (see
+    this module's docstring); returns the spans and why some could not be
+    attributed (None if all could)."""
+    peers: dict[object, list[int]] = defaultdict(list)
+    for position, key in spans.keys.items():
+        peers[key].append(position)
+    replica_of: dict[int, int] = {}
+    reasons = []
+    decided: dict[tuple[str, ...], tuple] = {}  # every step repeats the same names
+    for positions in peers.values():
+        names = tuple(spans.names[p].rsplit(":", 1)[0] for p in positions)
+        if names not in decided:
+            scoped = all(scoped_replica(name) is not None for name in names)
+            decided[names] = None if scoped else peer_replicas(list(names), replica_count)
+        if decided[names] is None:
+            continue  # replica scopes say it
+        replicas, reason = decided[names]
+        if replicas is None:
+            reasons.append(reason)
+            continue
+        replica_of.update(zip(positions, replicas, strict=True))
+    copies: dict[str, set[int]] = defaultdict(set)
+    unkeyed = {p: name for p, name in spans.names.items() if p not in spans.keys}
+    for name in unkeyed.values():
+        base, number = copy_number(name)
+        copies[base].add(number)
+    for position, name in unkeyed.items():
+        if position in replica_of or scoped_replica(name) is not None:
+            continue
+        base, number = copy_number(name)
+        replica = packed_replica(number, copies[base], replica_count)
+        if replica is None and len(copies[base]) == 1:
+            replica = 0  # one unscoped copy: replica 0's op
+        elif replica is None:
+            reasons.append(f"{len(copies[base])} copies of {base} for {replica_count} replicas")
+        if replica is not None:
+            replica_of[position] = replica
+    resolved = spans.replica.copy()
+    beyond = resolved >= replica_count  # a guess, for spans the copies do not place
+    resolved[beyond] %= replica_count
+    if replica_of:
+        resolved[np.fromiter(replica_of, np.int64)] = np.fromiter(replica_of.values(), np.int64)
+    reason = "; ".join(sorted(set(reasons))) or None
+    return replace(spans, replica=resolved), reason
+
+
+def cpu_replica_count(spans: Spans) -> int:
+    """Peers of the largest collective (one op per replica), else the replica scopes."""
+    peers = Counter(spans.keys.values())
+    unnamed = np.ones(len(spans.replica), dtype=bool)
+    unnamed[list(spans.names)] = False
+    scoped = spans.replica[unnamed & (spans.replica != NO_REPLICA)]
+    return max(peers.values(), default=0) or 1 + max(int(scoped.max()) if len(scoped) else 0, 0)

@@ -101,3 +101,18 @@ def _step_table(path) -> pd.DataFrame:
         frame = frame.astype({"step": "int64"}).rename(columns=_COLUMNS)
         return frame[["step", *XPROF_COLUMNS]].reset_index(drop=True)
     return _empty()
+
+
+def align_steps(xprof_steps: pd.DataFrame, steps: pd.Series) -> pd.DataFrame:
+    """XProf names device steps by its own step groups (0, 1, ...) rather than the
+    markers' ``step_num``; both list the steps in time order, so pair them by position
+    when the numbers differ but the counts match (on GPU, XProf's 0, 1 would otherwise
+    meet our steps 1, 2 one off). XProf's numbers that are all ours pair by number;
+    otherwise (other numbers, another count: e.g. two profilers' crossing markers,
+    which XProf may group apart) nothing pairs, and XProf's columns stay empty rather
+    than meet the wrong steps."""
+    if set(xprof_steps["step"]) <= set(steps):
+        return xprof_steps
+    if len(xprof_steps) != len(steps):
+        return xprof_steps.iloc[0:0]
+    return xprof_steps.assign(step=steps.sort_values().to_numpy())

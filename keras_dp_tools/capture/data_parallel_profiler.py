@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import time
 import weakref
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from pathlib import Path
 
+from keras_dp_tools.analysis.runner import WindowRunner
+from keras_dp_tools.capture import profiler_windows
 from keras_dp_tools.capture.base import DataParallelCallback, MeasurementWarning, find_in_fit
-from keras_dp_tools.capture.monitor.background import lower_thread_priority
+from keras_dp_tools.capture.monitor.background import NICE, lower_thread_priority
 from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.capture.run_info import (
     embedding_tables,
@@ -34,6 +37,7 @@ from keras_dp_tools.records.contract import (
     TRACE_SUFFIX,
     step_marker_stats,
 )
+from keras_dp_tools.records.facts import RunFacts
 
 logger = logging.getLogger("keras_dp_tools")
 
@@ -146,9 +150,10 @@ class DataParallelProfiler(DataParallelCallback):
         self._foreign_calls: list[tuple[int, int]] = []  # calls other profilers claim
         self._foreign = None  # the record of the other profiler's range now running
         self._pending: list[tuple[dict, Future]] = []
-        self._executor: ThreadPoolExecutor | None = None
+        # Windows are analysed off the training thread, at a lower priority.
+        self._runner = WindowRunner(lower_thread_priority, child_nice=NICE)
         self._warned: set[str] = set()
-        self._run_facts: dict = {}
+        self._run_facts = RunFacts()
 
     # -- hooks ---------------------------------------------------------------
 
@@ -157,7 +162,7 @@ class DataParallelProfiler(DataParallelCallback):
         strategy = self.model.distribute_strategy
         worker, workers = worker_index(strategy)
         self._recorder = Recorder.for_fit(self.log_dir, self.model)
-        _profilers.add(self)
+        profiler_windows.register(self)
         reason = None
         if self._parameter_servers and self._next_start is not None:
             reason = "parameter-server training: no all-reduce to break down, no batch hooks"
@@ -181,14 +186,17 @@ class DataParallelProfiler(DataParallelCallback):
         self._mark_steps = keras_package(self.model) != "tf_keras"
         self._foreign_calls = _sibling_profile_calls(self)
         devices = strategy_devices(strategy)
-        self._run_facts = {
-            "worker": worker,
-            "replicas": len(devices) or None,  # this worker's: the ones in its trace
-            "group_size": int(strategy.num_replicas_in_sync),
-            "devices": devices,
-            "allreduce_bytes": gradient_bytes(self.model),
-            **_sparse_facts(self.model),
-        }
+        global_batch = fit_global_batch()
+        self._run_facts = RunFacts(
+            worker=worker,
+            local_replicas=len(devices) or None,  # this worker's: the ones in its trace
+            replicas_in_sync=int(strategy.num_replicas_in_sync),
+            devices=devices,
+            global_batch=global_batch,
+            steps_per_execution=steps_per_execution(self.model),
+            allreduce_bytes=gradient_bytes(self.model),
+            **_sparse_facts(self.model, global_batch),
+        )
 
     def on_train_batch_begin(self, batch, logs=None):
         step = self._steps.begin_call(batch)
@@ -271,7 +279,7 @@ class DataParallelProfiler(DataParallelCallback):
     def _open_window(self, step: int) -> None:
         import tensorflow as tf
 
-        directory = profile_dir(self.log_dir, self._run_facts["worker"])
+        directory = profile_dir(self.log_dir, self._run_facts.worker)
         before = _captures(directory)
         try:
             tf.profiler.experimental.start(str(directory))
@@ -320,15 +328,16 @@ class DataParallelProfiler(DataParallelCallback):
         first_step = window["start_step"]
         self._schedule_next(first_step)
         new = sorted(set(_captures(window["directory"])) - set(window["before"]))
+        # The facts the window is analysed with, written with it (keras-dp analyze reads
+        # them back to analyse the capture the same way).
+        facts = dataclasses.replace(self._run_facts, steps_covered=window["steps_covered"])
         record = {
             "time": window["started"],
             "window": window["window"],
             "start_step": first_step,
             "end_step": self._steps.next_step,
             "stop_ms": stop_ms,
-            "allreduce_bytes": self._run_facts["allreduce_bytes"],
-            "sparse_bytes": self._run_facts["sparse_bytes"],
-            "gather_bytes": self._run_facts["gather_bytes"],
+            **facts.to_record(),
         }
         if not new:
             self._write_window(record, "failed", "the profiler wrote no trace")
@@ -336,35 +345,13 @@ class DataParallelProfiler(DataParallelCallback):
         trace = new[-1]
         record["trace"] = str(_relative(trace, self.log_dir))
         record["profile_run"] = trace.parent.name
-        if self._executor is None:
-            self._executor = ThreadPoolExecutor(
-                1, thread_name_prefix="keras_dp_analysis", initializer=lower_thread_priority
-            )
-        steps = dict(window["steps_covered"])
-        analysis = self._executor.submit(self._analyze, trace, record, steps)
-        self._pending.append((record, analysis))
 
-    def _analyze(self, trace: Path, record: dict, steps_covered: dict):
-        large = trace.stat().st_size >= CHILD_PROCESS_MIN_BYTES
-        if large:  # a process of its own, which hands freed memory back (release_memory)
-            analyze = analyze_in_child
-        else:  # a thread beside training: the heap it shares is not trimmed (the default)
-            from keras_dp_tools.analysis import analyze_trace as analyze
-        try:
-            return analyze(
-                trace,
-                allreduce_bytes=self._run_facts["allreduce_bytes"],
-                replicas=self._run_facts["replicas"],
-                devices=self._run_facts["devices"],
-                group_size=self._run_facts["group_size"],
-                sparse_bytes=self._run_facts["sparse_bytes"],
-                gather_bytes=self._run_facts["gather_bytes"],
-                steps_covered=steps_covered,
-            )
-        finally:
-            # Until then the analysis process competes with training for the CPU (at a
-            # lower priority): steps up to here are marked as disturbed by profiling.
+        def analysis_ended():
+            # Until then the analysis competes with training for the CPU (at a lower
+            # priority): steps up to here are marked as disturbed by profiling.
             record["analysis_end"] = time.time()
+
+        self._pending.append((record, self._runner.submit(trace, facts, analysis_ended)))
 
     def _collect(self, wait: bool) -> None:
         """Writes the results of finished analyses (all of them if ``wait``)."""
@@ -434,10 +421,14 @@ class DataParallelProfiler(DataParallelCallback):
                 self._collect(wait=True)
             finally:
                 self._release_recorder()
-        if self._executor is not None:
-            self._executor.shutdown(wait=True)
-            self._executor = None
+        self._runner.shutdown()
         self._pending = []
+
+    @property
+    def busy(self) -> bool:
+        """Whether a window is captured or an analysis is pending (else the profiler
+        disturbs no step)."""
+        return self._window is not None or bool(self._pending)
 
     def disturbing(self, started: float) -> bool:
         """Whether a step that started at ``started`` (``time.time()``) is slowed by this
@@ -453,30 +444,6 @@ class DataParallelProfiler(DataParallelCallback):
         if key not in self._warned:
             self._warned.add(key)
             warn(message, MeasurementWarning)
-
-
-# Profilers of this process by log dir, for StepTimer to keep disturbed steps apart.
-_profilers: weakref.WeakSet[DataParallelProfiler] = weakref.WeakSet()
-# A fit in a forked child is not disturbed by the parent's profilers.
-os.register_at_fork(after_in_child=_profilers.clear)
-
-
-def profiling_disturbs(log_dir, started: float) -> bool:
-    """Whether a profiler of this process on ``log_dir`` disturbs a step that started at
-    ``started`` (the steps it overlaps are the ``profiled`` ones of ``kdt.Report``)."""
-    # StepTimer asks twice a step: the weak references themselves, not the WeakSet's
-    # iterator (Python code), and a profiler with no window and no analysis is idle.
-    busy = []
-    for reference in tuple(_profilers.data):
-        profiler = reference()
-        if profiler is None or (profiler._window is None and not profiler._pending):
-            continue
-        if profiler.disturbing(started):
-            busy.append(profiler)
-    if not busy:  # resolving paths costs ~0.1 ms
-        return False
-    where = Path(log_dir).resolve()
-    return any(Path(profiler.log_dir).resolve() == where for profiler in busy)
 
 
 # Profilers inside a window: a fit that raised never calls on_train_end, so the window
@@ -495,13 +462,13 @@ def _close_open_windows() -> None:
             logger.debug("closing a profiler window at exit failed: %s", error)
 
 
-def _sparse_facts(model) -> dict:
+def _sparse_facts(model, global_batch: int | None) -> dict:
     """Embedding tables' bytes (their gradients are all-gathered, not all-reduced) and
     the bytes one step gathers, for the breakdown's byte and bandwidth columns."""
     tables = embedding_tables(model)
     return {
         "sparse_bytes": sum(table["table_bytes"] for table in tables) or None,
-        "gather_bytes": gathered_bytes(tables, fit_global_batch()),
+        "gather_bytes": gathered_bytes(tables, global_batch),
     }
 
 
@@ -551,76 +518,3 @@ def _sibling_profile_calls(callback) -> list[tuple[int, int]]:
         ]
 
     return find_in_fit(profiled_calls) or []
-
-
-# Where a window is analysed, by measurement (benchmarks/RESULTS.md): in a thread of the
-# training process, the analysis holds the GIL while it runs; a child process costs
-# about 1 s of CPU in start-up imports. With 0.66 s for a 10 MB window, the thread
-# disturbed the next steps less (0.98x against 1.09x); a trace several times larger
-# holds the GIL for seconds, so it goes to a child, which imports only the analysis
-# (not TensorFlow) and lowers its priority while a thread here waits for it.
-CHILD_PROCESS_MIN_BYTES = 32 * 2**20
-_CHILD = """
-import os, pickle, sys, warnings
-try:
-    os.nice(%d)
-except (AttributeError, OSError):
-    pass
-from keras_dp_tools.analysis.breakdown import analyze_trace
-with open(sys.argv[1], "rb") as file:
-    trace, arguments = pickle.load(file)
-try:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        result = analyze_trace(trace, release_memory=True, **arguments)
-except Exception as error:
-    try:
-        pickle.dumps(error)
-    except Exception:
-        error = RuntimeError(f"{type(error).__name__}: {error}")
-    result = error
-relayed = [str(w.message) for w in caught if w.category.__name__ == "XProfWarning"]
-with open(sys.argv[2], "wb") as file:
-    pickle.dump((result, relayed), file)
-"""
-
-
-def analyze_in_child(trace: Path, **arguments):
-    """``analyze_trace(trace, **arguments)`` in a child Python process; raises what it
-    raised. Falls back to this process if no child can be started."""
-    import os
-    import pickle
-    import subprocess
-    import sys
-    import tempfile
-
-    import keras_dp_tools
-    from keras_dp_tools.capture.monitor.background import NICE
-
-    root = str(Path(keras_dp_tools.__file__).resolve().parent.parent)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-    with tempfile.TemporaryDirectory(prefix="keras_dp_analysis_") as folder:
-        request, answer = Path(folder) / "request.pkl", Path(folder) / "answer.pkl"
-        request.write_bytes(pickle.dumps((str(trace), arguments)))
-        command = [sys.executable, "-c", _CHILD % NICE, str(request), str(answer)]
-        try:
-            child = subprocess.run(command, env=env, capture_output=True, text=True)
-        except OSError as error:  # no child processes here: analyse in this one
-            logger.debug("analysis process could not start (%s); analysing here", error)
-            from keras_dp_tools.analysis import analyze_trace
-
-            return analyze_trace(trace, **arguments)
-        if not answer.exists():
-            last = (child.stderr or "").strip().splitlines()[-3:]
-            raise RuntimeError(
-                f"the analysis process exited with status {child.returncode}: {' '.join(last)}"
-            )
-        result, relayed = pickle.loads(answer.read_bytes())
-    # The child's stderr is not shown: its XProf warning is raised here, once per process.
-    from keras_dp_tools.analysis.xprof_steps import relay_warning
-
-    for text in relayed:
-        relay_warning(text)
-    if isinstance(result, BaseException):
-        raise result
-    return result

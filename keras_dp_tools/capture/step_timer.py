@@ -9,7 +9,7 @@ import time
 import weakref
 
 from keras_dp_tools.capture.base import DataParallelCallback
-from keras_dp_tools.capture.data_parallel_profiler import profiling_disturbs
+from keras_dp_tools.capture.profiler_windows import profiling_disturbs
 from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.capture.step_counter import StepCounter
 from keras_dp_tools.common.validation import require_positive_int

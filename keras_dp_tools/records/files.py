@@ -99,6 +99,11 @@ WINDOW_FIELDS: dict[str, pa.DataType] = {
     "profile_run": pa.string(),  # the capture's name in TensorBoard's Profile tab
     "attribution": pa.string(),  # null: replicas read off the trace; else why not
     "sparse_bytes": pa.int64(),  # embedding tables: all-gathered, not all-reduced
+    # The run's facts the window was analysed with (keras_dp_tools.records.facts); its
+    # devices, global_batch and steps_per_execution are the header's fields.
+    "local_replicas": pa.int64(),  # this worker's replicas: the devices in its trace
+    "replicas_in_sync": pa.int64(),  # ranks of each collective over all workers
+    "steps_covered": pa.list_(pa.list_(pa.int64())),  # [first step, steps] per call
     "exit_code": pa.int64(),  # worker_exit: the process's status (negative: killed by signal)
 }
 # replica_step and step_breakdown records: the columns of keras_dp_tools.records.columns.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 from pathlib import Path
@@ -318,28 +319,23 @@ def run_analyze_command(args: argparse.Namespace) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import pandas as pd
 
-    from keras_dp_tools.analysis import analyze_trace, find_traces
+    from keras_dp_tools.analysis import analyze_window, find_traces
     from keras_dp_tools.records.contract import STEP_EVENT_NAME
+    from keras_dp_tools.records.facts import RunFacts
 
     for line in _interrupted_windows(args.source):
         print(line, file=sys.stderr, flush=True)
     traces = find_traces(args.source)
-    context = _recorded_context(args.source)
+    recorded = _recorded_facts(args.source)
     frames = []
     for number, trace in enumerate(traces, 1):
         print(f"analysing {trace} ({number}/{len(traces)})", file=sys.stderr, flush=True)
-        known = context.get(trace.resolve(), {})
+        facts = recorded.get(trace.resolve(), RunFacts())
+        if args.allreduce_bytes:
+            facts = dataclasses.replace(facts, allreduce_bytes=args.allreduce_bytes)
         try:
-            breakdown = analyze_trace(
-                trace,
-                allreduce_bytes=args.allreduce_bytes or known.get("allreduce_bytes"),
-                replicas=len(known["devices"]) if known.get("devices") else None,
-                devices=known.get("devices"),
-                group_size=known.get("replicas"),
-                sparse_bytes=known.get("sparse_bytes"),
-                gather_bytes=known.get("gather_bytes"),
-                release_memory=True,  # this process does nothing else meanwhile
-            )
+            # release_memory: this process does nothing else meanwhile.
+            breakdown = analyze_window(trace, facts, release_memory=True)
         except ValueError as error:  # a partial capture (killed while writing) costs only itself
             print(f"skipped {trace}: {error}", file=sys.stderr, flush=True)
             continue
@@ -379,34 +375,57 @@ def _interrupted_windows(source: Path) -> list[str]:
     ]
 
 
-def _recorded_context(source: Path) -> dict[Path, dict]:
-    """Per trace, what the records of its run say (replicas, devices, gradient bytes)."""
+def _recorded_facts(source: Path) -> dict:
+    """Per trace (resolved path), the run's facts its window record holds
+    (``RunFacts.from_record``). Records written before the window held them all give
+    the byte fields only: the run's header gives its devices and replicas."""
+    from keras_dp_tools.records.facts import RECORD_FIELDS, RunFacts
+    from keras_dp_tools.records.files import find_record_files, read_records_by_type
+
     if not source.is_dir():
         return {}
     try:
-        report = keras_dp_tools.Report.load(source)
+        paths = find_record_files(source)
     except FileNotFoundError:
         return {}
-    context = {}
-    windows = report.windows.dropna(subset=["trace"])
-    runs = report.runs.drop_duplicates(["run", "worker"]).set_index(["run", "worker"])
-    for window in windows.itertuples():
-        log_dir = Path(window.source).parent.parent  # <log_dir>/keras_dp/worker-<i>.jsonl
-        run = runs.loc[(window.run, window.worker)]
-        context[(log_dir / window.trace).resolve()] = {
-            "allreduce_bytes": _int_or_none(window.allreduce_bytes),
-            "sparse_bytes": _int_or_none(getattr(window, "sparse_bytes", None)),
-            "gather_bytes": _int_or_none(getattr(window, "gather_bytes", None)),
-            "replicas": _int_or_none(run["replicas"]),
-            "devices": list(run["devices"]) if run["devices"] is not None else None,
-        }
-    return context
+    facts = {}
+    for path in paths:
+        frames = read_records_by_type(path)
+        windows = frames.get("window")
+        if windows is None or "trace" not in windows:
+            continue
+        headers = _last_headers(frames.get("header"))
+        log_dir = path.parent.parent  # <log_dir>/keras_dp/worker-<i>.jsonl
+        for window in windows.dropna(subset=["trace"]).to_dict("records"):
+            header = headers.get((window["run"], window["worker"]), {})
+            devices = header.get("devices")
+            devices = None if not _present(devices) else list(devices)
+            known = {
+                "replicas_in_sync": header.get("replicas"),
+                "devices": devices,
+                "local_replicas": len(devices) if devices else None,
+            }
+            known.update(
+                (name, value)
+                for name, value in window.items()
+                if name in RECORD_FIELDS and _present(value)
+            )
+            facts[(log_dir / window["trace"]).resolve()] = RunFacts.from_record(known)
+    return facts
 
 
-def _int_or_none(value):
+def _last_headers(headers) -> dict:
+    """The latest header record of each (run, worker), as a dict."""
+    if headers is None:
+        return {}
+    return {(row["run"], row["worker"]): row for row in headers.to_dict("records")}
+
+
+def _present(value) -> bool:
+    """Whether a value read back from records holds something (lists always do)."""
     import pandas as pd
 
-    return None if pd.isna(value) else int(value)
+    return value is not None and (not pd.api.types.is_scalar(value) or not pd.isna(value))
 
 
 def run_doctor_command(args: argparse.Namespace) -> int:
