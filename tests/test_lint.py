@@ -285,5 +285,5 @@ def test_flake8_runs_the_plugin(project):
 def test_our_own_examples_demo_and_notebooks_are_clean():
     from .conftest import REPO
 
-    paths = [REPO / "examples", REPO / "notebooks", REPO / "keras_dp_tools" / "demo.py"]
+    paths = [REPO / "examples", REPO / "notebooks", REPO / "keras_dp_tools" / "tools" / "demo.py"]
     assert [str(report) for report in lint_paths(paths)] == []

@@ -3,8 +3,10 @@
 - the ``dataset_fn`` given to ``distribute_datasets_from_function`` (and its
   ``experimental_`` name), to ``DatasetCreator`` and to
   ``ClusterCoordinator.create_per_worker_dataset``;
-- an Estimator's ``input_fn`` (``train/evaluate/predict(input_fn=...)``, ``TrainSpec``,
-  ``EvalSpec``): with ``RunConfig(train_distribute=...)`` it is called once per replica;
+- an Estimator's ``input_fn`` (``input_fn=`` of its methods, ``TrainSpec``, ``EvalSpec``, or
+  a module function given first to a method, where data would go, as in
+  ``estimator.evaluate(input_fn, steps)``): with ``RunConfig(train_distribute=...)`` it is
+  called once per replica;
 - a function taking an ``input_context`` (or a parameter annotated ``InputContext``).
 
 Values computed from an input context are per replica too (see ``PER_REPLICA_CALLS``).
@@ -21,7 +23,18 @@ DATASET_FN_CALLS = {
     "create_per_worker_dataset",
     "DatasetCreator",
 }
-ESTIMATOR_METHODS = {"train", "evaluate", "predict"}
+# Methods taking a function that is not an input function (a step, a map, a filter).
+FUNCTION_METHODS = {
+    "run",
+    "experimental_run_v2",
+    "map",
+    "filter",
+    "flat_map",
+    "interleave",
+    "apply",
+    "reduce",
+    "scan",
+}
 CONTEXT_PARAMETERS = {"input_context"}
 
 
@@ -59,8 +72,10 @@ def per_replica_contracts(tree: ast.Module) -> Contracts:
             arguments = [*node.args.posonlyargs, *node.args.args, *node.args.kwonlyargs]
             if any(
                 argument.arg in CONTEXT_PARAMETERS
-                or (argument.annotation is not None
-                    and ast.unparse(argument.annotation).endswith("InputContext"))
+                or (
+                    argument.annotation is not None
+                    and ast.unparse(argument.annotation).endswith("InputContext")
+                )
                 for argument in arguments
             ):
                 contracts.functions.add(node.name)
@@ -73,7 +88,7 @@ def per_replica_contracts(tree: ast.Module) -> Contracts:
                 _given(keyword.value, functions, contracts)
         if name in DATASET_FN_CALLS and node.args:
             _given(node.args[0], functions, contracts)
-        elif name in ESTIMATOR_METHODS and isinstance(func, ast.Attribute) and node.args:
-            # estimator.train(input_fn): a function, where Keras takes data
+        elif isinstance(func, ast.Attribute) and name not in FUNCTION_METHODS and node.args:
+            # estimator.train(input_fn, steps): a function given where data would go
             _given(node.args[0], functions, contracts)
     return contracts

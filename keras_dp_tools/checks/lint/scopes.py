@@ -146,9 +146,12 @@ def sequence_classes(tree: ast.Module) -> dict[str, ast.FunctionDef]:
         if not bases & SEQUENCE_BASES:
             continue
         for statement in node.body:
-            if isinstance(statement, ast.FunctionDef) and statement.name == "__init__":
-                if any("batch" in argument.arg for argument in arguments_of(statement)):
-                    found[node.name] = statement
+            if (
+                isinstance(statement, ast.FunctionDef)
+                and statement.name == "__init__"
+                and any("batch" in argument.arg for argument in arguments_of(statement))
+            ):
+                found[node.name] = statement
     return found
 
 
