@@ -41,9 +41,15 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="local copies as <owner>+<repo>/<path>")
     parser.add_argument("--manifest", type=Path, default=MANIFEST)
+    parser.add_argument("--repository", help="only files of repositories whose name has this")
+    parser.add_argument("--not-repository", help="only files of the other repositories")
     args = parser.parse_args(argv)
-    caught = missed = true = false = skipped = 0
+    caught = missed = true = false = skipped = unsure = 0
     for (repository, file), labels in sorted(read_manifest(args.manifest).items()):
+        if args.repository and args.repository not in repository:
+            continue
+        if args.not_repository and args.not_repository in repository:
+            continue
         root = args.folder / repository.replace("/", "+")
         path = root / file
         if not path.is_file():
@@ -61,7 +67,9 @@ def main(argv=None) -> int:
             label = labels.get(where, ("unlabelled", ""))[0]
             if label == "flag":
                 true += 1
-            elif label != "unsure":
+            elif label == "unsure":
+                unsure += 1
+            else:
                 false += 1
                 print(f"FALSE  {repository}/{file}:{where} [{label}] {report.message[:110]}")
         for where, (label, reason) in sorted(labels.items()):
@@ -78,7 +86,7 @@ def main(argv=None) -> int:
     print(
         f"reports {reported} (true {true}, false {false}); flag lines caught {caught} of "
         f"{caught + missed}; precision {precision:.2f}, recall {recall:.2f}; "
-        f"files skipped {skipped}"
+        f"reports on unsure lines {unsure} (not counted); files skipped {skipped}"
     )
     return 0
 
