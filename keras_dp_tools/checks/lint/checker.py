@@ -39,6 +39,18 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from keras_dp_tools.checks.lint.facts import Module
+from keras_dp_tools.checks.lint.flow import (
+    CONSTANT,
+    GLOBAL,
+    PARAMETER,
+    SCALED,
+    SCALED_CALLS,
+    TRANSPARENT_CALLS,
+    UNKNOWN,
+    Flow,
+    combine,
+    from_input_context,
+)
 from keras_dp_tools.checks.lint.intent import HINT
 from keras_dp_tools.checks.lint.scopes import Scope, Site, arguments_of, bind
 from keras_dp_tools.common.severity import Severity
@@ -57,24 +69,6 @@ SEVERITIES = {
 }
 MAX_CALL_DEPTH = 4  # calls followed from a call site down to a batch(...)
 MAX_IMPORT_DEPTH = 4  # re-exports followed to find a name's definition
-# Calls whose result is already per replica or scaled by the replica count.
-_SCALED_CALLS = {
-    "scale_batch_size",
-    "get_per_replica_batch_size",
-    "scale_learning_rate",
-    "plan_scaling",
-    "warmup_schedule",
-}
-# Calls that keep the provenance of their arguments.
-_TRANSPARENT_CALLS = {"int", "round", "max", "min", "float", "abs"}
-# GLOBAL: the code says the value is the global batch (intent.py): not the mistake.
-SCALED, GLOBAL, CONSTANT, UNKNOWN, PARAMETER = (
-    "scaled",
-    "global",
-    "constant",
-    "unknown",
-    "parameter",
-)
 
 
 @dataclass(frozen=True)
@@ -104,25 +98,6 @@ class Violation:
 
     def format(self, path: str) -> str:
         return f"{path}:{self.line}:{self.col + 1}: {self.code} {self.message}"
-
-
-@dataclass(frozen=True)
-class _Flow:
-    kind: str
-    params: frozenset = frozenset()  # (scope, name) pairs, for PARAMETER
-
-
-def _combine(flows) -> _Flow:
-    flows = list(flows)
-    kinds = {flow.kind for flow in flows}
-    if SCALED in kinds:
-        return _Flow(SCALED)
-    if GLOBAL in kinds:
-        return _Flow(GLOBAL)
-    if UNKNOWN in kinds or not flows:
-        return _Flow(UNKNOWN)
-    params = frozenset().union(*(flow.params for flow in flows))
-    return _Flow(PARAMETER, params) if params else _Flow(CONSTANT)
 
 
 @dataclass(frozen=True)
@@ -156,7 +131,7 @@ class _Binding:
     """What a call passes for a sink's parameters."""
 
     def __init__(self):
-        self.flows: list[_Flow] = []
+        self.flows: list[Flow] = []
         self.arguments: list[ast.expr] = []  # call arguments that carry values
         self.defaults: list[_Place] = []  # callee defaults that carry values
 
@@ -218,57 +193,57 @@ class Checker:
 
     # -- where values come from ----------------------------------------------------
 
-    def flow(self, module: Module, scope: Scope, node, seen=frozenset()) -> _Flow:
+    def flow(self, module: Module, scope: Scope, node, seen=frozenset()) -> Flow:
         """Where a value comes from: scaled, constant, unknown, or parameters."""
         if isinstance(node, ast.Constant):
             if not isinstance(node.value, (int, float)) or isinstance(node.value, bool):
-                return _Flow(UNKNOWN)
+                return Flow(UNKNOWN)
             if self._named_global(module, scope, node):
-                return _Flow(GLOBAL)
-            return _Flow(CONSTANT)
+                return Flow(GLOBAL)
+            return Flow(CONSTANT)
         if isinstance(node, ast.Attribute):
             if node.attr == "num_replicas_in_sync":
-                return _Flow(SCALED)
+                return Flow(SCALED)
             if node.attr in ("global_batch", "target_lr"):  # a plan's fields
                 return self.flow(module, scope, node.value, seen)
             return self._imported_flow(module, node, seen)
         if isinstance(node, ast.Name):
             if (id(module), node.id) in seen:
-                return _Flow(UNKNOWN)
+                return Flow(UNKNOWN)
             owner, values, is_parameter = scope.lookup(node.id)
             if module.says_global(node.id, values):
-                return _Flow(GLOBAL)
+                return Flow(GLOBAL)
             if owner is None:
                 return self._imported_flow(module, node, seen)
             seen = seen | {(id(module), node.id)}
             flows = [self.flow(module, owner, value, seen) for value in values]
             if is_parameter:
-                flows.append(_Flow(PARAMETER, frozenset({(owner, node.id)})))
-            return _combine(flows)
+                flows.append(Flow(PARAMETER, frozenset({(owner, node.id)})))
+            return combine(flows)
         if isinstance(node, ast.Call):
             name = (module.collector.qualified(node.func) or "").split(".")[-1]
             if isinstance(node.func, ast.Attribute) and (
-                node.func.attr in _SCALED_CALLS or _from_input_context(node.func)
+                node.func.attr in SCALED_CALLS or from_input_context(node.func)
             ):
-                return _Flow(SCALED)
-            if name in _SCALED_CALLS:
-                return _Flow(SCALED)
-            if name in _TRANSPARENT_CALLS:
-                return _combine(self.flow(module, scope, arg, seen) for arg in node.args)
-            return _Flow(UNKNOWN)
+                return Flow(SCALED)
+            if name in SCALED_CALLS:
+                return Flow(SCALED)
+            if name in TRANSPARENT_CALLS:
+                return combine(self.flow(module, scope, arg, seen) for arg in node.args)
+            return Flow(UNKNOWN)
         if isinstance(node, ast.BinOp):
-            return _combine(
+            return combine(
                 [self.flow(module, scope, side, seen) for side in (node.left, node.right)]
             )
         if isinstance(node, ast.UnaryOp):
             return self.flow(module, scope, node.operand, seen)
         if isinstance(node, (ast.List, ast.Tuple)) and node.elts:  # bucket_batch_sizes
-            return _combine(self.flow(module, scope, element, seen) for element in node.elts)
+            return combine(self.flow(module, scope, element, seen) for element in node.elts)
         if isinstance(node, ast.IfExp):
-            return _combine(
+            return combine(
                 [self.flow(module, scope, side, seen) for side in (node.body, node.orelse)]
             )
-        return _Flow(UNKNOWN)
+        return Flow(UNKNOWN)
 
     @staticmethod
     def _named_global(module: Module, scope: Scope, literal: ast.Constant) -> bool:
@@ -286,11 +261,11 @@ class Checker:
             for name, values in scope.assignments.items()
         )
 
-    def _imported_flow(self, module: Module, node, seen) -> _Flow:
+    def _imported_flow(self, module: Module, node, seen) -> Flow:
         """A module constant of another project file (``from config import BATCH``)."""
         found = self.resolve(module, node) if self.project is not None else None
         if found is None or found[0] != "constant":
-            return _Flow(UNKNOWN)
+            return Flow(UNKNOWN)
         _, owner, name = found
         return self.flow(owner, owner.collector.module, ast.Name(name, ast.Load()), seen)
 
@@ -317,7 +292,7 @@ class Checker:
             for name in sorted(sink.params, key=order.index):
                 bound = bind(call, callee.node, name)
                 if bound is None:
-                    binding.flows.append(_Flow(UNKNOWN))
+                    binding.flows.append(Flow(UNKNOWN))
                 elif bound[0] == "argument":
                     binding.flows.append(self.flow(module, scope, bound[1]))
                     binding.arguments.append(bound[1])
@@ -370,7 +345,7 @@ class Checker:
                 strategy = self.call_in_strategy(module, scope, call)
                 here = _place(module, call, f"{ast.unparse(call.func)}()")
                 for sink, binding in self.through_call(module, scope, call, budget - 1):
-                    flow = _combine(binding.flows) if sink.params else _Flow(CONSTANT)
+                    flow = combine(binding.flows) if sink.params else Flow(CONSTANT)
                     on_way = sink.in_strategy or strategy
                     through = (here, *sink.through)
                     if flow.kind == CONSTANT:
@@ -463,7 +438,7 @@ class Checker:
         for sink, binding in self.through_call(self.module, scope, call, MAX_CALL_DEPTH):
             if sink.reported or not (strategy or sink.in_strategy):
                 continue
-            if sink.params and _combine(binding.flows).kind != CONSTANT:
+            if sink.params and combine(binding.flows).kind != CONSTANT:
                 continue
             shown = _shown(sink, binding)
             callee = f"{ast.unparse(call.func)}()"
@@ -543,12 +518,6 @@ def _one_per_line(found: list[Violation]) -> list[Violation]:
     return sorted(best.values())
 
 
-def _from_input_context(func: ast.Attribute) -> bool:
-    """``input_context.<anything>``: per replica by contract."""
-    owner = func.value
-    return isinstance(owner, ast.Name) and owner.id in ("input_context", "context", "ctx")
-
-
 def _shown(sink: _Sink, binding: _Binding) -> str:
     """The constant as the user wrote it; with several, the batch size expression."""
     if not sink.params:
@@ -584,7 +553,7 @@ def _local_violation(site: Site) -> Violation:
     return Violation(site.size.lineno, site.size.col_offset, site.code, message)
 
 
-def _syntax_violation(error: SyntaxError | ValueError) -> Violation:
+def _syntax_violation(error: Exception) -> Violation:
     return Violation(
         getattr(error, "lineno", None) or 1,
         max((getattr(error, "offset", None) or 1) - 1, 0),
@@ -604,7 +573,8 @@ def check_source(
     """
     try:
         tree = ast.parse(source, filename=filename)
-    except (SyntaxError, ValueError) as error:  # ValueError: a null byte in the source
+    # ValueError: a null byte; RecursionError: nesting too deep for the parser.
+    except (SyntaxError, ValueError, RecursionError) as error:
         return [_syntax_violation(error)]
     lines = source.splitlines()
     return check_tree(tree, filename if project is not None else None, project, label, lines)

@@ -122,9 +122,10 @@ class Project:
         path = path.resolve()
         if path not in self._modules:
             try:
-                tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-                self._modules[path] = Module(tree, path)
-            except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+                source = path.read_text(encoding="utf-8")
+                tree = ast.parse(source, filename=str(path))
+                self._modules[path] = Module(tree, path, source.splitlines())
+            except (OSError, SyntaxError, UnicodeDecodeError, ValueError, RecursionError):
                 self._modules[path] = None
         return self._modules[path]
 
