@@ -279,3 +279,14 @@ def test_a_project_data_module_is_followed_and_flake8_agrees_with_json(project):
         path, number, col, rest = line.split(":", 3)
         theirs.add((path.split("/")[-1], int(number), int(col), rest.split()[0]))
     assert theirs == ours
+
+
+def test_a_model_name_is_distributed_only_from_where_the_scope_builds_it():
+    source = (
+        TF
+        + "model = build()\nmodel.fit(x, y, batch_size=32)\n"
+        + "strategy = tf.distribute.MirroredStrategy()\n"
+        + "with strategy.scope():\n    model = build()\n"
+        + "model.fit(x, y, batch_size=32)  # REPORT\n"
+    )
+    assert reported(source) == marked(source)

@@ -408,7 +408,7 @@ class Checker:
     @staticmethod
     def _fits_distributed_model(module: Module, call: ast.Call) -> bool:
         owner = call.func.value if isinstance(call.func, ast.Attribute) else None
-        return isinstance(owner, ast.Name) and owner.id in module.collector.distributed_models
+        return module.collector.distributed_model(owner, call.lineno)
 
     @staticmethod
     def call_in_strategy(module: Module, scope: Scope, call: ast.Call) -> bool:

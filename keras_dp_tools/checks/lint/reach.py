@@ -49,11 +49,7 @@ def _given_data(collector: Collector, scope, call: ast.Call) -> list[ast.expr]:
     owner = func.value
     if func.attr in RUN_CALLS and collector.is_strategy_value(owner, call.lineno, scope):
         return call.args[1:] + data
-    if (
-        func.attr in GLOBAL_BATCH_METHODS
-        and isinstance(owner, ast.Name)
-        and owner.id in collector.distributed_models
-    ):
+    if func.attr in GLOBAL_BATCH_METHODS and collector.distributed_model(owner, call.lineno):
         return call.args[:1] + data
     return []
 

@@ -168,8 +168,9 @@ class Collector(ast.NodeVisitor):
         self.all_functions: dict[str, list[Scope]] = defaultdict(list)  # any depth
         self.class_strategy_attrs: dict[str, set[str]] = defaultdict(set)
         self.sequence_classes = sequence_classes or {}
-        # Names bound inside ``with <strategy>.scope():`` (the models the strategy builds).
-        self.distributed_models: set[str] = set()
+        # Names bound inside ``with <strategy>.scope():`` (the models the strategy builds),
+        # with the first line they are bound there.
+        self.distributed_models: dict[str, int] = {}
         self._stack = [self.module]
         self._class: list[str] = []
         self._targets: list[frozenset] = [frozenset()]
@@ -195,6 +196,14 @@ class Collector(ast.NodeVisitor):
         for alias in node.names:
             self.aliases[alias.asname or alias.name] = f"{node.module or ''}.{alias.name}"
             self.imports[alias.asname or alias.name] = (node.level, node.module or "", alias.name)
+
+    def distributed_model(self, owner, line: int) -> bool:
+        """Whether ``owner`` names a model built under a strategy's scope before ``line``."""
+        return (
+            isinstance(owner, ast.Name)
+            and owner.id in self.distributed_models
+            and self.distributed_models[owner.id] <= line
+        )
 
     def qualified(self, node) -> str | None:
         if isinstance(node, ast.Name):
@@ -261,7 +270,8 @@ class Collector(ast.NodeVisitor):
 
     def _assign(self, target, value):
         if self._strategy_blocks:
-            self.distributed_models |= _target_names(target)
+            for name in _target_names(target):
+                self.distributed_models.setdefault(name, value.lineno)
         if isinstance(target, (ast.Tuple, ast.List)):
             for name in _target_names(target):  # unpacked: where the value goes, not what
                 self.scope.assignments[name].append(ast.Tuple([], ast.Load()))
