@@ -290,3 +290,15 @@ def test_a_model_name_is_distributed_only_from_where_the_scope_builds_it():
         + "model.fit(x, y, batch_size=32)  # REPORT\n"
     )
     assert reported(source) == marked(source)
+
+
+def test_data_reaches_the_strategy_by_its_own_name_not_a_namesake_in_another_function():
+    source = (
+        TF
+        + "def export():\n    ds = tf.data.Dataset.range(9).batch(64)\n    save(ds)\n"
+        + "def main():\n    ds = tf.data.Dataset.range(9).batch(64)  # REPORT\n"
+        + "    strategy = tf.distribute.MirroredStrategy()\n"
+        + "    with strategy.scope():\n        model = build()\n"
+        + "    model.fit(ds)\n"
+    )
+    assert reported(source) == marked(source)

@@ -400,7 +400,7 @@ class Checker:
         """A strategy exists where the batch is made, or the batch reaches one."""
         return (
             module.strategy_at(scope, site.call.lineno)
-            or bool(site.targets & module.reach.names)
+            or any(module.reach.reaches(scope, target) for target in site.targets)
             or id(site.call) in module.reach.calls
             or self._fits_distributed_model(module, site.call)
         )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
-from keras_dp_tools.checks.lint.scopes import GLOBAL_BATCH_METHODS, Collector
+from keras_dp_tools.checks.lint.scopes import GLOBAL_BATCH_METHODS, Collector, Scope
 
 DISTRIBUTE_CALLS = {"experimental_distribute_dataset", "distribute_dataset"}
 RUN_CALLS = {"run", "experimental_run_v2", "experimental_run"}
@@ -21,22 +21,33 @@ DATA_KEYWORDS = {"x", "validation_data", "args"}
 
 @dataclass
 class Reach:
-    """Names, module functions and calls whose data the strategy distributes."""
+    """Names (as ``(id of the defining scope, name)``), module functions and calls whose
+    data the strategy distributes."""
 
-    names: set[str] = field(default_factory=set)
+    names: set[tuple[int, str]] = field(default_factory=set)
     functions: set[str] = field(default_factory=set)
     calls: set[int] = field(default_factory=set)  # ids of calls making distributed data
 
-    def add(self, expression) -> bool:
+    def add(self, scope: Scope, expression) -> bool:
+        """Marks what ``expression`` (read in ``scope``) is made of; whether it was new."""
         before = (len(self.names), len(self.functions), len(self.calls))
         for node in ast.walk(expression):
             if isinstance(node, ast.Name):
-                self.names.add(node.id)
+                self.names.add(name_in(scope, node.id))
             elif isinstance(node, ast.Call):
                 self.calls.add(id(node))
                 if isinstance(node.func, ast.Name):
                     self.functions.add(node.func.id)
         return before != (len(self.names), len(self.functions), len(self.calls))
+
+    def reaches(self, scope: Scope, name: str) -> bool:
+        return name_in(scope, name) in self.names
+
+
+def name_in(scope: Scope, name: str) -> tuple[int, str]:
+    """``name`` as read in ``scope``: the scope defining it, else this one."""
+    owner = scope.lookup(name)[0]
+    return id(owner if owner is not None else scope), name
 
 
 def _given_data(collector: Collector, scope, call: ast.Call) -> list[ast.expr]:
@@ -59,14 +70,14 @@ def distributed_data(collector: Collector) -> Reach:
     for scope in collector.scopes:
         for call in scope.calls:
             for expression in _given_data(collector, scope, call):
-                reach.add(expression)
+                reach.add(scope, expression)
     changed = True
     while changed:
         changed = False
         for scope in collector.scopes:
             for assigned in (scope.assignments, scope.unpacked):
                 for name, values in list(assigned.items()):
-                    if name in reach.names:
+                    if (id(scope), name) in reach.names:
                         for value in values:
-                            changed |= reach.add(value)
+                            changed |= reach.add(scope, value)
     return reach
