@@ -230,3 +230,24 @@ def test_without_fit_data_the_batch_is_unknown_not_guessed(keras, strategy4):
 
     assert [f.code for f in check.findings] == ["unknown-batch"] and not check.failed
     assert caught[0].filename == __file__
+
+
+@pytest.mark.parametrize("package", ["keras", "tf_keras"])
+def test_a_per_replica_batch_from_distribute_datasets_from_function_is_not_warned(
+    request, tf, strategy4, package
+):
+    """The dataset_fn's batch is per replica by contract: 8 per replica is right."""
+    x, y = regression_data(256)
+
+    def dataset_fn(input_context):
+        return tf.data.Dataset.from_tensor_slices((x, y)).batch(8, drop_remainder=True)
+
+    dataset = strategy4.distribute_datasets_from_function(dataset_fn)
+    model = dense_model(request.getfixturevalue(package), strategy4)
+    check = kdt.BatchScalingCheck(per_replica_batch=8)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        model.fit(dataset, epochs=1, steps_per_epoch=2, verbose=0, callbacks=[check])
+
+    assert [f.code for f in check.findings] == ["already-distributed"]
+    assert not [w for w in caught if w.category is kdt.BatchScalingWarning]

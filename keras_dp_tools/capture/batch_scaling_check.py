@@ -10,6 +10,7 @@ from keras_dp_tools.checks.batching import (
     DatasetBatch,
     Finding,
     adapter_batch,
+    adapter_distributed_input,
     check_batching,
     is_distributed,
     unknown_batch,
@@ -88,7 +89,10 @@ class BatchScalingCheck(DataParallelCallback):
         ):
             return self.dataset
         adapter = find_in_fit(_data_adapter)
-        return None if adapter is None else adapter_batch(adapter)
+        if adapter is None:
+            return None
+        distributed = adapter_distributed_input(adapter)
+        return distributed if distributed is not None else adapter_batch(adapter)
 
     def _record(self) -> None:
         recorder = Recorder.for_fit(self.log_dir, self.model)

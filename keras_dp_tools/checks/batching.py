@@ -159,6 +159,17 @@ def adapter_batch(adapter) -> DatasetBatch | None:
     return None
 
 
+def adapter_distributed_input(adapter):
+    """The dataset of ``distribute_datasets_from_function`` that ``fit``'s data adapter
+    wraps, else None: its ``dataset_fn`` batches per replica by contract, so its batch is
+    not a global batch to check against the replica count."""
+    for name in ("_dataset", "dataset", "_iterator"):
+        value = getattr(adapter, name, None)
+        if is_distributed(value) and "FromFunction" in type(value).__name__:
+            return value
+    return None
+
+
 def is_distributed(dataset) -> bool:
     import tensorflow as tf
 

@@ -78,9 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     lint = commands.add_parser(
         "lint",
         help="find batch sizes not scaled by the replica count (static, flake8-style)",
-        description="Check Python files and notebooks for batch sizes given under a "
-        "distribution strategy that are not derived from num_replicas_in_sync (KDP001; "
-        "followed through helper functions and imports of project files), constant "
+        description="Check Python files and notebooks for batch sizes that a "
+        "tf.distribute strategy splits (they reach what it distributes, or run after it "
+        "exists) and that are not derived from num_replicas_in_sync (KDP001; followed "
+        "through helper functions and imports of project files; per-replica contracts "
+        "such as distribute_datasets_from_function and values the code states are "
+        "global are not reported: docs/scaling.md), constant "
         "batch_size given to fit/evaluate/predict, the global batch (KDP003), and "
         "constant learning rates next to scaled batches (KDP002). Parses only: never "
         "imports or runs the code. '# noqa: KDP001' silences a line. Exit status: 0 "

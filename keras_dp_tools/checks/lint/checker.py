@@ -1,42 +1,58 @@
 """The KDP checks on one Python source (and, given a project, the files it imports).
 
-KDP001 (error): a batch size given to ``.batch(X)``/``.padded_batch(X)`` or ``batch_size=X``
-(other than to ``fit``/``evaluate``/``predict``) in a scope where a distribution strategy
-is created or received, where ``X`` is a constant: not derived from
-``num_replicas_in_sync`` (directly, through simple assignments, ``kdt.scale_batch_size``,
-``input_context.get_per_replica_batch_size`` or a ``kdt.plan_scaling`` plan).
+KDP001 (error): a batch size given to ``.batch(X)`` (``padded_batch``, ``ragged_batch``,
+``dense_to_ragged_batch``, ``bucket_by_sequence_length``'s sizes, a ``keras.utils.Sequence``
+or ``PyDataset`` subclass's constructor) or ``batch_size=X`` (other than to
+``fit``/``evaluate``/``predict``), where ``X`` is a constant (not derived from
+``num_replicas_in_sync`` directly, through simple assignments, ``kdt.scale_batch_size``,
+an input context or a ``kdt.plan_scaling`` plan) and a strategy splits the batch.
 
 KDP003 (warning): the same for ``model.fit/evaluate/predict(batch_size=X)``. Keras
 documents that argument as the global batch, so a constant there may be deliberate: the
 message says what each reading implies, and the code can be silenced on its own.
 
+A strategy splits a batch when the batch reaches what it distributes (``reach.py``: the
+``fit``/``evaluate``/``predict`` of a model built under ``strategy.scope()``,
+``experimental_distribute_dataset``, ``strategy.run``, or a function whose result goes
+there), or runs after the strategy exists in its scope (created earlier in it, received as
+a parameter, held on ``self``, or existing where its function was defined:
+``facts.Module.strategy_at``). Not reported: batches per replica by an API's contract
+(``contracts.py``), values the code states are global (``intent.py``), and batches of
+DTensor, JAX, PyTorch or Keras distribution code (not tf.distribute). One finding per line.
+
 Both follow values through calls: a constant (a literal, a module constant, a parameter
 default) that reaches a helper's batch size, in this file or in a project file it imports
 (``import data``, ``from .data import f``, ``from pkg.data import f``), is reported at the
-call where it enters, naming the ``batch(...)`` it reaches, when a strategy is in scope at
+call where it enters, naming the ``batch(...)`` it reaches, when a strategy splits it at
 that call or anywhere on the way. Calls are followed ``MAX_CALL_DEPTH`` deep; recursion
 stops. Values whose origin cannot be followed (parameters nobody binds to a constant,
 attributes, calls) are not flagged.
 
 KDP002 (info): a constant learning rate given to an optimizer in a module whose batch
 *is* scaled by the replica count: the rate was probably tuned for another batch.
-
-Scopes are the module and each function. A function is a strategy scope when it creates
-a strategy (``tf.distribute.MirroredStrategy()``, ``MultiWorkerMirroredStrategy``,
-``get_strategy()``, ``kdt.mirrored_strategy()``, under any import alias), receives one (a
-parameter named ``strategy``, annotated as a ``Strategy``, passed a strategy at a call
-in the same module, or any name used as ``with <name>.scope():``), uses ``self.<attr>``
-set to a strategy in its class, or is nested in a strategy scope. Module-level code that
-creates a strategy makes every function of the module a strategy scope.
 """
 
 from __future__ import annotations
 
 import ast
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from keras_dp_tools.checks.lint.facts import Module
+from keras_dp_tools.checks.lint.flow import (
+    CONSTANT,
+    GLOBAL,
+    PARAMETER,
+    SCALED,
+    SCALED_CALLS,
+    TRANSPARENT_CALLS,
+    UNKNOWN,
+    Flow,
+    combine,
+    from_input_context,
+)
+from keras_dp_tools.checks.lint.intent import HINT
+from keras_dp_tools.checks.lint.scopes import Scope, Site, arguments_of, bind
 from keras_dp_tools.common.findings import Finding
 from keras_dp_tools.common.severity import Severity
 
@@ -54,49 +70,6 @@ SEVERITIES = {
 }
 MAX_CALL_DEPTH = 4  # calls followed from a call site down to a batch(...)
 MAX_IMPORT_DEPTH = 4  # re-exports followed to find a name's definition
-_STRATEGY_CLASSES = {
-    "MirroredStrategy",
-    "MultiWorkerMirroredStrategy",
-    "CollectiveAllReduceStrategy",
-    "TPUStrategy",
-    "CentralStorageStrategy",
-    "get_strategy",
-}
-_STRATEGY_HELPERS = {
-    "keras_dp_tools.mirrored_strategy",
-    "keras_dp_tools.setup.devices.mirrored_strategy",
-}
-_STRATEGY_PARAMETERS = {"strategy", "distribution_strategy", "dist_strategy", "strat"}
-# Calls whose result is already per replica or scaled by the replica count.
-_SCALED_CALLS = {
-    "scale_batch_size",
-    "get_per_replica_batch_size",
-    "scale_learning_rate",
-    "plan_scaling",
-    "warmup_schedule",
-}
-# Calls that keep the provenance of their arguments.
-_TRANSPARENT_CALLS = {"int", "round", "max", "min", "float", "abs"}
-_BATCHING_METHODS = {"batch", "padded_batch"}
-# Keras methods whose batch_size is documented as the global batch (KDP003).
-_GLOBAL_BATCH_METHODS = {"fit", "evaluate", "predict"}
-_OPTIMIZERS = {
-    "SGD",
-    "Adam",
-    "AdamW",
-    "Adamax",
-    "Nadam",
-    "RMSprop",
-    "Adagrad",
-    "Adadelta",
-    "Adafactor",
-    "Ftrl",
-    "Lion",
-    "Lamb",
-    "LAMB",
-}
-# Where a value comes from. PARAMETER: constants and the enclosing function's parameters.
-SCALED, CONSTANT, UNKNOWN, PARAMETER = "scaled", "constant", "unknown", "parameter"
 
 
 @dataclass(frozen=True)
@@ -115,293 +88,6 @@ def Violation(line: int, col: int, code: str, message: str, related=()) -> Findi
     ``related`` the other places it involves (the ``batch(...)`` a value reaches).
     ``violation.format(path)`` is flake8's line; findings sort by place."""
     return Finding(SEVERITIES[code], code, message, line=line, col=col, related=related)
-
-
-@dataclass(frozen=True)
-class _Flow:
-    kind: str
-    params: frozenset = frozenset()  # (scope, name) pairs, for PARAMETER
-
-
-def _combine(flows) -> _Flow:
-    flows = list(flows)
-    kinds = {flow.kind for flow in flows}
-    if SCALED in kinds:
-        return _Flow(SCALED)
-    if UNKNOWN in kinds or not flows:
-        return _Flow(UNKNOWN)
-    params = frozenset().union(*(flow.params for flow in flows))
-    return _Flow(PARAMETER, params) if params else _Flow(CONSTANT)
-
-
-@dataclass(frozen=True)
-class _Site:
-    """A batch size given at a call: ``size`` the value, ``code`` KDP001 or KDP003."""
-
-    size: ast.expr
-    call: ast.Call
-    code: str
-
-    def text(self) -> str:
-        func = self.call.func
-        name = f".{func.attr}" if isinstance(func, ast.Attribute) else ast.unparse(func)
-        size = ast.unparse(self.size)
-        return f"{name}({size})" if self.size in self.call.args else f"{name}(batch_size={size})"
-
-
-class _Scope:
-    def __init__(self, node, parent: _Scope | None, class_name: str | None = None):
-        self.node = node
-        self.parent = parent
-        self.class_name = class_name
-        self.assignments: dict[str, list[ast.expr]] = defaultdict(list)
-        self.parameters: list[str] = []
-        self.strategy_names: set[str] = set()
-        self.creates_strategy = False
-        self.uses_self_attrs: set[str] = set()
-        self.batch_sites: list[_Site] = []
-        self.learning_rates: list[ast.expr] = []  # values given to optimizers
-        self.calls: list[ast.Call] = []
-        self.received = False
-
-    def lookup(self, name: str) -> tuple[_Scope | None, list[ast.expr], bool]:
-        """The scope defining ``name``, its assigned values, and whether it is a parameter."""
-        scope = self
-        while scope is not None:
-            if name in scope.parameters or name in scope.assignments:
-                return scope, scope.assignments.get(name, []), name in scope.parameters
-            scope = scope.parent
-        return None, [], False
-
-    def within(self, other: _Scope) -> bool:
-        scope = self
-        while scope is not None and scope is not other:
-            scope = scope.parent
-        return scope is other
-
-
-class _Collector(ast.NodeVisitor):
-    """Walks a module once, building scopes and the import aliases."""
-
-    def __init__(self):
-        self.aliases: dict[str, str] = {}
-        # local name -> (level, module, imported name or None): for following imports.
-        self.imports: dict[str, tuple[int, str, str | None]] = {}
-        self.module = _Scope(None, None)
-        self.scopes: list[_Scope] = [self.module]
-        self.functions: dict[str, _Scope] = {}
-        self.class_strategy_attrs: dict[str, set[str]] = defaultdict(set)
-        self._stack = [self.module]
-        self._class: list[str] = []
-
-    @property
-    def scope(self) -> _Scope:
-        return self._stack[-1]
-
-    # -- names -----------------------------------------------------------------
-
-    def visit_Import(self, node):
-        for alias in node.names:
-            if alias.asname:
-                self.aliases[alias.asname] = alias.name
-                self.imports[alias.asname] = (0, alias.name, None)
-            else:
-                top = alias.name.split(".")[0]
-                self.aliases[top] = top
-                self.imports[top] = (0, top, None)
-
-    def visit_ImportFrom(self, node):
-        for alias in node.names:
-            self.aliases[alias.asname or alias.name] = f"{node.module or ''}.{alias.name}"
-            self.imports[alias.asname or alias.name] = (node.level, node.module or "", alias.name)
-
-    def qualified(self, node) -> str | None:
-        if isinstance(node, ast.Name):
-            name = self.aliases.get(node.id, node.id)
-        elif isinstance(node, ast.Attribute):
-            base = self.qualified(node.value)
-            if base is None:
-                return None
-            name = f"{base}.{node.attr}"
-        else:
-            return None
-        return "tensorflow" + name[2:] if name == "tf" or name.startswith("tf.") else name
-
-    def is_strategy_call(self, node) -> bool:
-        if not isinstance(node, ast.Call):
-            return False
-        name = self.qualified(node.func) or ""
-        if name in _STRATEGY_HELPERS or name.endswith(".mirrored_strategy"):
-            return True
-        parts = name.split(".")
-        return parts[-1] in _STRATEGY_CLASSES and "distribute" in parts[:-1]
-
-    # -- scopes ------------------------------------------------------------------
-
-    def visit_ClassDef(self, node):
-        self._class.append(node.name)
-        self.generic_visit(node)
-        self._class.pop()
-
-    def visit_FunctionDef(self, node):
-        scope = _Scope(node, self.scope, self._class[-1] if self._class else None)
-        arguments = _arguments(node)
-        scope.parameters = [argument.arg for argument in arguments]
-        for argument in arguments:
-            annotation = ast.unparse(argument.annotation) if argument.annotation else ""
-            if argument.arg in _STRATEGY_PARAMETERS or annotation.endswith("Strategy"):
-                scope.strategy_names.add(argument.arg)
-                scope.received = True
-        self.scopes.append(scope)
-        if self.scope is self.module and not self._class:
-            self.functions[node.name] = scope
-        self._stack.append(scope)
-        for statement in node.body:
-            self.visit(statement)
-        self._stack.pop()
-        for default in [*node.args.defaults, *node.args.kw_defaults]:
-            if default is not None:
-                self.visit(default)
-
-    visit_AsyncFunctionDef = visit_FunctionDef
-
-    # -- facts -------------------------------------------------------------------
-
-    def _assign(self, target, value):
-        if isinstance(target, ast.Name):
-            self.scope.assignments[target.id].append(value)
-            if self.is_strategy_call(value) or (
-                isinstance(value, ast.Name) and value.id in self.scope.strategy_names
-            ):
-                self.scope.strategy_names.add(target.id)
-                self.scope.creates_strategy = True
-        elif (
-            isinstance(target, ast.Attribute)
-            and isinstance(target.value, ast.Name)
-            and target.value.id == "self"
-            and self._class
-            and self.is_strategy_call(value)
-        ):
-            self.class_strategy_attrs[self._class[-1]].add(target.attr)
-            self.scope.creates_strategy = True
-
-    def visit_Assign(self, node):
-        for target in node.targets:
-            self._assign(target, node.value)
-        self.generic_visit(node)
-
-    def visit_AnnAssign(self, node):
-        if node.value is not None:
-            self._assign(node.target, node.value)
-        self.generic_visit(node)
-
-    def visit_AugAssign(self, node):
-        if isinstance(node.target, ast.Name):
-            combined = ast.BinOp(
-                left=ast.Name(node.target.id, ast.Load()), op=node.op, right=node.value
-            )
-            self.scope.assignments[node.target.id].append(combined)
-        self.generic_visit(node)
-
-    def visit_With(self, node):
-        for item in node.items:  # "with dist.scope():" says dist is a strategy
-            call = item.context_expr
-            if (
-                isinstance(call, ast.Call)
-                and isinstance(call.func, ast.Attribute)
-                and call.func.attr == "scope"
-                and isinstance(call.func.value, ast.Name)
-            ):
-                self.scope.strategy_names.add(call.func.value.id)
-                self.scope.received = True
-        self.generic_visit(node)
-
-    def visit_Attribute(self, node):
-        if isinstance(node.value, ast.Name) and node.value.id == "self":
-            self.scope.uses_self_attrs.add(node.attr)
-        self.generic_visit(node)
-
-    def visit_Call(self, node):
-        if self.is_strategy_call(node):
-            self.scope.creates_strategy = True
-        self.scope.calls.append(node)
-        func = node.func
-        size, code = _keyword(node, "batch_size"), "KDP001"
-        if isinstance(func, ast.Attribute) and func.attr in _BATCHING_METHODS and node.args:
-            size = node.args[0]
-        elif isinstance(func, ast.Attribute) and func.attr in _GLOBAL_BATCH_METHODS:
-            code = "KDP003"
-        if size is not None:
-            self.scope.batch_sites.append(_Site(size, node, code))
-        name = (self.qualified(func) or "").split(".")[-1]
-        if name in _OPTIMIZERS:
-            rate = _keyword(node, "learning_rate") or _keyword(node, "lr")
-            rate = rate if rate is not None else (node.args[0] if node.args else None)
-            if rate is not None:
-                self.scope.learning_rates.append(rate)
-        self.generic_visit(node)
-
-
-def _keyword(call: ast.Call, name: str) -> ast.expr | None:
-    return next((keyword.value for keyword in call.keywords if keyword.arg == name), None)
-
-
-class Module:
-    """One parsed file: its scopes, imports and strategy facts (no cross-file work)."""
-
-    def __init__(self, tree: ast.Module, path=None):
-        self.path = path  # a pathlib.Path for project files, None for a bare source
-        self.collector = _Collector()
-        self.collector.visit(tree)
-        self._propagate_strategy_arguments()
-
-    def _propagate_strategy_arguments(self):
-        """A module function called with a strategy receives one (to a fixpoint)."""
-        changed = True
-        while changed:
-            changed = False
-            for scope in self.collector.scopes:
-                for call in scope.calls:
-                    if not isinstance(call.func, ast.Name):
-                        continue
-                    callee = self.collector.functions.get(call.func.id)
-                    if callee is None:
-                        continue
-                    passed = [
-                        (callee.parameters[index] if index < len(callee.parameters) else None, arg)
-                        for index, arg in enumerate(call.args)
-                    ] + [(keyword.arg, keyword.value) for keyword in call.keywords]
-                    for parameter, value in passed:
-                        if (
-                            parameter
-                            and parameter not in callee.strategy_names
-                            and self._is_strategy_value(scope, value)
-                        ):
-                            callee.strategy_names.add(parameter)
-                            callee.received = True
-                            changed = True
-
-    def _is_strategy_value(self, scope: _Scope, value) -> bool:
-        if self.collector.is_strategy_call(value):
-            return True
-        if isinstance(value, ast.Name):
-            current = scope
-            while current is not None:
-                if value.id in current.strategy_names:
-                    return True
-                current = current.parent
-        return False
-
-    def is_strategy_scope(self, scope: _Scope) -> bool:
-        current = scope
-        while current is not None:
-            if current.creates_strategy or current.received:
-                return True
-            attrs = self.collector.class_strategy_attrs.get(current.class_name or "", set())
-            if attrs & current.uses_self_attrs:
-                return True
-            current = current.parent
-        return False
 
 
 @dataclass(frozen=True)
@@ -435,36 +121,9 @@ class _Binding:
     """What a call passes for a sink's parameters."""
 
     def __init__(self):
-        self.flows: list[_Flow] = []
+        self.flows: list[Flow] = []
         self.arguments: list[ast.expr] = []  # call arguments that carry values
         self.defaults: list[_Place] = []  # callee defaults that carry values
-
-
-def _bind(call: ast.Call, function, name: str) -> tuple[str, ast.expr] | None:
-    """Which of the call's arguments (``"argument"``) or of the function's defaults
-    (``"default"``) gives parameter ``name``; None when splats make it unknowable."""
-    for keyword in call.keywords:
-        if keyword.arg == name:
-            return "argument", keyword.value
-    arguments = function.args
-    positional = [argument.arg for argument in [*arguments.posonlyargs, *arguments.args]]
-    splat = any(isinstance(arg, ast.Starred) for arg in call.args) or any(
-        keyword.arg is None for keyword in call.keywords
-    )
-    if name in positional:
-        index = positional.index(name)
-        before = call.args[: index + 1]
-        if index < len(call.args) and not any(isinstance(arg, ast.Starred) for arg in before):
-            return "argument", call.args[index]
-        if splat:
-            return None
-        offset = index - (len(positional) - len(arguments.defaults))
-        return ("default", arguments.defaults[offset]) if offset >= 0 else None
-    kwonly = [argument.arg for argument in arguments.kwonlyargs]
-    if name in kwonly and not splat:
-        default = arguments.kw_defaults[kwonly.index(name)]
-        return ("default", default) if default is not None else None
-    return None
 
 
 class Checker:
@@ -524,59 +183,85 @@ class Checker:
 
     # -- where values come from ----------------------------------------------------
 
-    def flow(self, module: Module, scope: _Scope, node, seen=frozenset()) -> _Flow:
+    def flow(self, module: Module, scope: Scope, node, seen=frozenset()) -> Flow:
         """Where a value comes from: scaled, constant, unknown, or parameters."""
         if isinstance(node, ast.Constant):
-            return _Flow(CONSTANT if isinstance(node.value, (int, float)) else UNKNOWN)
+            if not isinstance(node.value, (int, float)) or isinstance(node.value, bool):
+                return Flow(UNKNOWN)
+            if self._named_global(module, scope, node):
+                return Flow(GLOBAL)
+            return Flow(CONSTANT)
         if isinstance(node, ast.Attribute):
             if node.attr == "num_replicas_in_sync":
-                return _Flow(SCALED)
+                return Flow(SCALED)
             if node.attr in ("global_batch", "target_lr"):  # a plan's fields
                 return self.flow(module, scope, node.value, seen)
             return self._imported_flow(module, node, seen)
         if isinstance(node, ast.Name):
             if (id(module), node.id) in seen:
-                return _Flow(UNKNOWN)
+                return Flow(UNKNOWN)
             owner, values, is_parameter = scope.lookup(node.id)
+            if module.says_global(node.id, values):
+                return Flow(GLOBAL)
             if owner is None:
                 return self._imported_flow(module, node, seen)
             seen = seen | {(id(module), node.id)}
             flows = [self.flow(module, owner, value, seen) for value in values]
             if is_parameter:
-                flows.append(_Flow(PARAMETER, frozenset({(owner, node.id)})))
-            return _combine(flows)
+                flows.append(Flow(PARAMETER, frozenset({(owner, node.id)})))
+            return combine(flows)
         if isinstance(node, ast.Call):
             name = (module.collector.qualified(node.func) or "").split(".")[-1]
-            if isinstance(node.func, ast.Attribute) and node.func.attr in _SCALED_CALLS:
-                return _Flow(SCALED)
-            if name in _SCALED_CALLS:
-                return _Flow(SCALED)
-            if name in _TRANSPARENT_CALLS:
-                return _combine(self.flow(module, scope, arg, seen) for arg in node.args)
-            return _Flow(UNKNOWN)
+            if isinstance(node.func, ast.Attribute) and (
+                node.func.attr in SCALED_CALLS or from_input_context(node.func)
+            ):
+                return Flow(SCALED)
+            if name in SCALED_CALLS:
+                return Flow(SCALED)
+            if name in TRANSPARENT_CALLS:
+                return combine(self.flow(module, scope, arg, seen) for arg in node.args)
+            return Flow(UNKNOWN)
         if isinstance(node, ast.BinOp):
-            return _combine(
+            return combine(
                 [self.flow(module, scope, side, seen) for side in (node.left, node.right)]
             )
         if isinstance(node, ast.UnaryOp):
             return self.flow(module, scope, node.operand, seen)
+        if isinstance(node, (ast.List, ast.Tuple)) and node.elts:  # bucket_batch_sizes
+            return combine(self.flow(module, scope, element, seen) for element in node.elts)
         if isinstance(node, ast.IfExp):
-            return _combine(
+            return combine(
                 [self.flow(module, scope, side, seen) for side in (node.body, node.orelse)]
             )
-        return _Flow(UNKNOWN)
+        return Flow(UNKNOWN)
 
-    def _imported_flow(self, module: Module, node, seen) -> _Flow:
+    @staticmethod
+    def _named_global(module: Module, scope: Scope, literal: ast.Constant) -> bool:
+        """``GLOBAL_BATCH = 64`` earlier in the scope, then ``make(batch_size=64)``: the
+        code has named this number the global batch."""
+        return any(
+            "batch" in name.lower()
+            and module.says_global(name, values)
+            and any(
+                isinstance(value, ast.Constant)
+                and value.value == literal.value
+                and value.lineno <= literal.lineno
+                for value in values
+            )
+            for name, values in scope.assignments.items()
+        )
+
+    def _imported_flow(self, module: Module, node, seen) -> Flow:
         """A module constant of another project file (``from config import BATCH``)."""
         found = self.resolve(module, node) if self.project is not None else None
         if found is None or found[0] != "constant":
-            return _Flow(UNKNOWN)
+            return Flow(UNKNOWN)
         _, owner, name = found
         return self.flow(owner, owner.collector.module, ast.Name(name, ast.Load()), seen)
 
     # -- through calls -----------------------------------------------------------------
 
-    def callee(self, module: Module, call: ast.Call) -> tuple[Module, _Scope] | None:
+    def callee(self, module: Module, call: ast.Call) -> tuple[Module, Scope] | None:
         if isinstance(call.func, ast.Name) and call.func.id in module.collector.functions:
             return module, module.collector.functions[call.func.id]
         if self.project is None:
@@ -584,7 +269,7 @@ class Checker:
         found = self.resolve(module, call.func)
         return (found[1], found[2]) if found is not None and found[0] == "function" else None
 
-    def through_call(self, module: Module, scope: _Scope, call: ast.Call, budget: int):
+    def through_call(self, module: Module, scope: Scope, call: ast.Call, budget: int):
         """``(sink, binding)`` for each batch size of the called function that this
         call's arguments (or the function's defaults) decide."""
         target = self.callee(module, call)
@@ -593,11 +278,11 @@ class Checker:
         callee_module, callee = target
         for sink in self.summary(callee_module, callee, budget):
             binding = _Binding()
-            order = [argument.arg for argument in _arguments(callee.node)]
+            order = [argument.arg for argument in arguments_of(callee.node)]
             for name in sorted(sink.params, key=order.index):
-                bound = _bind(call, callee.node, name)
+                bound = bind(call, callee.node, name)
                 if bound is None:
-                    binding.flows.append(_Flow(UNKNOWN))
+                    binding.flows.append(Flow(UNKNOWN))
                 elif bound[0] == "argument":
                     binding.flows.append(self.flow(module, scope, bound[1]))
                     binding.arguments.append(bound[1])
@@ -609,7 +294,7 @@ class Checker:
                     )
             yield sink, binding
 
-    def summary(self, module: Module, function: _Scope, budget: int) -> list[_Sink]:
+    def summary(self, module: Module, function: Scope, budget: int) -> list[_Sink]:
         """The sinks of ``function``: batch sizes made constant by its parameters, or
         already constant inside it (recursion and depth bounded)."""
         key = (id(module), id(function), budget)
@@ -620,10 +305,10 @@ class Checker:
         self._active.add((id(module), id(function)))
         sinks = []
         for scope in module.collector.scopes:
-            if not scope.within(function):
+            if not scope.within(function) or module.per_replica(scope):
                 continue
-            strategy = module.is_strategy_scope(scope)
-            for site in scope.batch_sites:
+            for site in self.checked_sites(module, scope):
+                strategy = self.reaches_strategy(module, scope, site)
                 flow = self.flow(module, scope, site.size)
                 batch = _place(module, site.size, site.text())  # on the batch(...) line
                 size = ast.unparse(site.size)
@@ -645,9 +330,12 @@ class Checker:
                         _Sink(names, site.code, batch, shown="", size=size, in_strategy=strategy)
                     )
             for call in scope.calls:
+                if module.contracts.covers_node(call):
+                    continue
+                strategy = self.call_in_strategy(module, scope, call)
                 here = _place(module, call, f"{ast.unparse(call.func)}()")
                 for sink, binding in self.through_call(module, scope, call, budget - 1):
-                    flow = _combine(binding.flows) if sink.params else _Flow(CONSTANT)
+                    flow = combine(binding.flows) if sink.params else Flow(CONSTANT)
                     on_way = sink.in_strategy or strategy
                     through = (here, *sink.through)
                     if flow.kind == CONSTANT:
@@ -684,27 +372,63 @@ class Checker:
         path = None if place.module is self.module else self.project.display(place.module.path)
         return Related(path, place.line, place.col, note)
 
+    # -- where a strategy is -----------------------------------------------------------
+
+    def checked_sites(self, module: Module, scope: Scope) -> list[Site]:
+        """The batch sites of ``scope`` this check judges: not in a per-replica lambda,
+        and not a ``batch_size=`` given to a function it follows (judged through it)."""
+        sites = []
+        for site in scope.batch_sites:
+            if module.contracts.covers_node(site.call):
+                continue
+            if site.size not in site.call.args and self.callee(module, site.call) is not None:
+                continue
+            sites.append(site)
+        return sites
+
+    def reaches_strategy(self, module: Module, scope: Scope, site: Site) -> bool:
+        """A strategy exists where the batch is made, or the batch reaches one."""
+        return (
+            module.strategy_at(scope, site.call.lineno)
+            or any(module.reach.reaches(scope, target) for target in site.targets)
+            or id(site.call) in module.reach.calls
+            or self._fits_distributed_model(module, site.call)
+        )
+
+    @staticmethod
+    def _fits_distributed_model(module: Module, call: ast.Call) -> bool:
+        owner = call.func.value if isinstance(call.func, ast.Attribute) else None
+        return module.collector.distributed_model(owner, call.lineno)
+
+    @staticmethod
+    def call_in_strategy(module: Module, scope: Scope, call: ast.Call) -> bool:
+        return module.strategy_at(scope, call.lineno) or id(call) in module.reach.calls
+
     def violations(self) -> list[Violation]:
         module = self.module
-        scopes = module.collector.scopes
         found = []
-        for scope in scopes:
-            strategy = module.is_strategy_scope(scope)
-            for site in scope.batch_sites if strategy else ():
+        for scope in module.collector.scopes:
+            if module.per_replica(scope):
+                continue
+            for site in self.checked_sites(module, scope):
+                if not self.reaches_strategy(module, scope, site):
+                    continue
                 if self.flow(module, scope, site.size).kind == CONSTANT:
                     found.append(_local_violation(site))
             for call in scope.calls:
-                found += self._call_violations(scope, call, strategy)
+                if not module.contracts.covers_node(call):
+                    found += self._call_violations(
+                        scope, call, self.call_in_strategy(module, scope, call)
+                    )
         found += self._learning_rate_violations()
-        unique = {(v.line, v.col, v.code, v.message): v for v in found}
-        return sorted(unique.values())
+        return _one_per_line(found)
 
-    def _call_violations(self, scope: _Scope, call: ast.Call, strategy: bool) -> list[Violation]:
+    def _call_violations(self, scope: Scope, call: ast.Call, strategy: bool) -> list[Violation]:
         found = []
         for sink, binding in self.through_call(self.module, scope, call, MAX_CALL_DEPTH):
             if sink.reported or not (strategy or sink.in_strategy):
                 continue
-            if sink.params and _combine(binding.flows).kind != CONSTANT:
+            if sink.params and combine(binding.flows).kind != CONSTANT:
                 continue
             shown = _shown(sink, binding)
             callee = f"{ast.unparse(call.func)}()"
@@ -754,7 +478,7 @@ class Checker:
             for scope in scopes
             for site in scope.batch_sites
         )
-        if not any_scaled_batch or not any(module.is_strategy_scope(s) for s in scopes):
+        if not any_scaled_batch or not module.any_strategy():
             return []
         return [
             Violation(
@@ -772,9 +496,16 @@ class Checker:
         ]
 
 
-def _arguments(function) -> list[ast.arg]:
-    arguments = function.args
-    return [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+def _one_per_line(found: list[Violation]) -> list[Violation]:
+    """One batch-size finding per line: a value that is both a literal and a followed
+    argument is one mistake (the followed finding says more: it names the batch)."""
+    best: dict[tuple, Violation] = {}
+    for violation in found:
+        key = (violation.line, violation.code == "KDP002")
+        kept = best.get(key)
+        if kept is None or (violation.related and not kept.related):
+            best[key] = violation
+    return sorted(best.values())
 
 
 def _shown(sink: _Sink, binding: _Binding) -> str:
@@ -794,33 +525,30 @@ def _reading(code: str, shown: str) -> str:
             f"Keras reads batch_size as the global batch: on n replicas each gets {shown} / n "
             f"examples per step. If {shown} is meant per replica, pass {scaled} "
             "(kdt.scale_batch_size); if it is meant as the global batch, keep it and silence "
-            "this line with '# noqa: KDP003'."
+            "this line with '# noqa: KDP003' (or name it GLOBAL_BATCH_SIZE)."
         )
     return (
         "it is not scaled by the replica count: under a strategy it is the global batch, "
-        f"split over replicas. Use {scaled} (kdt.scale_batch_size) if it is meant per replica."
+        f"split over replicas. Use {scaled} (kdt.scale_batch_size) if it is meant per "
+        f"replica. {HINT}"
     )
 
 
-def _local_violation(site: _Site) -> Violation:
+def _local_violation(site: Site) -> Violation:
     shown = ast.unparse(site.size)
     if site.code == "KDP003":
         message = f"{site.text()} is a constant under a strategy; {_reading('KDP003', shown)}"
     else:
-        message = (
-            f"batch size {shown} is not scaled by the replica count: under a strategy it is "
-            f"the global batch, split over replicas. Use {shown} * "
-            "strategy.num_replicas_in_sync (kdt.scale_batch_size) if it is meant per replica."
-        )
+        message = f"batch size {shown}: {_reading('KDP001', shown)}"
     return Violation(site.size.lineno, site.size.col_offset, site.code, message)
 
 
-def _syntax_violation(error: SyntaxError) -> Violation:
+def _syntax_violation(error: Exception) -> Violation:
     return Violation(
-        error.lineno or 1,
-        max((error.offset or 1) - 1, 0),
+        getattr(error, "lineno", None) or 1,
+        max((getattr(error, "offset", None) or 1) - 1, 0),
         "KDP900",
-        f"syntax error, file not checked: {error.msg}",
+        f"syntax error, file not checked: {getattr(error, 'msg', error)}",
     )
 
 
@@ -835,12 +563,20 @@ def check_source(
     """
     try:
         tree = ast.parse(source, filename=filename)
-    except SyntaxError as error:
+    # ValueError: a null byte; RecursionError: nesting too deep for the parser.
+    except (SyntaxError, ValueError, RecursionError) as error:
         return [_syntax_violation(error)]
-    return check_tree(tree, filename if project is not None else None, project, label)
+    lines = source.splitlines()
+    return check_tree(tree, filename if project is not None else None, project, label, lines)
 
 
-def check_tree(tree: ast.Module, filename=None, project=None, label=None) -> list[Violation]:
-    """``check_source`` on an already parsed module (the flake8 plugin's entry)."""
-    module = project.register(filename, tree) if project is not None and filename else None
-    return Checker(module or Module(tree), project, label).violations()
+def check_tree(
+    tree: ast.Module, filename=None, project=None, label=None, lines=None
+) -> list[Violation]:
+    """``check_source`` on an already parsed module (the flake8 plugin's entry);
+    ``lines`` the source lines (for comments that state intent)."""
+    if project is not None and filename:
+        module = project.register(filename, tree, lines)
+    else:
+        module = Module(tree, None, lines)
+    return Checker(module, project, label).violations()

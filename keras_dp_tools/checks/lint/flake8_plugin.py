@@ -25,15 +25,18 @@ class KerasDpChecker:
     name = "keras-dp-tools"
     version = keras_dp_tools.__version__
 
-    def __init__(self, tree: ast.Module, filename: str = "stdin"):
+    def __init__(self, tree: ast.Module, filename: str = "stdin", lines=None):
         self.tree = tree
         self.filename = filename
+        self.lines = [line.rstrip("\r\n") for line in lines] if lines is not None else None
 
     def run(self):
         if Path(self.filename).is_file():
-            module = _PROJECT.parsed(self.filename) or _PROJECT.register(self.filename, self.tree)
+            module = _PROJECT.parsed(self.filename) or _PROJECT.register(
+                self.filename, self.tree, self.lines
+            )
             violations = Checker(module, _PROJECT).violations()
         else:  # stdin: nothing to follow imports from
-            violations = check_tree(self.tree)
+            violations = check_tree(self.tree, lines=self.lines)
         for violation in violations:
             yield violation.line, violation.col, f"{violation.code} {violation.message}", type(self)

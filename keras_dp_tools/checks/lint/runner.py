@@ -81,10 +81,13 @@ class Project:
         self._modules: dict[Path, Module | None] = {}
         self._found: dict[tuple, Module | None] = {}
 
-    def register(self, filename: str | os.PathLike, tree: ast.Module) -> Module:
-        """The module of a file being checked (its own tree: a notebook, flake8's)."""
+    def register(
+        self, filename: str | os.PathLike, tree: ast.Module, lines: list[str] | None = None
+    ) -> Module:
+        """The module of a file being checked (its own tree and lines: a notebook's,
+        flake8's; lines read from the file when not given)."""
         path = Path(filename).resolve()
-        self._modules[path] = module = Module(tree, path)
+        self._modules[path] = module = Module(tree, path, lines)
         return module
 
     def parsed(self, filename: str | os.PathLike) -> Module | None:
@@ -119,9 +122,10 @@ class Project:
         path = path.resolve()
         if path not in self._modules:
             try:
-                tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
-                self._modules[path] = Module(tree, path)
-            except (OSError, SyntaxError, UnicodeDecodeError, ValueError):
+                source = path.read_text(encoding="utf-8")
+                tree = ast.parse(source, filename=str(path))
+                self._modules[path] = Module(tree, path, source.splitlines())
+            except (OSError, SyntaxError, UnicodeDecodeError, ValueError, RecursionError):
                 self._modules[path] = None
         return self._modules[path]
 
@@ -160,9 +164,22 @@ def notebook_cells(path: Path) -> list[str]:
         if source.lstrip().startswith("%%"):  # a cell magic: the whole cell is not Python
             sources.append("\n" * source.count("\n"))
             continue
-        lines = ["" if _IPYTHON_LINE.match(line) else line for line in source.split("\n")]
-        sources.append("\n".join(lines))
+        sources.append(_blank_ipython_lines(source))
     return sources
+
+
+def _blank_ipython_lines(source: str) -> str:
+    """The cell with IPython-only lines blanked; a line inside open brackets (``%(a, b)``
+    continuing an expression) is Python, not a magic."""
+    lines, depth = [], 0
+    for line in source.split("\n"):
+        if depth <= 0 and _IPYTHON_LINE.match(line):
+            lines.append("")
+            continue
+        lines.append(line)
+        code = re.sub(r"'[^']*'|\"[^\"]*\"|#.*", "", line)  # roughly: strings, comments
+        depth += sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
+    return "\n".join(lines)
 
 
 def _related(related: Iterable[Related], path: str, locate) -> tuple[dict, ...]:

@@ -1,0 +1,304 @@
+"""The KDP checks on the patterns met in third-party training code (docs/lint-corpus.md),
+each written here as a minimal case of our own: for each cause of a wrong report, code
+that must be reported and code that must not. Lines to report carry ``# REPORT``; the
+expected places are read from those markers, never from the checker."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from keras_dp_tools.checks.lint import check_source
+
+from .conftest import run_cli
+
+TF = "import tensorflow as tf\n"
+MIRRORED = TF + "strategy = tf.distribute.MirroredStrategy()\n"
+
+
+def marked(source: str) -> list[int]:
+    return [n for n, line in enumerate(source.splitlines(), 1) if line.endswith("# REPORT")]
+
+
+def reported(source: str) -> list[int]:
+    return [violation.line for violation in check_source(source)]
+
+
+# 1. Scope follows the code: a batch is the strategy's business where it reaches what the
+# strategy distributes, or runs after the strategy exists in its scope.
+SCOPE = {
+    "made before the strategy, given to fit of a model built under its scope": TF
+    + "ds = tf.data.Dataset.range(9).batch(64)  # REPORT\n"
+    + "strategy = tf.distribute.MirroredStrategy()\n"
+    + "with strategy.scope():\n    model = build()\n"
+    + "model.fit(ds)\n",
+    "made in a helper whose result is distributed": TF
+    + "def make():\n    return tf.data.Dataset.range(9).batch(64)  # REPORT\n"
+    + "def main():\n    strategy = tf.distribute.MirroredStrategy()\n"
+    + "    dist = strategy.experimental_distribute_dataset(make())\n",
+    "inline strategy scope, batch made earlier in the function": TF
+    + "def main():\n    ds = make_ds().batch(12)  # REPORT\n"
+    + "    with tf.distribute.MirroredStrategy().scope():\n        model = build()\n"
+    + "    model.fit(ds, validation_data=ds)\n",
+    "a single-device section above the strategy": TF
+    + "ds = tf.data.Dataset.range(9).batch(64)\n"
+    + "model.fit(ds)\n"
+    + "strategy = tf.distribute.MirroredStrategy()\n",
+    "a single-worker dataset built for comparison": TF
+    + "single = make_dataset(64)\nsingle_model.fit(single)\n"
+    + "strategy = tf.distribute.MultiWorkerMirroredStrategy()\n"
+    + "with strategy.scope():\n    model = build()\n"
+    + "model.fit(make_dataset(global_batch_size))\n",
+    "fit before the strategy, in a guide's first section": TF
+    + "model.fit(x, y, batch_size=32)\n"
+    + "strategy = tf.distribute.MirroredStrategy()\n",
+    "scope() of something that is not a strategy": TF
+    + "def check(ds):\n    with random_tool.scope():\n        pass\n    return ds.batch(8)\n",
+}
+
+# 2. Per-replica contracts: these batches are per replica by the API; scaling is wrong.
+CONTRACTS = {
+    "distribute_datasets_from_function": MIRRORED
+    + "def dataset_fn(ctx):\n    return tf.data.Dataset.range(9).batch(16)\n"
+    + "dist = strategy.distribute_datasets_from_function(dataset_fn)\n",
+    "experimental_ name with a lambda": MIRRORED
+    + "dist = strategy.experimental_distribute_datasets_from_function(\n"
+    + "    lambda ctx: tf.data.Dataset.range(9).batch(16))\n",
+    "Estimator input_fn with RunConfig(train_distribute=...)": MIRRORED
+    + "config = tf.estimator.RunConfig(train_distribute=strategy)\n"
+    + "def input_fn():\n    return tf.data.Dataset.range(9).batch(10)\n"
+    + "estimator = tf.estimator.Estimator(model_fn, config=config)\n"
+    + "estimator.train(input_fn=input_fn, steps=10)\n"
+    + "estimator.evaluate(input_fn, steps=10)\n",
+    "Estimator input_fn through a lambda": MIRRORED
+    + "def make(batch):\n    return tf.data.Dataset.range(9).batch(batch)\n"
+    + "estimator.train(input_fn=lambda: make(32), steps=10)\n",
+    "DatasetCreator and ClusterCoordinator": MIRRORED
+    + "def dataset_fn(_):\n    return tf.data.Dataset.range(9).batch(32)\n"
+    + "creator = tf.keras.utils.experimental.DatasetCreator(dataset_fn)\n"
+    + "def eval_fn():\n    return tf.data.Dataset.range(9).batch(8)\n"
+    + "per_worker = coordinator.create_per_worker_dataset(eval_fn)\n",
+    "computed from input_context": MIRRORED
+    + "def make(input_context):\n"
+    + "    size = input_context.get_per_replica_batch_size(64) + 0\n"
+    + "    return tf.data.Dataset.range(9).batch(16)\n",
+}
+CONTRACT_REPORTED = {
+    "the same batch, distributed by the strategy instead": MIRRORED
+    + "ds = tf.data.Dataset.range(9).batch(16)  # REPORT\n"
+    + "dist = strategy.experimental_distribute_dataset(ds)\n",
+    "a helper the dataset_fn does not own, called from elsewhere": MIRRORED
+    + "def make():\n    return tf.data.Dataset.range(9).batch(16)  # REPORT\n"
+    + "def dataset_fn(ctx):\n    return make()\n"
+    + "dist = strategy.experimental_distribute_dataset(make())\n",
+}
+
+# 3. Stated intent: the code itself treats the value as the global batch.
+INTENT = {
+    "a name that says global": MIRRORED + "GLOBAL_BATCH = 64\nds.batch(GLOBAL_BATCH)\n",
+    "global_batch_size in a helper's parameter": MIRRORED
+    + "def make(global_batch_size):\n    return ds.batch(global_batch_size)\nmake(64)\n",
+    "divided by the replica count elsewhere": MIRRORED
+    + "batch_size = 64\nds = ds.batch(batch_size)\n"
+    + "per_replica = batch_size // strategy.num_replicas_in_sync\n",
+    "divided by a core count": MIRRORED
+    + "BATCH = 1024\nds.batch(BATCH)\nper_core = BATCH / NUM_CORES\n",
+    "given as compute_average_loss's global_batch_size": MIRRORED
+    + "B = 64\nds.batch(B)\n"
+    + "loss = tf.nn.compute_average_loss(losses, global_batch_size=B)\n",
+    "a comment on its definition": MIRRORED
+    + "BATCH = 256  # the global batch, across all replicas\nds.batch(BATCH)\n",
+    "the literal the scope names the global batch": MIRRORED
+    + "global_batch_size = 64\nds = make_dataset(batch_size=64)\n",
+}
+INTENT_REPORTED = {
+    "a comment that says per replica": MIRRORED
+    + "BATCH = 256  # per replica\nds.batch(BATCH)  # REPORT\n",
+    "a global name for something else": MIRRORED + "global_step = 100\nds.batch(100)  # REPORT\n",
+}
+
+# 4. Not tf.distribute: other ways to split a batch are not this rule's business.
+OTHER_SPLITTERS = {
+    "a PyTorch DataLoader next to a strategy": MIRRORED
+    + "import torch\nloader = torch.utils.data.DataLoader(data, batch_size=64)\n",
+    "a DTensor layout map scope": TF
+    + "from tensorflow.experimental import dtensor\n"
+    + "mesh = dtensor.create_mesh([('batch', 8)], devices=devices)\n"
+    + "layout_map = tf.keras.dtensor.experimental.LayoutMap(mesh=mesh)\n"
+    + "with layout_map.scope():\n    model = build()\n"
+    + "ds = ds.batch(128)\nmodel.fit(ds)\n",
+    "a JAX pmap batch": MIRRORED
+    + "import jax\nfrom jax.experimental import pjit\n"
+    + "batches = jax.numpy.reshape(x, (8, 32, -1))\n"
+    + "step = jax.pmap(train_step)\nloader = jax_utils.prefetch(batch_size=32)\n",
+}
+OTHER_SPLITTERS_REPORTED = {
+    "the tf.distribute batch of a file that also uses PyTorch": MIRRORED
+    + "import torch\nloader = torch.utils.data.DataLoader(data, batch_size=64)\n"
+    + "ds = tf.data.Dataset.range(9).batch(64)  # REPORT\n",
+}
+
+# 5. Other batching calls, where real code hides the same mistake.
+BATCHING_CALLS_REPORTED = {
+    "dense_to_ragged_batch": MIRRORED
+    + "ds = ds.apply(tf.data.experimental.dense_to_ragged_batch(32))  # REPORT\n",
+    "ragged_batch": MIRRORED + "ds = ds.ragged_batch(32)  # REPORT\n",
+    "bucket_by_sequence_length": MIRRORED
+    + "ds = ds.bucket_by_sequence_length(length, [10, 20], [32, 32, 32])  # REPORT\n",
+    "experimental bucket_by_sequence_length by keyword": MIRRORED
+    + "f = tf.data.experimental.bucket_by_sequence_length(\n"
+    + "    length, bucket_boundaries=[10], bucket_batch_sizes=[16, 16])  # REPORT\n",
+    "a keras.utils.Sequence with a batch size, given to fit": TF
+    + "class Batches(tf.keras.utils.Sequence):\n"
+    + "    def __init__(self, x, y, batch_size):\n        self.batch_size = batch_size\n"
+    + "BATCH = 256\n"
+    + "train = Batches(x, y, BATCH)  # REPORT\n"
+    + "strategy = tf.distribute.MirroredStrategy()\n"
+    + "with strategy.scope():\n    model = build()\n"
+    + "model.fit(train)\n",
+    "a PyDataset subclass, batch size by keyword": MIRRORED
+    + "class Frames(keras.utils.PyDataset):\n"
+    + "    def __init__(self, paths, batch_size=32, **kwargs):\n        pass\n"
+    + "frames = Frames(paths, batch_size=64)  # REPORT\n",
+}
+BATCHING_CALLS = {
+    "a scaled ragged batch": MIRRORED
+    + "ds = ds.ragged_batch(32 * strategy.num_replicas_in_sync)\n",
+    "scaled bucket sizes": MIRRORED
+    + "n = strategy.num_replicas_in_sync\n"
+    + "ds = ds.bucket_by_sequence_length(length, [10], [32 * n, 32 * n])\n",
+    "a Sequence given a scaled batch": MIRRORED
+    + "class Batches(tf.keras.utils.Sequence):\n"
+    + "    def __init__(self, x, batch_size):\n        pass\n"
+    + "train = Batches(x, 64 * strategy.num_replicas_in_sync)\n",
+    "a Keras Input's batch_size (the shape each replica sees)": MIRRORED
+    + "inputs = tf.keras.Input(shape=(4,), batch_size=16)\n"
+    + "make_input = tf.keras.layers.Input\nother = make_input(shape=(4,), batch_size=16)\n",
+}
+
+# 6. One finding per line.
+ONE_PER_LINE_REPORTED = {
+    "a literal given to a helper's batch_size keyword": MIRRORED
+    + "def make(batch_size):\n    return ds.batch(batch_size)\n"
+    + "train = make(batch_size=64)  # REPORT\n",
+}
+ONE_PER_LINE = {
+    "a helper that scales its batch_size keyword itself": MIRRORED
+    + "def make(batch_size, strategy):\n"
+    + "    return ds.batch(batch_size * strategy.num_replicas_in_sync)\n"
+    + "train = make(batch_size=64, strategy=strategy)\n",
+}
+
+MUST_REPORT = {
+    **{f"scope: {k}": v for k, v in SCOPE.items() if "# REPORT" in v},
+    **{f"contracts: {k}": v for k, v in CONTRACT_REPORTED.items()},
+    **{f"intent: {k}": v for k, v in INTENT_REPORTED.items()},
+    **{f"other splitters: {k}": v for k, v in OTHER_SPLITTERS_REPORTED.items()},
+    **{f"batching calls: {k}": v for k, v in BATCHING_CALLS_REPORTED.items()},
+    **{f"one per line: {k}": v for k, v in ONE_PER_LINE_REPORTED.items()},
+}
+MUST_NOT_REPORT = {
+    **{f"scope: {k}": v for k, v in SCOPE.items() if "# REPORT" not in v},
+    **{f"contracts: {k}": v for k, v in CONTRACTS.items()},
+    **{f"intent: {k}": v for k, v in INTENT.items()},
+    **{f"other splitters: {k}": v for k, v in OTHER_SPLITTERS.items()},
+    **{f"batching calls: {k}": v for k, v in BATCHING_CALLS.items()},
+    **{f"one per line: {k}": v for k, v in ONE_PER_LINE.items()},
+}
+
+
+@pytest.mark.parametrize("source", MUST_REPORT.values(), ids=MUST_REPORT.keys())
+def test_reported_once_on_the_marked_lines(source):
+    assert reported(source) == marked(source)
+
+
+@pytest.mark.parametrize("source", MUST_NOT_REPORT.values(), ids=MUST_NOT_REPORT.keys())
+def test_not_reported(source):
+    assert check_source(source) == []
+
+
+def test_the_message_says_what_would_make_the_value_global():
+    (violation,) = check_source(INTENT_REPORTED["a comment that says per replica"])
+    assert "GLOBAL_BATCH_SIZE" in violation.message
+    assert "'# global batch' on its definition" in violation.message
+    assert "BATCH * strategy.num_replicas_in_sync" in violation.message
+
+
+def test_a_null_byte_is_one_syntax_finding():
+    (violation,) = check_source("x = 1\0\n")
+    assert violation.code == "KDP900" and "file not checked" in violation.message
+
+
+def test_a_magic_looking_line_inside_brackets_is_python(tmp_path):
+    import nbformat
+
+    notebook = nbformat.v4.new_notebook()
+    notebook.cells.append(nbformat.v4.new_code_cell(MIRRORED))
+    notebook.cells.append(
+        nbformat.v4.new_code_cell("print('%d'\n      %(1))\nds = ds.batch(64)\n%time x\n")
+    )
+    nbformat.write(notebook, str(tmp_path / "guide.ipynb"))
+    findings = json.loads(run_cli("lint", str(tmp_path), "--format", "json").stdout)
+    assert [(f["cell"], f["line"], f["code"]) for f in findings] == [(2, 3, "KDP001")]
+
+
+@pytest.fixture
+def project(tmp_path):
+    """Every case as a file of a project; a data module reached through an import."""
+    for number, source in enumerate([*MUST_REPORT.values(), *MUST_NOT_REPORT.values()]):
+        (tmp_path / f"case_{number}.py").write_text(source)
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "__init__.py").write_text("")
+    (tmp_path / "data" / "pipeline.py").write_text(
+        "def make(ds, size):\n    return ds.batch(size)\n"
+    )
+    (tmp_path / "train.py").write_text(
+        MIRRORED + "from data import pipeline\nds = pipeline.make(ds, 64)  # REPORT\n"
+    )
+    return tmp_path
+
+
+def test_a_project_data_module_is_followed_and_flake8_agrees_with_json(project):
+    findings = json.loads(run_cli("lint", str(project), "--format", "json").stdout)
+    ours = {(f["path"].split("/")[-1], f["line"], f["col"], f["code"]) for f in findings}
+    expected = {
+        (path.name, line)
+        for path in sorted(project.glob("*.py"))
+        for line in marked(path.read_text())
+    }
+    assert {(name, line) for name, line, _, _ in ours} == expected
+    result = subprocess.run(
+        [sys.executable, "-m", "flake8", "--select", "KDP", "."],
+        capture_output=True,
+        text=True,
+        cwd=project,
+    )
+    theirs = set()
+    for line in result.stdout.splitlines():
+        path, number, col, rest = line.split(":", 3)
+        theirs.add((path.split("/")[-1], int(number), int(col), rest.split()[0]))
+    assert theirs == ours
+
+
+def test_a_model_name_is_distributed_only_from_where_the_scope_builds_it():
+    source = (
+        TF
+        + "model = build()\nmodel.fit(x, y, batch_size=32)\n"
+        + "strategy = tf.distribute.MirroredStrategy()\n"
+        + "with strategy.scope():\n    model = build()\n"
+        + "model.fit(x, y, batch_size=32)  # REPORT\n"
+    )
+    assert reported(source) == marked(source)
+
+
+def test_data_reaches_the_strategy_by_its_own_name_not_a_namesake_in_another_function():
+    source = (
+        TF
+        + "def export():\n    ds = tf.data.Dataset.range(9).batch(64)\n    save(ds)\n"
+        + "def main():\n    ds = tf.data.Dataset.range(9).batch(64)  # REPORT\n"
+        + "    strategy = tf.distribute.MirroredStrategy()\n"
+        + "    with strategy.scope():\n        model = build()\n"
+        + "    model.fit(ds)\n"
+    )
+    assert reported(source) == marked(source)
