@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from keras_dp_tools.records.contract import TEST_GPUS_ENV
+
 PACKAGE = "keras_dp_tools.tools.gpu_check"
 
 
@@ -32,7 +34,7 @@ class Step:
         argv = self.dry_argv if dry else self.argv
         if argv is None:
             return None
-        return [python, *(part.format(out=out) for part in argv)]
+        return [python, *(part.replace("{out}", str(out)) for part in argv)]
 
 
 def _module(name: str, *args: str) -> tuple[str, ...]:
@@ -92,11 +94,11 @@ STEPS: list[Step] = [
     ),
     Step(
         "tests",
-        "The full test suite with KERAS_DP_TEST_GPUS=1 (what the budget leaves)",
+        f"The full test suite with {TEST_GPUS_ENV}=1 (what the budget leaves)",
         ("-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"),
         30,  # the least worth starting
         writes_result=False,
         rest_of_budget=True,
-        env={"KERAS_DP_TEST_GPUS": "1"},
+        env={TEST_GPUS_ENV: "1"},
     ),
 ]
