@@ -226,3 +226,56 @@ def test_doctor_check_names_each_failed_gpu_machine_check():
     assert "the profiled matmul leaves device events" not in doctor.check_failures(
         cpu_only, profile=False
     )
+
+
+def test_training_comparison_fails_a_step_whose_kernels_moved():
+    pd = pytest.importorskip("pandas")
+    from types import SimpleNamespace
+
+    from keras_dp_tools.tools.gpu_check.train_check import compare
+
+    # Hand-made: XProf puts 10 ms of device compute in every step; ours moved 2 ms of
+    # step 12's kernels into step 13 (same total, so the medians alone would not see it).
+    steps = pd.DataFrame(
+        {
+            "step": [10, 11, 12, 13, 14],
+            "step_ms": [20.0] * 5,
+            "compute_ms": [10.0, 10.0, 8.0, 12.0, 10.0],
+            "allreduce_ms": [0.0] * 5,
+            "xprof_device_compute_ms": [10.0] * 5,
+            "xprof_step_ms": [20.0] * 5,
+        }
+    )
+    findings, _ = compare(SimpleNamespace(steps=steps, replicas=None), 1, 0)
+    verdicts = {row["check"]: verdict(row) for row in findings}
+    assert verdicts["profiled steps with a breakdown"][0] == "PASS"
+    assert verdicts["median device compute per step vs XProf device compute"] == ("PASS", 0.0)
+    assert verdicts["worst step: |ours - XProf| / XProf device compute"] == ("FAIL", 0.2)
+    assert verdicts["all-reduce on one replica"][0] == "PASS"
+    steps.loc[0, "allreduce_ms"] = steps.loc[1, "allreduce_ms"] = steps.loc[2, "allreduce_ms"] = 0.5
+    findings, _ = compare(SimpleNamespace(steps=steps, replicas=None), 1, 0)
+    assert verdict(findings[-1]) == ("FAIL", 0.5)  # one replica has nothing to all-reduce
+
+
+def test_nvml_comparison_pairs_readings_per_gpu():
+    from types import SimpleNamespace
+
+    from keras_dp_tools.tools.gpu_check.nvml_vs_smi import compare
+
+    rows = [
+        {"gpu": 0, "nvml_power_w": 100.0, "smi_power_w": 60.0, "nvml_util_gpu": 50.0},
+        {"gpu": 0, "nvml_power_w": 120.0, "smi_power_w": 100.0, "nvml_util_gpu": 50.0},
+    ]
+    for row in rows:
+        for name in ("util_gpu", "util_memory", "mem_used_gb", "mem_total_gb", "power_w"):
+            row.setdefault(f"nvml_{name}", None)
+            row.setdefault(f"smi_{name}", None)
+        for name in ("sm_clock_mhz", "temperature_c"):
+            row[f"nvml_{name}"] = row[f"smi_{name}"] = 1.0
+    findings, notes = compare([SimpleNamespace(gpu=0)], rows)
+    by_name = {row["check"].split(",")[0]: row for row in findings}
+    # Means 110 W against 80 W: 30 W apart, over the 25 W tolerance.
+    assert verdict(by_name["GPU 0 power_w"]) == ("FAIL", 30.0)
+    assert verdict(by_name["GPU 0 util_gpu"])[0] == "n/a"  # nvidia-smi gave no number
+    assert verdict(by_name["GPU 0 sm_clock_mhz"]) == ("PASS", 0.0)
+    assert "GPU 0 power_w: largest single-pair difference 40" in notes

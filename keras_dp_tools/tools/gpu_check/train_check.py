@@ -143,7 +143,10 @@ def compare(report, replicas: int, parameter_bytes: int) -> tuple[list[dict], li
     columns = ["compute_ms", "allreduce_ms", "sync_wait_ms", "busbw_gbps"]
     per_replica = report.replicas.groupby("replica")[columns].median().round(3)
     notes.append("per replica, medians over the profiled steps:")
-    notes.extend(f"replica {index}: {dict(row)}" for index, row in per_replica.iterrows())
+    notes.extend(
+        f"replica {index}: " + ", ".join(f"{name} {float(value):g}" for name, value in row.items())
+        for index, row in per_replica.iterrows()
+    )
     return findings, notes
 
 
@@ -196,7 +199,14 @@ def main(argv: list[str] | None = None) -> int:
     report.to_csv(args.out / "csv")
     findings, notes = compare(report, args.replicas, parameter_bytes)
     windows = report.windows
-    notes.insert(0, f"windows: {windows[['status', 'reason']].to_dict('records')}")
+    notes.insert(
+        0,
+        "windows: "
+        + "; ".join(
+            f"{row.status}" + (f" ({row.reason})" if isinstance(row.reason, str) else "")
+            for row in windows.itertuples()
+        ),
+    )
     traces = [Path(t) for t in windows.get("trace", []) if isinstance(t, str)]
     if args.replicas > 1:
         kernels = sorted({k for trace in traces for k in nccl_kernels(log_dir / trace)})
