@@ -6,6 +6,7 @@ XProf's numbers for the same capture and against facts known without the trace."
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 from pathlib import Path
@@ -157,6 +158,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--per-replica-batch", type=int, default=64)
     parser.add_argument("--image", type=int, default=128)
+    parser.add_argument(
+        "--cross-device-ops",
+        default="collective",
+        help="a tune_allreduce candidate's name (default: MirroredStrategy's own choice)",
+    )
+    # Set when this process replaced one whose fit failed with the default (see below).
+    parser.add_argument("--after-failure", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
     if args.replicas < 1 or args.steps < PROFILE_START + WINDOW + 2:
@@ -170,6 +178,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.per_replica_batch} images per replica, MirroredStrategy over "
         f"{args.replicas} {'logical ' if args.replicas > 1 else ''}GPU(s)"
         + (f" of {LOGICAL_GPU_MEMORY_MB} MiB each" if args.replicas > 1 else "")
+        + f", cross-device ops: {args.cross_device_ops}"
         + f", kdt.callbacks profiling steps {PROFILE_START}..{PROFILE_START + WINDOW - 1}"
     )
     if args.dry_run:
@@ -180,21 +189,49 @@ def main(argv: list[str] | None = None) -> int:
     import tensorflow as tf
 
     import keras_dp_tools as kdt
+    from keras_dp_tools.tools.tuning.allreduce import CANDIDATES
 
+    if args.cross_device_ops not in CANDIDATES:
+        parser.error(
+            f"--cross-device-ops {args.cross_device_ops!r} is not one of {', '.join(CANDIDATES)}"
+        )
     devices = split_first_gpu(tf, args.replicas)
-    strategy = tf.distribute.MirroredStrategy(devices)
+    namespace: dict = {}
+    exec(CANDIDATES[args.cross_device_ops].code(repr(devices)), namespace)  # builds strategy
+    strategy = namespace["strategy"]
     global_batch = args.per_replica_batch * args.replicas
     with strategy.scope():
         model = build_model(keras, args.image)
     parameter_bytes = 4 * sum(int(tf.size(w)) for w in model.trainable_weights)
-    log_dir = args.out / "run"
-    model.fit(
-        dataset(tf, global_batch, args.image),
-        steps_per_epoch=args.steps,
-        epochs=1,
-        verbose=2,
-        callbacks=kdt.callbacks(log_dir, global_batch=global_batch, advise=False),
-    )
+    log_dir = args.out / f"run-{args.cross_device_ops}"
+    try:
+        model.fit(
+            dataset(tf, global_batch, args.image),
+            steps_per_epoch=args.steps,
+            epochs=1,
+            verbose=2,
+            callbacks=kdt.callbacks(log_dir, global_batch=global_batch, advise=False),
+        )
+    except Exception as error:
+        if args.replicas == 1 or args.cross_device_ops != "collective":
+            raise
+        # NCCL may refuse two ranks on one physical GPU. Collective state does not reset
+        # within a process, so the ring implementation gets a fresh one (same timeout).
+        why = f"{type(error).__name__}: {str(error)[:300]}"
+        print(f"fit failed with the default cross-device ops ({why}); retrying: ring", flush=True)
+        os.execv(
+            sys.executable,
+            [
+                sys.executable,
+                "-m",
+                __spec__.name,
+                *(argv if argv is not None else sys.argv[1:]),
+                "--cross-device-ops",
+                "collective_ring",
+                "--after-failure",
+                why,
+            ],
+        )
     report = kdt.Report.load(log_dir)
     report.to_csv(args.out / "csv")
     findings, notes = compare(report, args.replicas, parameter_bytes)
@@ -208,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     traces = [Path(t) for t in windows.get("trace", []) if isinstance(t, str)]
+    if args.after_failure:
+        notes.insert(0, f"MirroredStrategy's default failed here ({args.after_failure}): ring used")
     if args.replicas > 1:
         kernels = sorted({k for trace in traces for k in nccl_kernels(log_dir / trace)})
         notes.append(
@@ -220,7 +259,7 @@ def main(argv: list[str] | None = None) -> int:
             "status": "ok",
             "summary": plan,
             "findings": findings,
-            "notes": [*notes, "raw: run/ (records, traces), csv/ (Report frames)"],
+            "notes": [*notes, f"raw: {log_dir.name}/ (records, traces), csv/ (Report frames)"],
         },
     )
     return 0
