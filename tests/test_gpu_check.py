@@ -88,7 +88,7 @@ def test_report_on_recorded_results_gives_each_rows_verdict(tmp_path):
     assert _row(report, "fit_1gpu")[1] == "FAIL (1 of 4 checks)"
     assert _row(report, "nvml_vs_smi")[1] == "OK"
     assert _row(report, "install")[1] == "FAILED"
-    assert "cannot install tensorflow" in report
+    assert "missing tensorflow, keras" in report
     assert _row(report, "tests")[1] == "PENDING"
     assert "state: partial: running" in report and "GPUs: NVIDIA H200 (recorded)" in report
 
@@ -279,3 +279,20 @@ def test_nvml_comparison_pairs_readings_per_gpu():
     assert verdict(by_name["GPU 0 util_gpu"])[0] == "n/a"  # nvidia-smi gave no number
     assert verdict(by_name["GPU 0 sm_clock_mhz"]) == ("PASS", 0.0)
     assert "GPU 0 power_w: largest single-pair difference 40" in notes
+
+
+def test_install_never_touches_an_environment_other_than_the_checkouts_venv(tmp_path, monkeypatch):
+    from keras_dp_tools.tools.gpu_check import install
+
+    assert install.own_environment_refusal() is not None  # tests run outside REPO/.venv
+    monkeypatch.setattr(install, "importable", lambda: dict.fromkeys((*install.NEEDED, "pynvml")))
+
+    def pip(*args):
+        raise AssertionError("pip ran outside the checkout's own .venv")
+
+    monkeypatch.setattr(install, "install", pip)
+    assert install.main(["--out", str(tmp_path)]) == 0
+    result = read_result(tmp_path)
+    assert result["status"] == "failed" and result["tensorflow"] is False
+    assert "not installing into" in result["summary"]
+    assert "only the steps that need no TensorFlow run" in result["summary"]

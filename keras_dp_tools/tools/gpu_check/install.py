@@ -8,6 +8,7 @@ with the steps that need no TensorFlow."""
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import subprocess
@@ -19,32 +20,42 @@ from keras_dp_tools.tools.gpu_check.results import write_result
 REPO = Path(__file__).resolve().parents[3]
 WHEELHOUSE_ENV = "KDT_WHEELHOUSE"
 NEEDED = ("tensorflow", "keras", "pandas", "pyarrow", "pytest")
+# Run in a fresh process, names in argv: each module's version, or null if it fails.
 _CHECK = (
-    "import importlib, json; v = {}\n"
-    "for name in {names!r}:\n"
-    "    try: v[name] = getattr(importlib.import_module(name), '__version__', '?')\n"
-    "    except Exception as e: v[name] = None\n"
-    "print(json.dumps(v))"
+    "import importlib, json, sys\n"
+    "def version(name):\n"
+    "    try:\n"
+    "        return str(getattr(importlib.import_module(name), '__version__', '?'))\n"
+    "    except Exception:\n"
+    "        return None\n"
+    "print(json.dumps({name: version(name) for name in sys.argv[1:]}))\n"
 )
 
 
 def importable(python: str = sys.executable) -> dict[str, str | None]:
     """Each needed module's version, None where it does not import (a fresh process:
-    a half-installed TensorFlow must not poison this one)."""
-    import json
+    a half-installed TensorFlow must not poison this one).
 
+    Raises:
+        subprocess.SubprocessError: the probe itself failed (its stderr says why).
+    """
     names = (*NEEDED, "pynvml")
-    try:
-        output = subprocess.run(
-            [python, "-c", _CHECK.format(names=names)],
-            capture_output=True,
-            text=True,
-            timeout=90,
-            check=True,
-        ).stdout
-        return json.loads(output.strip().splitlines()[-1])
-    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
-        return {name: None for name in names}
+    probe = subprocess.run(
+        [python, "-c", _CHECK, *names], capture_output=True, text=True, timeout=120
+    )
+    if probe.returncode != 0:
+        raise subprocess.SubprocessError(f"import probe failed: {probe.stderr.strip()[-500:]}")
+    return json.loads(probe.stdout.strip().splitlines()[-1])
+
+
+def own_environment_refusal() -> str | None:
+    """Why pip must not install here, or None when this is the checkout's own ``.venv``
+    (what ``make gpu-check`` makes): installing into any other environment would change
+    one that the user, or other checkouts, rely on."""
+    expected = (REPO / ".venv").resolve()
+    if Path(sys.prefix).resolve() == expected:
+        return None
+    return f"not installing into {sys.prefix}: only into {expected}, which make gpu-check makes"
 
 
 def wheelhouse() -> Path | None:
@@ -63,6 +74,15 @@ def pip_command(python: str = sys.executable) -> list[str]:
     return [*command, "tensorflow[and-cuda]", "-e", f"{REPO}[multiworker,dev]"]
 
 
+def install(command: list[str], source: str) -> str:
+    """Runs pip; returns a note with its exit status and last line."""
+    print("$", shlex.join(command), flush=True)
+    pip = subprocess.run(command, capture_output=True, text=True)
+    print(pip.stdout[-4000:], pip.stderr[-4000:], sep="\n", flush=True)
+    tail = (pip.stderr.strip().splitlines() or ["(no output)"])[-1]
+    return f"pip from {source}: exit {pip.returncode}: {tail}"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -70,42 +90,43 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     command = pip_command()
     source = f"wheelhouse {wheelhouse()}" if wheelhouse() else "pip (cache, then network)"
+    refusal = own_environment_refusal()
     if args.dry_run:
         print(f"would check imports of {', '.join(NEEDED)}, and if one is missing run:")
         print(shlex.join(command))
-        write_result(
-            args.out,
-            {"status": "dry-run", "summary": f"would install from {source} if needed"},
-        )
+        if refusal:
+            print(f"(here it would not: {refusal})")
+        summary = f"would install from {source} if needed" + (f"; {refusal}" if refusal else "")
+        write_result(args.out, {"status": "dry-run", "summary": summary})
         return 0
     before = importable()
     notes = [f"before: {before}"]
+    after = before
     if all(before[name] for name in NEEDED):
-        summary, after = (
-            "already installed: " + ", ".join(f"{name} {before[name]}" for name in NEEDED),
-            before,
-        )
+        summary = "already installed: " + ", ".join(f"{n} {before[n]}" for n in NEEDED)
+    elif refusal:
+        summary, source = refusal, "nowhere"
     else:
-        print("$", shlex.join(command), flush=True)
-        pip = subprocess.run(command, capture_output=True, text=True)
-        print(pip.stdout[-4000:], pip.stderr[-4000:], sep="\n", flush=True)
-        tail = (pip.stderr.strip().splitlines() or ["(no output)"])[-1]
-        notes.append(f"pip from {source}: exit {pip.returncode}: {tail}")
+        notes.append(install(command, source))
         after = importable()
         summary = f"installed from {source}"
     missing = [name for name in NEEDED if not after[name]]
-    result = {
-        "status": "ok" if not missing else "failed",
-        "tensorflow": bool(after["tensorflow"] and after["pandas"]),
-        "summary": summary
-        if not missing
-        else f"cannot install {', '.join(missing)} from {source}: only the steps that need "
-        "no TensorFlow run",
-        "notes": [*notes, f"after: {after}"],
-    }
+    if missing:
+        summary = (
+            f"missing {', '.join(missing)} ({summary}): only the steps that need no TensorFlow run"
+        )
+    notes.append(f"after: {after}")
     if not after.get("pynvml"):
-        result["notes"].append("pynvml (nvidia-ml-py) does not import: no NVML readings")
-    write_result(args.out, result)
+        notes.append("pynvml (nvidia-ml-py) does not import: no NVML readings")
+    write_result(
+        args.out,
+        {
+            "status": "failed" if missing else "ok",
+            "tensorflow": bool(after["tensorflow"] and after["pandas"]),
+            "summary": summary,
+            "notes": notes,
+        },
+    )
     return 0
 
 
