@@ -149,6 +149,7 @@ def test_a_hanging_step_is_killed_at_its_timeout_and_the_next_ones_run(tmp_path)
             os.kill(grandchild, 0)
             time.sleep(0.1)
     assert results["fails"]["status"] == "failed" and results["fails"]["returncode"] == 3
+    assert results["after"]["summary"] == "exit status 0: ran"  # the log's last line
     assert step_status(results["writes"]) == "FAIL (1 of 1 checks)"
     assert results["crashes"]["status"] == "crashed"
     assert results["after"]["status"] == "ok"

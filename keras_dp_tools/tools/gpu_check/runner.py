@@ -83,7 +83,7 @@ def run_step(step: Step, out: Path, timeout_s: float, python: str, dry: bool = F
             ok = returncode == 0
             result = {
                 "status": ("dry-run" if dry else "ok") if ok else "failed",
-                "summary": f"exit status {returncode}",
+                "summary": f"exit status {returncode}: {_last_line(directory / LOG_FILE)}",
             }
     elif returncode != 0 and result.get("status") in ("ok", "dry-run"):
         result["status"] = "failed"
@@ -91,6 +91,15 @@ def run_step(step: Step, out: Path, timeout_s: float, python: str, dry: bool = F
     if dry:
         result["dry_command"] = shlex.join([*settings, *argv])
     return _finish(step, directory, result, shown, seconds, returncode)
+
+
+def _last_line(path: Path) -> str:
+    """The log's last line (pytest's totals, doctor's check line)."""
+    try:
+        lines = path.read_text(errors="replace").strip().splitlines()
+    except OSError:
+        return ""
+    return lines[-1].strip() if lines else ""
 
 
 def _finish(step, directory, result, command, seconds, returncode) -> dict:
