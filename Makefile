@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint format clean bench
+.PHONY: demo test lint format clean bench gpu-check
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,18 @@ test: lint
 # Interleaved A/B benchmarks (about 10 minutes) -> benchmarks/RESULTS.md.
 bench: $(STAMP)
 	$(BIN)/python benchmarks/bench.py
+
+# The GPU paths on a lent GPU machine, in under 8 minutes -> $(OUT)/REPORT.md
+# (docs/gpu_monitor.md). Without a GPU: one line, exit 0. With one: .venv is made if
+# missing (seeing the system's packages, e.g. nvidia-ml-py) and the check's first step
+# installs into it from this checkout (a wheelhouse/ folder, or pip's cache).
+OUT ?= gpu-check
+GPU_CHECK_ARGS ?=
+gpu-check:
+	@if $(PYTHON) -m keras_dp_tools.tools.gpu_check.machine; then \
+		test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV); \
+		$(BIN)/python -m keras_dp_tools.tools.gpu_check --out $(OUT) $(GPU_CHECK_ARGS); \
+	fi
 
 format: $(STAMP)
 	$(BIN)/ruff check --fix .

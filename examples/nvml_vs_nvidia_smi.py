@@ -24,18 +24,9 @@ if (CHECKOUT / "keras_dp_tools").is_dir():  # run from a checkout: use its own p
 
 from keras_dp_tools.capture.monitor.nvml_reader import NvmlReader, NvmlUnavailable  # noqa: E402
 from keras_dp_tools.tools.doctor import bus_key, nvidia_smi_readings  # noqa: E402
-
-# Largest mean difference accepted per quantity (our units). Utilization and power are
-# averages over slightly different windows: loose tolerances.
-TOLERANCES = {
-    "util_gpu": 15.0,
-    "util_memory": 15.0,
-    "mem_used_gb": 0.25,
-    "mem_total_gb": 0.01,
-    "power_w": 25.0,
-    "sm_clock_mhz": 100.0,
-    "temperature_c": 3.0,
-}
+from keras_dp_tools.tools.gpu_check.tolerances import (  # noqa: E402
+    NVML_VS_SMI as TOLERANCES,  # the same tolerances make gpu-check holds them to
+)
 
 
 def main(argv: list[str] | None = None) -> int:

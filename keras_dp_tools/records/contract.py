@@ -28,6 +28,8 @@ REPLICAS_ENV = "KERAS_DP_REPLICAS"
 LOG_DIR_ENV = "KERAS_DP_LOG_DIR"
 RUN_ID_ENV = "KERAS_DP_RUN_ID"
 FLUSH_SECONDS_ENV = "KERAS_DP_FLUSH_SECONDS"
+# Set to 1: the test suite leaves GPUs visible (tests/conftest.py; make gpu-check sets it).
+TEST_GPUS_ENV = "KERAS_DP_TEST_GPUS"
 
 _GPU_DEVICE = re.compile(r"(?:^|/)(?:device:)?GPU:(\d+)$", re.IGNORECASE)
 

@@ -142,6 +142,11 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "--no-profile", action="store_true", help="skip the profiled matmul (CUPTI check)"
     )
+    doctor.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 unless every check a GPU machine should pass passes (see docs/gpu_monitor.md)",
+    )
     doctor.set_defaults(handler=run_doctor_command)
     launch = commands.add_parser(
         "launch",
@@ -434,7 +439,7 @@ def _present(value) -> bool:
 def run_doctor_command(args: argparse.Namespace) -> int:
     from keras_dp_tools.tools.doctor import run_doctor
 
-    return run_doctor(profile=not args.no_profile)
+    return run_doctor(profile=not args.no_profile, check=args.check)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -317,6 +317,36 @@ def format_report(sections: list[Section]) -> str:
     return "\n".join(lines)
 
 
-def run_doctor(profile: bool = True) -> int:
-    print(format_report(collect(profile=profile)), flush=True)
-    return 0
+def check_failures(sections: list[Section], profile: bool = True) -> list[str]:
+    """The checks a working GPU machine passes (``keras-dp doctor --check``): TensorFlow
+    imports, is built with CUDA and sees a GPU; NVML opens; nvidia-smi answers; a CUPTI
+    library loads; and (``profile``) the profiled matmul leaves device events. Returns
+    one line per failed check."""
+    found = {title: dict(rows) for title, rows in sections}
+    tf_rows = found.get("TensorFlow", {})
+    nvml = found.get("NVML", {}).get("status", "")
+    smi = found.get("nvidia-smi", {}).get("status")
+    cupti = found.get("Profiler (CUPTI)", {})
+    checks = [
+        ("TensorFlow imports", not tf_rows.get("tensorflow", "absent").startswith("absent")),
+        ("TensorFlow is built with CUDA", tf_rows.get("built with CUDA") == "True"),
+        ("TensorFlow sees a GPU", tf_rows.get("physical GPUs", "none") != "none"),
+        ("NVML opens", not nvml.startswith(("unavailable", "check failed"))),
+        ("nvidia-smi answers", smi is None),
+        ("a CUPTI library loads", not cupti.get("libcupti", "not found").startswith("not found")),
+    ]
+    if profile:
+        tracing = cupti.get("device tracing", "not tried")
+        checks.append(("the profiled matmul leaves device events", tracing.startswith("works")))
+    return [name for name, passed in checks if not passed]
+
+
+def run_doctor(profile: bool = True, check: bool = False) -> int:
+    """Prints the report; with ``check``, also the failed checks, and returns 1 if any."""
+    sections = collect(profile=profile)
+    print(format_report(sections), flush=True)
+    if not check:
+        return 0
+    failed = check_failures(sections, profile)
+    print(f"check: {'FAILED: ' + '; '.join(failed) if failed else 'every check passed'}")
+    return 1 if failed else 0
