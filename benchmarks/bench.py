@@ -223,7 +223,7 @@ def bench_synthetic(sizes: list[int], folder: Path) -> list[dict]:
 
 def synthetic_gpu_trace(path: Path, events: int, gpus: int = 8) -> Path:
     """A GPU trace with the schema of TensorFlow's CUPTI collector (as
-    tests/gpu_traces.py builds it): per step and GPU, an H2D input copy, kernels on a
+    tests/helpers/gpu_traces.py builds it): per step and GPU, an H2D input copy, kernels on a
     compute stream (some with a ``tf_op``, the optimizer's running after the marker
     ends), one NCCL all-reduce whose start differs per GPU (sync waits), and a kernel
     without a launch link; every linked device event has its ``cuLaunchKernel`` on the

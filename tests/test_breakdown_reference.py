@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from keras_dp_tools.analysis import analyze_xspace
 from keras_dp_tools.analysis import breakdown as breakdown_module
-from tests.xplane_builder import MS, SpaceBuilder
+from tests.helpers.xplane_builder import MS, SpaceBuilder
 
 INPUT_NAME = "IteratorGetNextOp::DoCompute"  # a tf.data wait: shared by all replicas
 

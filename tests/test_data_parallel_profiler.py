@@ -9,7 +9,7 @@ import pytest
 import keras_dp_tools as kdt
 from keras_dp_tools.analysis import find_traces
 from keras_dp_tools.analysis.xprof_steps import xprof_step_table
-from tests.training import GLOBAL_BATCH, dense_model, fit, iterations
+from tests.helpers.training import GLOBAL_BATCH, dense_model, fit, iterations
 
 
 def profiled(log_dir, **kwargs):
@@ -224,7 +224,7 @@ def test_invalid_arguments_name_the_value(tmp_path):
 
 def test_analysis_child_process_matches_and_raises_like_analyze_trace(tmp_path, tf):
     from keras_dp_tools.analysis import analyze_trace
-    from tests.xplane_builder import SpaceBuilder
+    from tests.helpers.xplane_builder import SpaceBuilder
 
     analyze_in_child = sys.modules[kdt.DataParallelProfiler.__module__].analyze_in_child
     builder = SpaceBuilder().step(1, 0, 10).step(2, 10, 20)
