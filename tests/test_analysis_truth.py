@@ -93,7 +93,7 @@ def three_step_trace(builder, middle_end_ms: float, capture_ms: float | None = 4
             ("profile_start_time", LINE_START_NS),
             ("profile_stop_time", LINE_START_NS + round(capture_ms * 1e6)),
         ):
-            environment.plane.stats.add(metadata_id=environment._stat_id(name), uint64_value=ns)
+            environment.plane.stats.add(metadata_id=environment.stat_id(name), uint64_value=ns)
     return space
 
 
@@ -215,7 +215,7 @@ def test_on_gpus_an_untrue_marker_keeps_its_kernels_and_xprofs_steps_out(builder
         ("profile_start_time", LINE_START_NS),
         ("profile_stop_time", LINE_START_NS + 40 * 10**6),
     ):
-        environment.plane.stats.add(metadata_id=environment._stat_id(name), uint64_value=ns)
+        environment.plane.stats.add(metadata_id=environment.stat_id(name), uint64_value=ns)
     result = analyze_trace(trace.write(tmp_path), devices=["/gpu:0", "/gpu:1"])
     steps = result.steps.set_index("step")
     expected = {"step_ms": 8.0, "compute_ms": 4.0, "allreduce_ms": 1.5, "sync_wait_ms": 0.5}
@@ -236,7 +236,7 @@ def add_capture_length(space, capture_ms: float) -> None:
         ("profile_start_time", LINE_START_NS),
         ("profile_stop_time", LINE_START_NS + round(capture_ms * 1e6)),
     ):
-        environment.plane.stats.add(metadata_id=environment._stat_id(name), uint64_value=ns)
+        environment.plane.stats.add(metadata_id=environment.stat_id(name), uint64_value=ns)
 
 
 def name_lines(space, old: str, new: str) -> None:

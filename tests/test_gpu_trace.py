@@ -417,9 +417,9 @@ def test_device_event_kinds_match_the_parsed_events_for_any_tf_op(gpu_trace):
         trace.kernel(0, COMPUTE, "void k(float*)", index, index + 0.5, index + 1)
     plane = trace.builder.gpu(0)
     line = next(line for line in plane.plane.lines if line.name.startswith("Stream #"))
-    op = line.events[0].stats.add(metadata_id=plane._stat_id("tf_op"))
+    op = line.events[0].stats.add(metadata_id=plane.stat_id("tf_op"))
     op.str_value = "sum/CollectiveReduceV2:CollectiveReduceV2"
-    line.events[1].stats.add(metadata_id=plane._stat_id("tf_op"), ref_value=(1 << 64) - 2)
+    line.events[1].stats.add(metadata_id=plane.stat_id("tf_op"), ref_value=(1 << 64) - 2)
     space = trace.space
     gpu = next(plane for plane in space.planes if plane.name == "/device:GPU:0")
     expected = [KIND_CODES[classify_device_event(event)] for event in stream_events(gpu)]

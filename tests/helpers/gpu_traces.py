@@ -17,26 +17,16 @@ after TensorFlow's post-processing (``MergeHostPlanes``):
 
 from __future__ import annotations
 
-from tests.helpers.xplane_builder import SpaceBuilder
+from tests.helpers.xplane_builder import Ref, SpaceBuilder, Uint
 
 KERNEL_DETAILS = "regs:64 static_shared:0 dynamic_shared:0 grid:80,1,1 block:256,1,1 occ_pct:100"
 LAUNCH_LINE = "python"  # the thread that holds the step marker launches the step's work
 XLA_OPS_LINE_ID = 0xDEADBEEF + 5  # tsl's kThreadIdHloOp: derived lines are >= 0xdeadbeef
 
 
-def _stat(builder, event, name: str, value, kind: str) -> None:
-    stat = event.stats.add(metadata_id=builder._stat_id(name))
-    if kind == "ref":
-        stat.ref_value = builder._stat_id(value)
-    elif kind == "uint":
-        stat.uint64_value = value
-    else:
-        stat.str_value = value
-
-
-def _last_event(builder, line_name: str):
-    line = next(line for line in builder.plane.lines if line.name == line_name)
-    return line, line.events[-1]
+def stream_line(stream: int, event_types) -> str:
+    """CUPTI's name of a stream's line, e.g. ``Stream #13(Compute,MemcpyD2D)``."""
+    return f"Stream #{stream}({','.join(sorted(event_types))})"
 
 
 class GpuTrace:
@@ -74,32 +64,30 @@ class GpuTrace:
         self, gpu, stream, name, start_ms, end_ms, event_type, correlation_id, launched_at, api
     ):
         plane = self.builder.gpu(gpu)
-        types = self._streams.setdefault((gpu, stream), set())
-        types.add(event_type)
-        line_name = f"Stream #{stream}"
-        existing = [line for line in plane.plane.lines if line.id == stream]
-        if existing:
-            line_name = existing[0].name
-        plane.event(line_name, name, start_ms, end_ms)
-        line, event = _last_event(plane, line_name)
-        line.id = stream
-        line.name = f"Stream #{stream}({','.join(sorted(types))})"
-        plane._lines[line.name] = line
-        if correlation_id is not None:
-            _stat(plane, event, "correlation_id", correlation_id, "uint")
-        _stat(plane, event, "context_id", "$$1", "str")
+        # A stream's line is named by every event type on it: renamed as types join.
+        types = self._streams.get((gpu, stream))
+        if types is None:
+            types = self._streams[(gpu, stream)] = {event_type}
+            line = stream_line(stream, types)
+            plane.line(line, line_id=stream)
+        else:
+            before = stream_line(stream, types)
+            types.add(event_type)
+            line = stream_line(stream, types)
+            if line != before:
+                plane.rename_line(before, line)
+        stats = {} if correlation_id is None else {"correlation_id": Uint(correlation_id)}
+        stats["context_id"] = "$$1"
         if event_type == "Compute":
-            _stat(plane, event, "kernel_details", KERNEL_DETAILS, "ref")
+            stats["kernel_details"] = Ref(KERNEL_DETAILS)
         else:
             size = 4 << 20
             details = f"kind_src:device kind_dst:device size:{size} dest:{gpu} async:1"
-            _stat(plane, event, "memcpy_details", details, "ref")
+            stats["memcpy_details"] = Ref(details)
+        plane.event(line, name, start_ms, end_ms, **stats)
         if launched_at is not None:
-            host = self.builder.host()
-            host.event(LAUNCH_LINE, api, launched_at, launched_at + 0.005)
-            _, launch = _last_event(host, LAUNCH_LINE)
-            _stat(host, launch, "correlation_id", correlation_id, "uint")
-            _stat(host, launch, "device_id", gpu, "uint")
+            launch = {"correlation_id": Uint(correlation_id), "device_id": Uint(gpu)}
+            self.builder.host().event(LAUNCH_LINE, api, launched_at, launched_at + 0.005, **launch)
         return self
 
     def kernel(self, gpu, stream, name, start_ms, end_ms, correlation_id=None, launched_at=None):
@@ -135,8 +123,8 @@ class GpuTrace:
     def derived_line(self, gpu, name, start_ms, end_ms):
         """An event on a derived view (``XLA Ops``), which is not CUPTI activity."""
         plane = self.builder.gpu(gpu)
+        plane.line("XLA Ops", line_id=XLA_OPS_LINE_ID)
         plane.event("XLA Ops", name, start_ms, end_ms)
-        _last_event(plane, "XLA Ops")[0].id = XLA_OPS_LINE_ID
         return self
 
     def write(self, directory):
