@@ -8,7 +8,7 @@ multi-worker one), every file through the package's own ``RecordWriter``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from keras_dp_tools.records.files import SCHEMA_VERSION, RecordWriter, worker_records_path
@@ -51,7 +51,7 @@ def step_durations(step_ms, steps: int | None) -> list[float]:
             raise ValueError(f"steps={steps} but {len(step_ms)} step durations were given")
         return [float(ms) for ms in step_ms]
     steps = 30 if steps is None else steps
-    if isinstance(step_ms, Callable):
+    if callable(step_ms):
         return [float(step_ms(index)) for index in range(steps)]
     return [float(step_ms)] * steps
 
@@ -88,6 +88,8 @@ def write_run(
     ``gpu_util`` percent for two GPUs, and the ``batching`` findings (severity, code)."""
     durations = step_durations(step_ms, steps)
     steps = len(durations)
+    if (breakdown is not None or gpu_util is not None) and len(set(durations)) > 1:
+        raise ValueError(f"a breakdown or GPU readings need one step_ms for every step: {step_ms}")
     fields = {
         "time": start,
         "strategy": "MirroredStrategy",
@@ -109,8 +111,6 @@ def write_run(
         elapsed += ms
         throughput = {} if global_batch is None else {"examples_per_s": global_batch / ms * 1e3}
         writer.write(step(index, **common, time=time, step_ms=ms, **throughput))
-    if (breakdown is not None or gpu_util is not None) and len(set(durations)) > 1:
-        raise ValueError("a breakdown or GPU readings need one step_ms for every step")
     step_ms = durations[0] if durations else 0.0  # the breakdown's scale and times
     profiled = list(profiled)
     if breakdown is not None and profiled:
