@@ -28,8 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402
 
-MS = 1_000_000_000  # picoseconds per millisecond
-
+from tests.helpers.xplane_builder import MS  # noqa: E402 (the traces' builder, shared)
 
 # -- machine -----------------------------------------------------------------------
 
@@ -84,61 +83,44 @@ def interleave(variants: dict, rounds: int) -> list[dict]:
 # -- synthetic traces ----------------------------------------------------------------
 
 
-def _name_metadata(table, names) -> None:
-    """Ids 1, 2, ... for ``names`` in an XPlane's ``stat_metadata`` or ``event_metadata``."""
-    for metadata_id, name in enumerate(names, 1):
-        table[metadata_id].id = metadata_id
-        table[metadata_id].name = name
-
-
 def synthetic_trace(path: Path, events: int, replicas: int = 4) -> Path:
     """A CPU-device trace shaped like a real one: per step and replica, compute ops on
     the replica's thread, one all-reduce (peers share an ``instance_key``), an input
     wait; a ``train`` marker per step on the python line. ~``events`` events."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    from tests.helpers.xplane_builder import SpaceBuilder
 
     ops_per_replica = 46  # + 1 collective + 1 input wait = 48 events per replica-step
     steps = max(1, round(events / (replicas * (ops_per_replica + 2))))
-    space = xplane_pb2.XSpace()
-    plane = space.planes.add(id=1, name="/host:CPU")
-    stat_names = ["step_num", "_r", "kdp", "instance_key", "group_key"]
-    _name_metadata(plane.stat_metadata, stat_names)
-    names = ["train", "IteratorGetNextOp::DoCompute"]
+    space = SpaceBuilder()
+    host = space.host()
+    host.line("python")
+    threads = [host.line(f"tf_Compute/{r}").name for r in range(replicas)]
+    ops, collectives = [], []
     for replica in range(replicas):
         scope = f"replica_{replica}/" if replica else ""
-        names += [f"{scope}model/dense_{op}/MatMul:_MklMatMul" for op in range(ops_per_replica)]
+        ops.append([f"{scope}model/dense_{op}/MatMul:_MklMatMul" for op in range(ops_per_replica)])
         suffix = f"_{replica}" if replica else ""
-        names.append(f"StatefulPartitionedCall/adam/CollectiveReduceV2{suffix}:CollectiveReduceV2")
-    _name_metadata(plane.event_metadata, names)
-    line_start_ns = 1_700_000_000_000_000_000
-    python = plane.lines.add(id=1, name="python", timestamp_ns=line_start_ns)
-    threads = [
-        plane.lines.add(id=2 + r, name=f"tf_Compute/{r}", timestamp_ns=line_start_ns)
-        for r in range(replicas)
-    ]
+        collectives.append(
+            f"StatefulPartitionedCall/adam/CollectiveReduceV2{suffix}:CollectiveReduceV2"
+        )
     step_ps = 10 * MS
     per_op = 8 * MS // ops_per_replica
     for step in range(steps):
         base = step * step_ps
-        marker = python.events.add(metadata_id=1, offset_ps=base, duration_ps=step_ps - MS // 10)
-        for stat_id, value in ((1, step), (2, 1), (3, 1)):
-            marker.stats.add(metadata_id=stat_id, int64_value=value)
+        space.step_ps(step, base, step_ps - MS // 10)
         for replica, line in enumerate(threads):
-            first = 3 + replica * (ops_per_replica + 1)
-            line.events.add(metadata_id=2, offset_ps=base + MS // 20, duration_ps=MS // 10)
-            for op in range(ops_per_replica):
-                start = base + MS // 5 + op * per_op
-                line.events.add(metadata_id=first + op, offset_ps=start, duration_ps=per_op - 1000)
-            collective = line.events.add(
-                metadata_id=first + ops_per_replica,
-                offset_ps=base + 8 * MS + replica * MS // 10,
-                duration_ps=MS - replica * MS // 10,
+            host.event_ps(line, "IteratorGetNextOp::DoCompute", base + MS // 20, MS // 10)
+            for op, name in enumerate(ops[replica]):
+                host.event_ps(line, name, base + MS // 5 + op * per_op, per_op - 1000)
+            host.event_ps(
+                line,
+                collectives[replica],
+                base + 8 * MS + replica * MS // 10,
+                MS - replica * MS // 10,
+                instance_key=step + 100,
+                group_key=1,
             )
-            collective.stats.add(metadata_id=4, int64_value=step + 100)
-            collective.stats.add(metadata_id=5, int64_value=1)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(space.SerializeToString())
-    return path
+    return space.save(path)
 
 
 _MEASURE_CHILD = """
@@ -223,87 +205,76 @@ def bench_synthetic(sizes: list[int], folder: Path) -> list[dict]:
 
 def synthetic_gpu_trace(path: Path, events: int, gpus: int = 8) -> Path:
     """A GPU trace with the schema of TensorFlow's CUPTI collector (as
-    tests/gpu_traces.py builds it): per step and GPU, an H2D input copy, kernels on a
-    compute stream (some with a ``tf_op``, the optimizer's running after the marker
+    tests/helpers/gpu_traces.py builds it): per step and GPU, an H2D input copy, kernels
+    on a compute stream (some with a ``tf_op``, the optimizer's running after the marker
     ends), one NCCL all-reduce whose start differs per GPU (sync waits), and a kernel
     without a launch link; every linked device event has its ``cuLaunchKernel`` on the
     host (same ``correlation_id``). ~``events`` device events (as many launches)."""
-    from tensorflow.tsl.profiler.protobuf import xplane_pb2
+    from tests.helpers.xplane_builder import Ref, SpaceBuilder, Uint
 
     kernels = 56  # + input copy + all-reduce + unlinked kernel = 59 events per GPU-step
     steps = max(1, round(events / (gpus * (kernels + 3))))
-    line_start_ns = 1_700_000_000_000_000_000
-    space = xplane_pb2.XSpace()
-    host = space.planes.add(id=1, name="/host:CPU")
-    host_stats = ["step_num", "_r", "kdp", "correlation_id", "device_id"]
-    _name_metadata(host.stat_metadata, host_stats)
-    _name_metadata(host.event_metadata, ["train", "cuLaunchKernel", "cuMemcpyHtoDAsync_v2"])
-    python = host.lines.add(id=1, name="python", timestamp_ns=line_start_ns)
-    launchers = [
-        host.lines.add(id=2 + g, name=f"tf_Compute/{g}", timestamp_ns=line_start_ns)
-        for g in range(gpus)
-    ]
-    names = [
-        "MemcpyH2D",
-        "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
-        "void unlinked_kernel<float>(float*)",
-        *(f"void kernel_{k}<float>(float*, int)" for k in range(kernels)),
-    ]
-    device_stats = ["correlation_id", "context_id", "kernel_details", "tf_op"]
-    ops = [f"model/dense_{k}/MatMul:MatMul" for k in range(8)]
-    stream_lines = ((13, "Stream #13(Compute)"), (14, "Stream #14(MemcpyH2D)"))
-    planes = []
-    for g in range(gpus):
-        plane = space.planes.add(id=2 + g, name=f"/device:GPU:{g}")
-        _name_metadata(plane.stat_metadata, [*device_stats, "details", *ops])
-        _name_metadata(plane.event_metadata, names)
-        lines = {
-            stream: plane.lines.add(id=stream, name=name, timestamp_ns=line_start_ns)
-            for stream, name in (*stream_lines, (20, "Stream #20(Compute)"))
-        }
-        planes.append(lines)
+    space = SpaceBuilder()
+    host = space.host()
+    host.line("python")
+    launchers = [host.line(f"tf_Compute/{g}").name for g in range(gpus)]
+    kernel_names = [f"void kernel_{k}<float>(float*, int)" for k in range(kernels)]
+    ops = [Ref(f"model/dense_{k}/MatMul:MatMul") for k in range(8)]
+    streams = (
+        (13, "Stream #13(Compute)"),
+        (14, "Stream #14(MemcpyH2D)"),
+        (20, "Stream #20(Compute)"),
+    )
+    planes = [space.gpu(g) for g in range(gpus)]
+    for plane in planes:
+        for stream, name in streams:
+            plane.line(name, line_id=stream)
+    compute, copies, nccl = (name for _, name in streams)
     step_ps, per_kernel = 10 * MS, 6 * MS // kernels
     correlation = 0
 
-    def device_event(lines, stream, metadata_id, start, duration, linked, op=None):
+    def device_event(plane, line, name, start, duration, linked, op=None):
         nonlocal correlation
-        event = lines[stream].events.add(
-            metadata_id=metadata_id, offset_ps=start, duration_ps=duration
-        )
+        stats = {}
         if linked is not None:
             correlation += 1
-            event.stats.add(metadata_id=1, uint64_value=correlation)
-        event.stats.add(metadata_id=2, str_value="$$1")
-        event.stats.add(metadata_id=3, ref_value=5)
+            stats["correlation_id"] = Uint(correlation)
+        stats["context_id"] = "$$1"
+        stats["kernel_details"] = Ref("details")
         if op is not None:
-            event.stats.add(metadata_id=4, ref_value=6 + op)
+            stats["tf_op"] = ops[op]
+        plane.event_ps(line, name, start, duration, **stats)
         if linked is not None:
             launcher, at, api = linked
-            launch = launcher.events.add(metadata_id=api, offset_ps=at, duration_ps=5000)
-            launch.stats.add(metadata_id=4, uint64_value=correlation)
-            launch.stats.add(metadata_id=5, uint64_value=0)
+            launch = {"correlation_id": Uint(correlation), "device_id": Uint(0)}
+            host.event_ps(launcher, api, at, 5000, **launch)
 
     for step in range(steps):
         base = step * step_ps
-        marker = python.events.add(metadata_id=1, offset_ps=base, duration_ps=8 * MS)
-        for stat_id, value in ((1, step), (2, 1), (3, 1)):
-            marker.stats.add(metadata_id=stat_id, int64_value=value)
-        for g, lines in enumerate(planes):
+        space.step_ps(step, base, 8 * MS)
+        for g, plane in enumerate(planes):
             launcher = launchers[g]
-            device_event(lines, 14, 1, base, MS // 5, (launcher, base + 1000, 3))
-            for k in range(kernels):
+            linked = (launcher, base + 1000, "cuMemcpyHtoDAsync_v2")
+            device_event(plane, copies, "MemcpyH2D", base, MS // 5, linked)
+            for k, name in enumerate(kernel_names):
                 # The last kernels (the optimizer's) run after the marker has ended.
                 start = base + MS // 2 + k * per_kernel + (2 * MS if k >= kernels - 4 else 0)
-                at = base + MS // 10 + k * (MS // 20)
+                linked = (launcher, base + MS // 10 + k * (MS // 20), "cuLaunchKernel")
                 op = k % 8 if k % 3 == 0 else None
-                device_event(lines, 13, 4 + k, start, per_kernel - 2000, (launcher, at, 2), op)
+                device_event(plane, compute, name, start, per_kernel - 2000, linked, op)
             reduce_start = base + 6 * MS + g * MS // 20
-            device_event(lines, 20, 2, reduce_start, 7 * MS - reduce_start + base, None)
-            lines[20].events[-1].stats.add(metadata_id=1, uint64_value=10**9 + step * gpus + g)
-            device_event(lines, 13, 3, base + 9 * MS, MS // 4, None)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(space.SerializeToString())
-    return path
+            plane.event_ps(
+                nccl,
+                "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                reduce_start,
+                7 * MS - reduce_start + base,
+                context_id="$$1",
+                kernel_details=Ref("details"),
+                correlation_id=Uint(10**9 + step * gpus + g),
+            )
+            unlinked = "void unlinked_kernel<float>(float*)"
+            device_event(plane, compute, unlinked, base + 9 * MS, MS // 4, None)
+    return space.save(path)
 
 
 def export_tree(revision: str, folder: Path) -> Path:

@@ -9,25 +9,23 @@ formats (XPlane traces, NVML structures). ``KERAS_DP_TEST_GPUS=1`` leaves GPUs v
 
 from __future__ import annotations
 
-import gzip
-import json
 import os
+import shutil
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import pytest
 
 from keras_dp_tools.tools.launch import free_ports
+from tests.helpers.processes import get_json, run_cli
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if not os.environ.get("KERAS_DP_TEST_GPUS"):
     # Before TensorFlow loads CUDA; also inherited by the CLI / demo / sweep subprocesses.
     os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
-REPO = Path(__file__).resolve().parent.parent
 CPU_DEVICES = 4
 
 
@@ -72,32 +70,6 @@ def strategy1(tf):
     return tf.distribute.MirroredStrategy(["/cpu:0"])
 
 
-def nvml_works() -> bool:
-    """Whether NVML starts here (a machine with an NVIDIA driver): tests of the
-    NVML-less path skip there. CUDA_VISIBLE_DEVICES does not hide GPUs from NVML."""
-    from keras_dp_tools.capture.monitor.nvml_reader import NvmlReader, NvmlUnavailable
-
-    reader = NvmlReader(high_rate=False)
-    try:
-        reader.open()
-    except NvmlUnavailable:
-        return False
-    reader.close()
-    return True
-
-
-def run_cli(*args: str, env: dict | None = None, timeout: float = 300):
-    """Runs ``python -m keras_dp_tools ARGS`` in a fresh process (own TF devices)."""
-    return subprocess.run(
-        [sys.executable, "-m", "keras_dp_tools", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
-    )
-
-
 @pytest.fixture(scope="session")
 def demo_run(tmp_path_factory):
     """A real demo run (2 replicas, 40 steps) shared by the tests that read its output."""
@@ -107,15 +79,6 @@ def demo_run(tmp_path_factory):
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     return log_dir, result
-
-
-def get_json(url: str, timeout: float = 30):
-    """A JSON answer of a local server (TensorBoard's profile plugin gzips its own)."""
-    with urllib.request.urlopen(url, timeout=timeout) as response:
-        body = response.read()
-        if response.headers.get("Content-Encoding") == "gzip":
-            body = gzip.decompress(body)
-        return json.loads(body)
 
 
 @pytest.fixture(scope="session")
@@ -155,3 +118,38 @@ def demo_tensorboard(demo_run):
     finally:
         server.terminate()
         server.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def builder(tf):  # the proto classes ship with TensorFlow
+    from tests.helpers.xplane_builder import SpaceBuilder
+
+    return SpaceBuilder
+
+
+@pytest.fixture(scope="session")
+def gpu_trace(tf):  # the proto classes ship with TensorFlow
+    from tests.helpers.gpu_traces import GpuTrace
+
+    return GpuTrace
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 256 KiB tmpfs mounted under tmp_path (root only), nearly filled."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if shutil.which("mount") is None:
+        pytest.skip("no mount command")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
+        capture_output=True,
+        text=True,
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
+    try:
+        (mount / "filler").write_bytes(b"\0" * ((256 - 12) * 1024))  # 12 KiB left
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)

@@ -5,7 +5,8 @@ import pandas as pd
 import pytest
 
 import keras_dp_tools as kdt
-from tests.recorded_runs import (
+from tests.helpers.processes import run_cli
+from tests.helpers.recorded_runs import (
     BALANCED,
     COMM_HEAVY,
     HOST_BOUND,
@@ -15,9 +16,7 @@ from tests.recorded_runs import (
     write_run,
     write_scaling_runs,
 )
-from tests.training import GLOBAL_BATCH, dense_model, fit
-
-from .conftest import run_cli
+from tests.helpers.training import GLOBAL_BATCH, dense_model, fit
 
 
 def titles(report):

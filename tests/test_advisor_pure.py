@@ -7,7 +7,7 @@ import pandas as pd
 
 from keras_dp_tools.analysis.advice import AdvisorFrames, advise
 from keras_dp_tools.report.facade import Report
-from tests.recorded_runs import COMM_HEAVY, write_run, write_scaling_runs
+from tests.helpers.recorded_runs import COMM_HEAVY, write_run, write_scaling_runs
 
 
 def plain_frames(report: Report) -> AdvisorFrames:

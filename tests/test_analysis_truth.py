@@ -8,12 +8,6 @@ import sys
 import pytest
 
 from keras_dp_tools.analysis import analyze_trace, memory, xprof_steps
-from tests.xplane_builder import SpaceBuilder
-
-
-@pytest.fixture(scope="module")
-def builder(tf):  # the proto classes ship with TensorFlow
-    return SpaceBuilder
 
 
 def small_cpu_trace(builder, tmp_path):
@@ -94,14 +88,14 @@ def three_step_trace(builder, middle_end_ms: float, capture_ms: float | None = 4
         )
         host.event("tf_Compute/1", "sequential/dense/MatMul:MatMul", start + 1, start + 5)
     if capture_ms is not None:
-        from tests.xplane_builder import LINE_START_NS
+        from tests.helpers.xplane_builder import LINE_START_NS
 
         environment = space.plane("Task Environment")
         for name, ns in (
             ("profile_start_time", LINE_START_NS),
             ("profile_stop_time", LINE_START_NS + round(capture_ms * 1e6)),
         ):
-            environment.plane.stats.add(metadata_id=environment._stat_id(name), uint64_value=ns)
+            environment.plane.stats.add(metadata_id=environment.stat_id(name), uint64_value=ns)
     return space
 
 
@@ -207,8 +201,8 @@ def test_on_gpus_an_untrue_marker_keeps_its_kernels_and_xprofs_steps_out(builder
     Step 2's kernels stay with step 2's (empty) row, not step 3's. XProf groups steps by
     the same markers (here its second step ran 16 ms: steps 2 and 3 merged), so its
     columns are left out of the trace."""
-    from tests.gpu_traces import GpuTrace
-    from tests.xplane_builder import LINE_START_NS
+    from tests.helpers.gpu_traces import GpuTrace
+    from tests.helpers.xplane_builder import LINE_START_NS
 
     trace = GpuTrace()
     for step, start in ((1, 0.0), (2, 10.0), (3, 20.0)):
@@ -223,7 +217,7 @@ def test_on_gpus_an_untrue_marker_keeps_its_kernels_and_xprofs_steps_out(builder
         ("profile_start_time", LINE_START_NS),
         ("profile_stop_time", LINE_START_NS + 40 * 10**6),
     ):
-        environment.plane.stats.add(metadata_id=environment._stat_id(name), uint64_value=ns)
+        environment.plane.stats.add(metadata_id=environment.stat_id(name), uint64_value=ns)
     result = analyze_trace(trace.write(tmp_path), devices=["/gpu:0", "/gpu:1"])
     steps = result.steps.set_index("step")
     expected = {"step_ms": 8.0, "compute_ms": 4.0, "allreduce_ms": 1.5, "sync_wait_ms": 0.5}
@@ -237,14 +231,14 @@ def test_on_gpus_an_untrue_marker_keeps_its_kernels_and_xprofs_steps_out(builder
 def add_capture_length(space, capture_ms: float) -> None:
     """A ``Task Environment`` plane saying the capture lasted ``capture_ms`` (absolute
     nanoseconds, as TF 2.21 writes them)."""
-    from tests.xplane_builder import LINE_START_NS
+    from tests.helpers.xplane_builder import LINE_START_NS
 
     environment = space.plane("Task Environment")
     for name, ns in (
         ("profile_start_time", LINE_START_NS),
         ("profile_stop_time", LINE_START_NS + round(capture_ms * 1e6)),
     ):
-        environment.plane.stats.add(metadata_id=environment._stat_id(name), uint64_value=ns)
+        environment.plane.stats.add(metadata_id=environment.stat_id(name), uint64_value=ns)
 
 
 def name_lines(space, old: str, new: str) -> None:

@@ -4,9 +4,9 @@ import pytest
 
 from keras_dp_tools.tools.tuning.batch_finder import _next_batch, find_per_replica_batch
 
-HOG = "tests.memory_hog"
+HOG = "tests.helpers.memory_hog"
 MIB = 2**20
-EXAMPLE_BYTES = 4 * MIB  # tests/memory_hog.py: one float32 input of 1 Mi features
+EXAMPLE_BYTES = 4 * MIB  # tests/helpers/memory_hog.py: one float32 input of 1 Mi features
 
 
 def _search(mode, largest_fitting, max_batch=1024):

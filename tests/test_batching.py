@@ -6,7 +6,7 @@ import pytest
 
 import keras_dp_tools as kdt
 from keras_dp_tools.checks.batching import dataset_batch
-from tests.training import dense_model, regression_data
+from tests.helpers.training import dense_model, regression_data
 
 
 @pytest.fixture(scope="module")

@@ -12,16 +12,11 @@ import pytest
 from keras_dp_tools.analysis import analyze_trace, analyze_xspace
 from keras_dp_tools.analysis.classify import Kind, classify_device_event, classify_host_event
 from keras_dp_tools.analysis.trace.xspace import TraceEvent
-from tests.xplane_builder import SpaceBuilder
+from tests.helpers.cpu_traces import cpu_trace
 
 NCCL = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
 COMPUTE_STREAM = "Stream #13(Compute)"
 NCCL_STREAM = "Stream #20(Nccl)"
-
-
-@pytest.fixture(scope="module")
-def builder(tf):  # the proto classes ship with TensorFlow
-    return SpaceBuilder
 
 
 def two_gpu_trace(builder):
@@ -153,42 +148,6 @@ def test_peer_copies_count_as_allreduce_without_wait(builder):
     assert rows.loc[1, "allreduce_ms"] == 0
 
 
-def cpu_trace(builder):
-    """Two replicas on CPU logical devices, as TF names their ops; step 0-8 ms.
-
-    Replica 0 (no scope): forward 0-2, concat 2-2.5, collective 2.5-5 (key 100).
-    Replica 1: forward 0.5-3.5 (replica_1/), concat_1 3.5-4, collective_1 4-5 (key 100),
-    update_1_3 (its 4th variable's update) 5-6.
-    """
-    space = builder().step(42, 0.0, 8.0)
-    host = space.host()
-    call = "StatefulPartitionedCall"
-    host.event("tf_Compute/1", f"{call}/sequential/dense/MatMul:_MklMatMul", 0.0, 2.0)
-    host.event("tf_Compute/2", f"{call}/replica_1/sequential/dense/MatMul:_MklMatMul", 0.5, 3.5)
-    host.event("tf_Compute/1", f"{call}/adam/concat:ConcatV2", 2.0, 2.5)
-    host.event("tf_Compute/2", f"{call}/adam/concat_1:ConcatV2", 3.5, 4.0)
-    host.event(
-        "collective_ops/7",
-        f"{call}/adam/CollectiveReduceV2:CollectiveReduceV2",
-        2.5,
-        5.0,
-        instance_key=100,
-        group_key=1,
-    )
-    host.event(
-        "collective_ops/8",
-        f"{call}/adam/CollectiveReduceV2_1:CollectiveReduceV2",
-        4.0,
-        5.0,
-        instance_key=100,
-        group_key=1,
-    )
-    host.event("tf_Compute/2", f"{call}/adam/update_1_3/Sub:Sub", 5.0, 6.0)
-    host.event("tf_Compute/1", "ExecutorState::Process", 0.0, 7.0)  # bookkeeping: ignored
-    host.event("python", "EagerLocalExecute: __inference_train_step_1", 0.0, 7.5)
-    return space
-
-
 def test_cpu_replicas_from_scopes_and_collective_copies(builder):
     rows = analyze_xspace(cpu_trace(builder).space).replicas.set_index("replica")
     assert list(rows.index) == [0, 1]
@@ -272,7 +231,7 @@ def test_xprof_collectives_beside_ours_on_gpu_traces(builder, tmp_path):
 
 
 def test_analyze_cli_shows_xprof_beside_ours_for_gpu_traces(builder, tmp_path):
-    from .conftest import run_cli
+    from tests.helpers.processes import run_cli
 
     two_gpu_trace(builder).write(tmp_path)
     result = run_cli("analyze", str(tmp_path), "--csv")

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from keras_dp_tools.analysis import analyze_xspace, step_engine
 from keras_dp_tools.analysis import rows as rows_module
 from keras_dp_tools.analysis import spans as spans_module
-from tests.xplane_builder import MS, SpaceBuilder
+from tests.helpers.xplane_builder import MS, SpaceBuilder
 
 INPUT_NAME = "IteratorGetNextOp::DoCompute"  # a tf.data wait: shared by all replicas
 

@@ -67,9 +67,14 @@ def test_keyboard_interrupt_is_not_swallowed():
         Interrupted().on_epoch_end(0)
 
 
-def test_model_and_params_are_kept():
-    callback = DataParallelCallback()
-    callback.set_model("model")
-    callback.set_params({"epochs": 2})
+def test_hooks_see_the_model_and_params_keras_hands_over():
+    class Reads(DataParallelCallback):
+        def on_train_begin(self, logs=None):
+            self.seen = (self.model, self.params["epochs"])
 
-    assert callback.model == "model" and callback.params == {"epochs": 2}
+    callback, model = Reads(), object()
+    callback.set_model(model)
+    callback.set_params({"epochs": 2})
+    callback.on_train_begin()
+
+    assert callback.seen[0] is model and callback.seen[1] == 2

@@ -9,8 +9,9 @@ import sys
 import pytest
 
 import keras_dp_tools as kdt
-
-from .conftest import REPO, free_ports, run_cli
+from keras_dp_tools.tools.launch import free_ports
+from tests.helpers import REPO
+from tests.helpers.processes import run_cli
 
 
 def test_demo_records_one_row_per_trained_step(demo_run):

@@ -6,7 +6,7 @@ import pytest
 
 import keras_dp_tools as kdt
 from keras_dp_tools.analysis.consistency import breakdown_problems
-from tests import recorded_runs
+from tests.helpers import recorded_runs
 
 
 def report_problems(report) -> list[str]:

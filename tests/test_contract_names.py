@@ -7,7 +7,7 @@ import re
 import pytest
 
 from keras_dp_tools.records import contract
-from tests.test_layers import MODULES, string_constants
+from tests.helpers.package_source import MODULES, string_constants
 
 # Inside any code string (docstrings are documentation, not code).
 SPELLED = re.compile(r"\bKERAS_DP_[A-Z_]+|plugins/profile|\.xplane\.pb")

@@ -7,14 +7,8 @@ import pytest
 
 from keras_dp_tools.analysis import analyze_xspace
 from keras_dp_tools.analysis.consistency import breakdown_problems
-from tests.xplane_builder import SpaceBuilder
 
 CALL = "StatefulPartitionedCall"
-
-
-@pytest.fixture(scope="module")
-def builder(tf):  # the proto classes ship with TensorFlow
-    return SpaceBuilder
 
 
 def analyze(space, **kwargs):

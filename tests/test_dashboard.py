@@ -14,15 +14,14 @@ from pathlib import Path
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.records.files import SCHEMA_VERSION, RecordWriter, worker_records_path
 from keras_dp_tools.report.tensorboard_plugin import data as dashboard
-
-from .conftest import get_json
+from tests.helpers.processes import get_json
+from tests.helpers.recorded_runs import write_run
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 
-def write_run(
+def write_dashboard_run(
     log_dir: Path,
     steps: int,
     step_ms=lambda step: 10.0 + step % 7,
@@ -30,37 +29,17 @@ def write_run(
     replicas: int = 2,
     start: float = 1.7e9,
 ) -> Path:
-    """A records file of one worker with a header and ``steps`` step records."""
-    path = worker_records_path(log_dir, 0)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    writer = RecordWriter(path)
-    common = {"run": run, "worker": 0}
-    writer.write(
-        {
-            "type": "header",
-            "schema": SCHEMA_VERSION,
-            **common,
-            "time": start,
-            "strategy": "MirroredStrategy",
-            "replicas": replicas,
-            "workers": 1,
-        }
+    """One worker's header (no global batch) and ``steps`` step records, 10 ms apart."""
+    return write_run(
+        log_dir,
+        run,
+        step_ms=step_ms,
+        steps=steps,
+        replicas=replicas,
+        global_batch=None,
+        start=start,
+        step_seconds=0.01,
     )
-    for step in range(steps):
-        writer.write(
-            {
-                "type": "step",
-                **common,
-                "time": start + step / 100,
-                "epoch": 0,
-                "step": step,
-                "steps": 1,
-                "step_ms": step_ms(step),
-                "warmup": step == 0,
-            }
-        )
-    writer.close()
-    return path
 
 
 def test_thinning_averages_equal_buckets():
@@ -77,7 +56,7 @@ def test_thinning_averages_equal_buckets():
 
 
 def test_large_run_stays_a_small_page(tmp_path):
-    write_run(tmp_path, 100_000)
+    write_dashboard_run(tmp_path, 100_000)
     data = dashboard.LogDirData(tmp_path)
 
     answer = data.run("big", None)
@@ -96,7 +75,7 @@ def test_a_log_dir_being_written_is_reread(tmp_path, monkeypatch):
     data = dashboard.LogDirData(tmp_path)
     assert data.runs()["runs"] == [] and not data.has_records()
 
-    path = write_run(tmp_path, 20)
+    path = write_dashboard_run(tmp_path, 20)
     lines = path.read_bytes().splitlines(keepends=True)
     path.write_bytes(b"".join(lines[:11]) + lines[11][:15])  # a writer mid-line
     assert data.run("big", None)["steps_recorded"] == 10
@@ -107,8 +86,8 @@ def test_a_log_dir_being_written_is_reread(tmp_path, monkeypatch):
 
 
 def test_a_sweep_gets_the_scaling_table(tmp_path):
-    write_run(tmp_path / "r1", 30, lambda step: 10.0, run="one", replicas=1)
-    write_run(tmp_path / "r2", 30, lambda step: 16.0, run="two", replicas=2, start=1.8e9)
+    write_dashboard_run(tmp_path / "r1", 30, lambda step: 10.0, run="one", replicas=1)
+    write_dashboard_run(tmp_path / "r2", 30, lambda step: 16.0, run="two", replicas=2, start=1.8e9)
     data = dashboard.LogDirData(tmp_path)
 
     answer = data.runs()
@@ -123,7 +102,7 @@ def test_a_sweep_gets_the_scaling_table(tmp_path):
 
 
 def test_unknown_run_says_what_exists(tmp_path):
-    write_run(tmp_path, 5)
+    write_dashboard_run(tmp_path, 5)
     with pytest.raises(LookupError, match="it has big"):
         dashboard.LogDirData(tmp_path).run("nope", None)
 

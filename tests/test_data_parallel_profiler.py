@@ -8,7 +8,7 @@ import pytest
 import keras_dp_tools as kdt
 from keras_dp_tools.analysis import find_traces
 from keras_dp_tools.analysis.xprof_steps import xprof_step_table
-from tests.training import GLOBAL_BATCH, dense_model, fit, iterations
+from tests.helpers.training import GLOBAL_BATCH, dense_model, fit, iterations
 
 
 def profiled(log_dir, **kwargs):
@@ -226,7 +226,7 @@ def test_analysis_child_process_matches_and_raises_like_analyze_trace(tmp_path, 
     from keras_dp_tools.analysis import analyze_trace
     from keras_dp_tools.analysis.runner import analyze_in_child
     from keras_dp_tools.records.facts import RunFacts
-    from tests.xplane_builder import SpaceBuilder
+    from tests.helpers.xplane_builder import SpaceBuilder
 
     builder = SpaceBuilder().step(1, 0, 10).step(2, 10, 20)
     for replica in range(2):

@@ -9,8 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-from tests.recorded_runs import COMM_HEAVY, write_run
-from tests.test_gpu_trace import gpu_trace, two_gpu_run  # noqa: F401 (fixture)
+from tests.helpers.gpu_traces import two_gpu_run
+from tests.helpers.recorded_runs import COMM_HEAVY, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -73,7 +73,7 @@ def test_lint_findings_carry_the_shared_severity(tmp_path):
     assert found["KDP001"].message == found["KDP001"].violation.message
 
 
-def test_breakdown_doc_example_runs_on_a_log_dir(gpu_trace, tmp_path):  # noqa: F811
+def test_breakdown_doc_example_runs_on_a_log_dir(gpu_trace, tmp_path):
     two_gpu_run(gpu_trace).write(tmp_path / "runs" / "exp1" / "train")
     out = run_example(
         python_block("docs/breakdown.md", "## Using the analysis without training"), tmp_path

@@ -6,9 +6,8 @@ import sys
 import pynvml
 
 from keras_dp_tools.tools import doctor
-from tests.nvml_fake import FakeGpu, fake_pynvml
-
-from .conftest import REPO
+from tests.helpers import REPO
+from tests.helpers.nvml_fake import FakeGpu, fake_pynvml
 
 BLOCKED_RUN = (
     "import sys\n"

@@ -7,7 +7,6 @@ space), and the tests check what survives and what the report says about it.
 import json
 import os
 import random
-import shutil
 import subprocess
 import sys
 import warnings
@@ -20,9 +19,9 @@ from hypothesis import strategies as st
 import keras_dp_tools as kdt
 from keras_dp_tools.records.files import RecordWriter, worker_records_path
 from keras_dp_tools.tools.cli import main as cli_main
-
-from .conftest import REPO, run_cli
-from .test_records import header, step
+from tests.helpers import REPO
+from tests.helpers.processes import run_cli
+from tests.helpers.recorded_runs import header, step
 
 JOB = str(REPO / "tests" / "jobs" / "train_job.py")
 
@@ -133,27 +132,6 @@ def test_kill_inside_a_profiler_window_keeps_steps_and_analysis_works(tmp_path):
 
 
 # -- disk full ------------------------------------------------------------------------
-
-
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 256 KiB tmpfs mounted under tmp_path (root only), nearly filled."""
-    mount = tmp_path / "disk"
-    mount.mkdir()
-    if shutil.which("mount") is None:
-        pytest.skip("no mount command")
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount)],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here (needs root): {done.stderr.strip()}")
-    try:
-        (mount / "filler").write_bytes(b"\0" * ((256 - 12) * 1024))  # 12 KiB left
-        yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 @pytest.mark.slow
@@ -298,8 +276,8 @@ def test_records_in_any_order_give_the_same_report(tmp_path, order):
 
 @pytest.fixture(scope="module")
 def cpu_trace_bytes(tf):
-    from .test_breakdown import cpu_trace
-    from .xplane_builder import SpaceBuilder
+    from tests.helpers.cpu_traces import cpu_trace
+    from tests.helpers.xplane_builder import SpaceBuilder
 
     return cpu_trace(SpaceBuilder).space.SerializeToString()
 

@@ -9,7 +9,7 @@ from keras_dp_tools.analysis.utilization import misleading_utilization
 from keras_dp_tools.checks.batching import unknown_batch
 from keras_dp_tools.checks.lint.checker import check_source
 from keras_dp_tools.records.files import worker_records_path
-from tests.recorded_runs import BALANCED, COMM_HEAVY, write_run
+from tests.helpers.recorded_runs import BALANCED, COMM_HEAVY, write_run
 
 
 def test_every_producer_gives_the_one_type():

@@ -18,8 +18,7 @@ from keras_dp_tools.capture import data_parallel_profiler, step_timer
 from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.records.contract import FLUSH_SECONDS_ENV
 from keras_dp_tools.records.files import worker_records_path
-
-from .training import fit
+from tests.helpers.training import fit
 
 
 def _exit_handlers_of_a_normal_exit() -> None:
@@ -67,7 +66,7 @@ def test_a_child_forked_during_fit_writes_nothing_into_the_parents_records(
             gc.unfreeze()
             children.append(pid)
 
-    from tests.training import dense_model
+    from tests.helpers.training import dense_model
 
     fit(dense_model(keras, strategy4), [kdt.StepTimer(tmp_path), ForkAtBatch3()], epochs=1)
 

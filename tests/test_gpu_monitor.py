@@ -14,8 +14,8 @@ import keras_dp_tools as kdt
 from keras_dp_tools.capture.monitor.nvml_reader import NvmlReader
 from keras_dp_tools.capture.monitor.replay import ReplayReader
 from keras_dp_tools.capture.monitor.sampler import THREAD_NAME
-from tests.conftest import nvml_works
-from tests.training import dense_model, fit, iterations
+from tests.helpers.nvml_fake import nvml_works
+from tests.helpers.training import dense_model, fit, iterations
 
 
 def sampler_threads():

@@ -1,5 +1,5 @@
 """The GPU path on traces with the schema and names XLA's CUPTI collector writes
-(tests/gpu_traces.py), expected numbers computed by hand in the docstrings."""
+(tests/helpers/gpu_traces.py), expected numbers computed by hand in the docstrings."""
 
 import re
 
@@ -13,53 +13,14 @@ from keras_dp_tools.analysis.gpu_trace import (
     nccl_collective,
 )
 from keras_dp_tools.analysis.trace.xspace import TraceEvent
-
-ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
-GEMM = "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(Params)"
-ADAM = "void tensorflow::functor::ApplyAdamKernel<float>(int, float*, float*, float*)"
-COMPUTE, SECOND_COMPUTE, INPUT, NCCL, PEER = 13, 15, 14, 20, 21
-GRADIENT_BYTES = 8_000_000
-
-
-@pytest.fixture(scope="module")
-def gpu_trace(tf):  # the proto classes ship with TensorFlow
-    from tests.gpu_traces import GpuTrace
-
-    return GpuTrace
-
-
-def two_gpu_run(GpuTrace):
-    """Two steps on two GPUs; markers 0-10 and 10-20 ms.
-
-    Step 1, GPU 0: H2D input 0.0-0.4; gemm 1-5; D2D copy 5.0-5.5 (same stream);
-    all-reduce 5.5-9.0, waiting for GPU 1 until 7.0; Adam kernel 9-11, after the marker.
-    Step 1, GPU 1: gemm 1-6.5 and 2-3 on a second stream; idle 6.5-7.0; all-reduce 7-9;
-    P2P copy 9.0-9.5; Adam 9.5-10.5, after the marker.
-    Step 2: GPU 0 gemm 11-15, all-reduce 15-17, Adam 17-18, and a kernel with no
-    launch link at 19.0-19.5; GPU 1 gemm 10.5-14, all-reduce 15-17, Adam 17-18.
-    Outside the steps: a kernel launched at 25 that runs 25-26.
-    """
-    trace = GpuTrace().step(1, 0.0, 10.0).step(2, 10.0, 20.0)
-    trace.copy(0, INPUT, "H2D", 0.0, 0.4, 100, launched_at=0.05)
-    trace.kernel(0, COMPUTE, GEMM, 1.0, 5.0, 101, launched_at=0.2)
-    trace.copy(0, COMPUTE, "D2D", 5.0, 5.5, 102, launched_at=0.3)
-    trace.kernel(0, NCCL, ALLREDUCE, 5.5, 9.0, 103, launched_at=0.4)
-    trace.kernel(0, COMPUTE, ADAM, 9.0, 11.0, 104, launched_at=0.5)
-    trace.kernel(1, COMPUTE, GEMM, 1.0, 6.5, 201, launched_at=0.25)
-    trace.kernel(1, SECOND_COMPUTE, "void relu_kernel<float>(float*)", 2.0, 3.0, 205, 0.35)
-    trace.kernel(1, NCCL, ALLREDUCE, 7.0, 9.0, 203, launched_at=0.45)
-    trace.copy(1, PEER, "P2P", 9.0, 9.5, 206, launched_at=0.5)
-    trace.kernel(1, COMPUTE, ADAM, 9.5, 10.5, 204, launched_at=0.55)
-    trace.kernel(0, COMPUTE, GEMM, 11.0, 15.0, 111, launched_at=10.2)
-    trace.kernel(0, NCCL, ALLREDUCE, 15.0, 17.0, 113, launched_at=10.3)
-    trace.kernel(0, COMPUTE, ADAM, 17.0, 18.0, 114, launched_at=10.4)
-    trace.kernel(0, COMPUTE, "void unlinked_kernel(float*)", 19.0, 19.5)
-    trace.kernel(1, COMPUTE, GEMM, 10.5, 14.0, 211, launched_at=10.2)
-    trace.kernel(1, NCCL, ALLREDUCE, 15.0, 17.0, 213, launched_at=10.3)
-    trace.kernel(1, COMPUTE, ADAM, 17.0, 18.0, 214, launched_at=10.4)
-    trace.kernel(0, COMPUTE, GEMM, 25.0, 26.0, 120, launched_at=25.0)
-    trace.derived_line(0, "fusion.1", 0.0, 20.0)  # a view of the kernels, not activity
-    return trace
+from tests.helpers.gpu_traces import (
+    COMPUTE,
+    GEMM,
+    GRADIENT_BYTES,
+    NCCL,
+    PEER,
+    two_gpu_run,
+)
 
 
 def rows_by(frame):
@@ -270,7 +231,7 @@ def test_window_without_device_events_is_marked_failed(tmp_path, keras, strategy
     the reason, and training goes on."""
     import keras_dp_tools as kdt
     from keras_dp_tools.capture import data_parallel_profiler
-    from tests.training import dense_model, fit, iterations
+    from tests.helpers.training import dense_model, fit, iterations
 
     gpus = ["/job:localhost/replica:0/task:0/device:GPU:0", "/gpu:1"]
     monkeypatch.setattr(data_parallel_profiler, "strategy_devices", lambda strategy: gpus)
@@ -334,7 +295,7 @@ def test_a_clock_counted_from_zero_gives_the_same_rows(gpu_trace, tmp_path, from
     """Every line starts at its first event on a clock whose zero is the first event:
     the host's python line is at ``timestamp_ns`` 0 (a field the file then omits), the
     GPU streams at 0, 1, 2, 5.5, 7 and 9 ms. Same hand-computed rows."""
-    from tests.gpu_traces import rebase
+    from tests.helpers.gpu_traces import rebase
 
     space = rebase(two_gpu_run(gpu_trace).space, 0)
     timestamps = {line.timestamp_ns for plane in space.planes for line in plane.lines}
@@ -345,8 +306,8 @@ def test_a_clock_counted_from_zero_gives_the_same_rows(gpu_trace, tmp_path, from
 def test_lines_on_different_clocks_are_refused_with_the_reason(gpu_trace):
     """Device lines counted from 0 but host lines at a Unix time (1.7e18 ns, ~19,700
     days apart) cannot be put on one timeline: refused, not guessed."""
-    from tests.gpu_traces import rebase
-    from tests.xplane_builder import LINE_START_NS
+    from tests.helpers.gpu_traces import rebase
+    from tests.helpers.xplane_builder import LINE_START_NS
 
     space = rebase(two_gpu_run(gpu_trace).space, 0)
     for plane in space.planes:
@@ -449,16 +410,16 @@ def test_device_event_kinds_match_the_parsed_events_for_any_tf_op(gpu_trace):
     kinds are those ``classify_device_event`` gives the events ``plane_events`` parses."""
     from keras_dp_tools.analysis.classify import KIND_CODES
     from keras_dp_tools.analysis.gpu_trace import read_device_events, stream_events
-    from tests.xplane_builder import LINE_START_NS
+    from tests.helpers.xplane_builder import LINE_START_NS
 
     trace = gpu_trace().step(1, 0.0, 10.0)
     for index in range(3):
         trace.kernel(0, COMPUTE, "void k(float*)", index, index + 0.5, index + 1)
     plane = trace.builder.gpu(0)
     line = next(line for line in plane.plane.lines if line.name.startswith("Stream #"))
-    op = line.events[0].stats.add(metadata_id=plane._stat_id("tf_op"))
+    op = line.events[0].stats.add(metadata_id=plane.stat_id("tf_op"))
     op.str_value = "sum/CollectiveReduceV2:CollectiveReduceV2"
-    line.events[1].stats.add(metadata_id=plane._stat_id("tf_op"), ref_value=(1 << 64) - 2)
+    line.events[1].stats.add(metadata_id=plane.stat_id("tf_op"), ref_value=(1 << 64) - 2)
     space = trace.space
     gpu = next(plane for plane in space.planes if plane.name == "/device:GPU:0")
     expected = [KIND_CODES[classify_device_event(event)] for event in stream_events(gpu)]

@@ -8,8 +8,8 @@ import pytest
 
 import keras_dp_tools as kdt
 from keras_dp_tools.tools.launch import cluster_addresses, launch
-
-from .conftest import REPO, run_cli
+from tests.helpers import REPO
+from tests.helpers.processes import run_cli
 
 SHOW_CONFIG = (
     "import json, os; config = json.loads(os.environ['TF_CONFIG']); "

@@ -9,8 +9,7 @@ import nbformat
 import pytest
 
 from keras_dp_tools.checks.lint import check_source, lint_paths
-
-from .conftest import run_cli
+from tests.helpers.processes import run_cli
 
 TF = "import tensorflow as tf\n"
 MIRRORED = TF + "strategy = tf.distribute.MirroredStrategy()\n"
@@ -283,7 +282,7 @@ def test_flake8_runs_the_plugin(project):
 
 
 def test_our_own_examples_demo_and_notebooks_are_clean():
-    from .conftest import REPO
+    from tests.helpers import REPO
 
     paths = [REPO / "examples", REPO / "notebooks", REPO / "keras_dp_tools" / "tools" / "demo.py"]
     assert [str(report) for report in lint_paths(paths)] == []

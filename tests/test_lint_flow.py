@@ -17,8 +17,7 @@ import pytest
 from keras_dp_tools.checks.lint import SEVERITIES, check_source
 from keras_dp_tools.checks.lint.checker import MAX_CALL_DEPTH
 from keras_dp_tools.common.severity import Severity
-
-from .conftest import run_cli
+from tests.helpers.processes import run_cli
 
 FILES = {
     "config.py": "BATCH = 48\n",

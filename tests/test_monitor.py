@@ -27,8 +27,8 @@ from keras_dp_tools.capture.monitor.nvml_reader import (
     visible_nvml_indices,
 )
 from keras_dp_tools.capture.monitor.sampler import THREAD_NAME, Sampler
-
-from .conftest import REPO, nvml_works
+from tests.helpers import REPO
+from tests.helpers.nvml_fake import nvml_works
 
 
 def sampler_threads():

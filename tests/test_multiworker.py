@@ -10,8 +10,8 @@ import sys
 import pytest
 
 import keras_dp_tools as kdt
-
-from .conftest import REPO, free_ports
+from keras_dp_tools.tools.launch import free_ports
+from tests.helpers import REPO
 
 JOB = str(REPO / "tests" / "jobs" / "train_job.py")
 

@@ -1,4 +1,4 @@
-"""NvmlReader's conversions on pynvml's own ctypes structures (tests/nvml_fake.py),
+"""NvmlReader's conversions on pynvml's own ctypes structures (tests/helpers/nvml_fake.py),
 expected values from the units NVML documents."""
 
 import sys
@@ -7,7 +7,7 @@ import pynvml
 import pytest
 
 from keras_dp_tools.capture.monitor.nvml_reader import NvmlReader
-from tests.nvml_fake import GIB, FakeGpu, fake_pynvml
+from tests.helpers.nvml_fake import GIB, FakeGpu, fake_pynvml
 
 MIB_PER_S_IN_GBPS = 2**20 / 1e9  # GPM reports NVLink MiB/s
 

@@ -20,8 +20,7 @@ from keras_dp_tools.capture.hook_timing import HookTimer
 from keras_dp_tools.capture.recorder import Recorder, flush_seconds
 from keras_dp_tools.records.contract import FLUSH_SECONDS_ENV
 from keras_dp_tools.records.files import worker_records_path
-
-from .conftest import REPO
+from tests.helpers import REPO
 
 
 def step_begins(keras):
@@ -68,7 +67,7 @@ def test_records_of_an_epoch_are_on_disk_when_the_next_epoch_begins(
             lines = path.read_text().splitlines() if path.exists() else []
             seen.append(sum(json.loads(line)["type"] == "step" for line in lines))
 
-    from tests.training import dense_model, fit
+    from tests.helpers.training import dense_model, fit
 
     fit(dense_model(keras, strategy4), [kdt.StepTimer(tmp_path), ReadAtEpochBegin()], epochs=3)
 

@@ -8,13 +8,18 @@ import warnings
 
 import pytest
 from matplotlib.collections import PathCollection
-from matplotlib.figure import Figure
 
 import keras_dp_tools as kdt
 from keras_dp_tools.report import plots
 from keras_dp_tools.report.html import write_html
 from keras_dp_tools.tools.cli import main
-from tests.recorded_runs import (
+from tests.helpers.figures import (
+    assert_each_line_stays_in_one_window,
+    data_lines,
+    only_axes,
+    tick_labels,
+)
+from tests.helpers.recorded_runs import (
     COMM_HEAVY,
     WAITING,
     write_run,
@@ -57,37 +62,6 @@ def artifacts(tmp_path, request):
     return save
 
 
-def only_axes(figure):
-    assert isinstance(figure, Figure)
-    return figure.axes[0]
-
-
-def data_lines(axes):
-    """The plotted series (the dotted window separators have no markers)."""
-    return [line for line in axes.get_lines() if line.get_marker() not in (None, "None", "")]
-
-
-def steps_of(axes, line) -> list[int]:
-    """The global steps a line's points stand for, read off the axis's tick labels."""
-    ticks = {tick: int(label.get_text()) for tick, label in _ticks(axes)}
-    return [ticks[x] for x in line.get_xdata()]
-
-
-def _ticks(axes):
-    return zip(axes.get_xticks(), axes.get_xticklabels(), strict=True)
-
-
-def assert_each_line_stays_in_one_window(axes, windows):
-    lines = data_lines(axes)
-    assert lines
-    for line in lines:
-        steps = steps_of(axes, line)
-        inside = [(start, end) for start, end in windows if start <= min(steps) < end]
-        assert inside, f"{line.get_label()} starts at step {min(steps)}, in no window"
-        assert max(steps) < inside[0][1], f"{line.get_label()} crosses unmeasured steps {steps}"
-    return lines
-
-
 def test_step_breakdown_stacks_the_five_parts_to_the_step_time(report, artifacts):
     figure = plots.step_breakdown(report)
     artifacts(figure, "breakdown")
@@ -112,7 +86,7 @@ def test_step_breakdown_puts_windows_and_workers_side_by_side(windowed, artifact
         tops = [sum(bars[i].get_height() for bars in parts) for i in range(15)]
         assert tops == pytest.approx([10.0] * 15)
     # Each worker's bar of a step sits on that step's tick, the two apart.
-    labels = {int(label.get_text()): tick for tick, label in _ticks(axes)}
+    labels = {int(label.get_text()): tick for tick, label in tick_labels(axes)}
     for bar_w0, bar_w1, step in zip(compute_w0, compute_w1, [10, 11, 12, 13, 14], strict=False):
         centres = [bar.get_x() + bar.get_width() / 2 for bar in (bar_w0, bar_w1)]
         assert centres[0] < labels[step] < centres[1]

@@ -23,8 +23,7 @@ from keras_dp_tools.analysis.trace.xspace import (
     plane_events,
     step_markers,
 )
-
-from .conftest import REPO
+from tests.helpers import REPO
 
 WIDTH = 128
 EXAMPLES = 32 * 24

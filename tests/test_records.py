@@ -18,36 +18,12 @@ from keras_dp_tools.records.files import (
     read_records,
     worker_records_path,
 )
-
-
-def header(run="r1", worker=0, **fields):
-    return {"type": "header", "schema": SCHEMA_VERSION, "run": run, "worker": worker, **fields}
-
-
-def step(step, run="r1", worker=0, **fields):
-    record = {
-        "type": "step",
-        "run": run,
-        "worker": worker,
-        "epoch": 0,
-        "step": step,
-        "steps": 1,
-        "step_ms": 10.0 + step,
-        "warmup": step == 0,
-    }
-    return {**record, **fields}
-
-
-def write(path, records):
-    writer = RecordWriter(path)
-    for record in records:
-        writer.write(record)
-    writer.close()
+from tests.helpers.recorded_runs import header, step, write_records
 
 
 def test_round_trip_keeps_values_and_types(tmp_path):
     path = worker_records_path(tmp_path, 0)
-    write(path, [header(devices=["/cpu:0", "/cpu:1"], replicas=2), step(0), step(1)])
+    write_records(path, [header(devices=["/cpu:0", "/cpu:1"], replicas=2), step(0), step(1)])
 
     frame = read_records(path)
 
@@ -62,7 +38,7 @@ def test_round_trip_keeps_values_and_types(tmp_path):
 
 def test_torn_last_line_is_ignored(tmp_path):
     path = worker_records_path(tmp_path, 0)
-    write(path, [header(), step(0), step(1)])
+    write_records(path, [header(), step(0), step(1)])
     with open(path, "ab") as file:
         file.write(b'{"type":"step","run":"r1","wor')  # the writer died mid-line
 
@@ -73,10 +49,10 @@ def test_torn_last_line_is_ignored(tmp_path):
 
 def test_appending_after_a_torn_line_keeps_the_new_records(tmp_path):
     path = worker_records_path(tmp_path, 0)
-    write(path, [header(), step(0)])
+    write_records(path, [header(), step(0)])
     with open(path, "ab") as file:
         file.write(b'{"type":"step","ru')
-    write(path, [header(run="r2"), step(0, run="r2")])
+    write_records(path, [header(run="r2"), step(0, run="r2")])
 
     with pytest.warns(UserWarning, match="skipped 1 damaged line"):
         frame = read_records(path)
@@ -89,7 +65,7 @@ def test_appending_after_a_torn_line_keeps_the_new_records(tmp_path):
 
 def test_non_finite_numbers_are_stored_as_null(tmp_path):
     path = worker_records_path(tmp_path, 0)
-    write(path, [step(1, step_ms=math.nan, examples_per_s=math.inf)])
+    write_records(path, [step(1, step_ms=math.nan, examples_per_s=math.inf)])
 
     assert json.loads(path.read_text())["step_ms"] is None
     frame = read_records(path)
@@ -98,7 +74,7 @@ def test_non_finite_numbers_are_stored_as_null(tmp_path):
 
 def test_unknown_fields_from_newer_versions_are_kept(tmp_path):
     path = worker_records_path(tmp_path, 0)
-    write(path, [header(schema=SCHEMA_VERSION + 1), step(0, future_ms=1.5)])
+    write_records(path, [header(schema=SCHEMA_VERSION + 1), step(0, future_ms=1.5)])
 
     with pytest.warns(UserWarning, match="Upgrade keras_dp_tools"):
         frame = read_records(path)
@@ -137,7 +113,7 @@ def test_writer_refuses_writes_after_close(tmp_path):
 
 def test_find_record_files_searches_runs_recursively(tmp_path):
     for run, worker in [("sweep/n1", 0), ("sweep/n2", 0), ("sweep/n2", 1)]:
-        write(worker_records_path(tmp_path / run, worker), [header()])
+        write_records(worker_records_path(tmp_path / run, worker), [header()])
 
     assert len(find_record_files(tmp_path / "sweep")) == 3
     assert len(find_record_files([tmp_path / "sweep/n1", tmp_path / "sweep/n2"])) == 3

@@ -13,16 +13,7 @@ from keras_dp_tools.report.facade import (
     STEP_COLUMNS,
     WORKER_STEP_COLUMNS,
 )
-
-from .test_records import header, step
-
-
-def write_run(log_dir, run, worker, step_ms, replicas=4, global_batch=64, start=1000.0):
-    writer = RecordWriter(worker_records_path(log_dir, worker))
-    writer.write(header(run, worker, replicas=replicas, global_batch=global_batch, time=start))
-    for index, ms in enumerate(step_ms):
-        writer.write(step(index, run=run, worker=worker, step_ms=ms, time=start + index))
-    writer.close()
+from tests.helpers.recorded_runs import header, step, write_run
 
 
 def test_steps_have_one_row_per_worker_and_step_with_header_columns(tmp_path):

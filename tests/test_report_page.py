@@ -12,9 +12,8 @@ import pytest
 
 import keras_dp_tools as kdt
 from keras_dp_tools.report import plots
-
-from .conftest import run_cli
-from .test_plots import assert_each_line_stays_in_one_window, only_axes
+from tests.helpers.figures import assert_each_line_stays_in_one_window, only_axes
+from tests.helpers.processes import run_cli
 
 pytestmark = pytest.mark.slow
 

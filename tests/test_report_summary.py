@@ -2,7 +2,7 @@
 
 from keras_dp_tools import Report
 from keras_dp_tools.records.files import RecordWriter, worker_records_path
-from tests.recorded_runs import BALANCED, write_run
+from tests.helpers.recorded_runs import BALANCED, write_run
 
 
 def test_summary_counts_the_steps_behind_each_statistic(tmp_path):

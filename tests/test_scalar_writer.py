@@ -18,8 +18,6 @@ from keras_dp_tools.capture.base import MeasurementWarning
 from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.capture.scalar_writer import THREAD_NAME, ScalarWriter
 
-from .test_faults import small_disk  # noqa: F401 (a fixture)
-
 
 def read_scalars(run_dir) -> dict[str, list[tuple[int, float]]]:
     accumulator = EventAccumulator(str(run_dir), size_guidance={"tensors": 0})
@@ -209,7 +207,7 @@ def test_a_child_forked_while_the_thread_writes_neither_hangs_nor_writes_the_par
 
 def test_after_a_full_disk_the_writer_stops_and_the_file_keeps_what_was_written(
     tf,
-    small_disk,  # noqa: F811
+    small_disk,
 ):
     run_dir = small_disk / "run"
     writer = ScalarWriter(str(run_dir), flush_points=16, flush_seconds=3600)
@@ -240,7 +238,7 @@ def test_after_a_full_disk_the_writer_stops_and_the_file_keeps_what_was_written(
 
 def test_a_full_disk_under_the_recorder_warns_once_and_raises_nothing(
     tf,
-    small_disk,  # noqa: F811
+    small_disk,
 ):
     recorder = Recorder.acquire(small_disk / "logs", 0)
     with warnings.catch_warnings(record=True) as caught:

@@ -5,10 +5,9 @@ import os
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.records.files import SCHEMA_VERSION, RecordWriter, worker_records_path
 from keras_dp_tools.tools.sweep import run_sweep
-from tests.conftest import REPO
-from tests.recorded_runs import BALANCED, COMM_HEAVY, write_run
+from tests.helpers import REPO
+from tests.helpers.recorded_runs import BALANCED, COMM_HEAVY, write_run
 
 CPU_DEVICES = [f"/job:localhost/replica:0/task:0/device:CPU:{i}" for i in range(4)]
 GPU_DEVICES = [f"/job:localhost/replica:0/task:0/device:GPU:{i}" for i in range(4)]
@@ -18,29 +17,14 @@ def write_sweep_run(log_dir, run, replicas, step_ms, breakdown, devices, start):
     """A run as a sweep makes it (global batch 64 per replica), its devices in the header."""
     write_run(
         log_dir,
-        run=run,
-        replicas=replicas,
+        run,
         step_ms=step_ms,
+        replicas=replicas,
         global_batch=64 * replicas,
         breakdown=breakdown,
         start=start,
+        header_fields={"devices": devices[:replicas]},
     )
-    writer = RecordWriter(worker_records_path(log_dir, 0))
-    writer.write(  # the header again, with the devices: the latest header counts
-        {
-            "type": "header",
-            "schema": SCHEMA_VERSION,
-            "run": run,
-            "worker": 0,
-            "time": start,
-            "strategy": "MirroredStrategy",
-            "replicas": replicas,
-            "workers": 1,
-            "global_batch": 64 * replicas,
-            "devices": devices[:replicas],
-        }
-    )
-    writer.close()
 
 
 def scaling_advice(tmp_path, devices, breakdown):
@@ -82,7 +66,7 @@ def test_a_sweep_without_gpus_says_its_replicas_share_the_cores(tmp_path, monkey
     script = tmp_path / "fake_train.py"
     script.write_text(
         f"import os, sys\nsys.path.insert(0, {str(REPO)!r})\n"
-        "from tests.recorded_runs import write_run\n"
+        "from tests.helpers.recorded_runs import write_run\n"
         "write_run(os.environ['KERAS_DP_LOG_DIR'], run='r' + os.environ['KERAS_DP_REPLICAS'])\n"
     )
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpus)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import keras_dp_tools as kdt
-from tests.training import dense_model, fit
+from tests.helpers.training import dense_model, fit
 
 
 def values(schedule, steps):

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from keras_dp_tools.analysis import analyze_trace
-from tests.test_gpu_trace import gpu_trace, two_gpu_run  # noqa: F401 (fixture)
+from tests.helpers.gpu_traces import two_gpu_run
 
 GPUS = ["/gpu:0", "/gpu:1"]
 # The step record's own columns, which the breakdown's would shadow in Report.steps.
@@ -48,7 +48,7 @@ def same(left: pd.Series, right: pd.Series) -> bool:
     )
 
 
-def test_every_column_the_analysis_emits_reaches_the_report(gpu_trace, tmp_path):  # noqa: F811
+def test_every_column_the_analysis_emits_reaches_the_report(gpu_trace, tmp_path):
     import keras_dp_tools as kdt
 
     path = two_gpu_run(gpu_trace).write(tmp_path / "trace")
@@ -77,7 +77,7 @@ def test_every_column_the_analysis_emits_reaches_the_report(gpu_trace, tmp_path)
     assert [c for c in emitted if not same(emitted[c], replicas[c])] == []
 
 
-def test_xprof_failing_leaves_our_columns_and_empties_its_own(gpu_trace, tmp_path, monkeypatch):  # noqa: F811
+def test_xprof_failing_leaves_our_columns_and_empties_its_own(gpu_trace, tmp_path, monkeypatch):
     """The converter raises for real (an XSpace it cannot parse): our columns come out
     as they do with XProf working, XProf's are empty, and one warning says why."""
     from xprof.convert import raw_to_tool_data

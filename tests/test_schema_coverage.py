@@ -17,7 +17,7 @@ from keras_dp_tools.records import columns as schema
 from keras_dp_tools.records import files as records
 from keras_dp_tools.report import plots
 from keras_dp_tools.report.facade import Report
-from tests.recorded_runs import COMM_HEAVY, write_run
+from tests.helpers.recorded_runs import COMM_HEAVY, write_run
 
 # Record plumbing, not data: the record's type and the records format's version.
 PLUMBING = {"type", "schema"}

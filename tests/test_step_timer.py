@@ -5,7 +5,7 @@ import pytest
 
 import keras_dp_tools as kdt
 from keras_dp_tools.records.files import worker_records_path
-from tests.training import GLOBAL_BATCH, dense_model, fit, iterations
+from tests.helpers.training import GLOBAL_BATCH, dense_model, fit, iterations
 
 
 def test_one_record_per_step_with_positive_times(tmp_path, keras, strategy4):

@@ -1,6 +1,6 @@
 """The callbacks under the other strategies in scope: the default strategy (here),
 OneDeviceStrategy, CentralStorageStrategy and ParameterServerStrategy (in their own
-process, tests/strategy_runs.py, so this session's devices and strategy stay as they are)."""
+process, tests/jobs/strategy_runs.py, so this session's devices and strategy stay as they are)."""
 
 import json
 import os
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import keras_dp_tools as kdt
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 
 def test_default_strategy_has_one_replica_and_no_communication(tmp_path, keras):
@@ -44,7 +44,7 @@ def test_default_strategy_has_one_replica_and_no_communication(tmp_path, keras):
 def strategy_runs(tmp_path_factory):
     log_dir = tmp_path_factory.mktemp("strategies")
     result = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "strategy_runs.py"), str(log_dir)],
+        [sys.executable, str(REPO / "tests" / "jobs" / "strategy_runs.py"), str(log_dir)],
         capture_output=True,
         text=True,
         timeout=600,
@@ -110,7 +110,8 @@ def test_parameter_server_training_is_recognised_and_said_once(strategy_runs):
     assert len(notes) == 1 and "MeasurementWarning" not in categories(entry)
     assert "ParameterServerStrategyV2 trains asynchronously" in notes[0]["message"]
     assert "measure synchronous data parallelism" in notes[0]["message"]
-    assert notes[0]["file"].endswith(os.path.join("tests", "strategy_runs.py"))  # the fit line
+    fit_line = os.path.join("tests", "jobs", "strategy_runs.py")
+    assert notes[0]["file"].endswith(fit_line)
 
     report = kdt.Report.load(log_dir / "parameter_server")
     assert report.runs["strategy"].tolist() == ["ParameterServerStrategyV2"]

@@ -4,7 +4,7 @@ from collections import Counter
 
 import pytest
 
-from .conftest import get_json
+from tests.helpers.processes import get_json
 
 
 @pytest.mark.slow

@@ -4,7 +4,7 @@ import pytest
 
 from keras_dp_tools.tools.tuning.allreduce import CANDIDATES, tune_allreduce
 from keras_dp_tools.tools.tuning.child import function_reference, load_function
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 SCRIPT = REPO / "examples" / "tune_allreduce_script.py"
 

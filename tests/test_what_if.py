@@ -14,7 +14,7 @@ import pytest
 
 from keras_dp_tools.analysis.what_if import what_if
 from keras_dp_tools.report.facade import Report
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 MB = 1e6
 
@@ -176,7 +176,7 @@ def _train_two_workers(ends, log_dir, rates, steps):
     cluster = ",".join(f"{address}:23456" for _, _, address in ends)
     log_dir.mkdir(parents=True)
     env = {**os.environ, "KERAS_DP_RUN_ID": "link", "PYTHONPATH": str(REPO)}
-    worker_script = str(REPO / "tests" / "link_worker.py")
+    worker_script = str(REPO / "tests" / "jobs" / "link_worker.py")
     workers = [
         subprocess.Popen(
             ["ip", "netns", "exec", namespace, sys.executable, worker_script, str(index),

@@ -7,8 +7,7 @@ import keras_dp_tools as kdt
 from keras_dp_tools.analysis.workers import cross_worker_sync
 from keras_dp_tools.records.files import RecordWriter, worker_records_path
 from keras_dp_tools.report import plots
-
-from .test_records import header
+from tests.helpers.recorded_runs import header
 
 STEP_S = 0.100  # worker 0's steps: entered every 100 ms
 LATE_S = 0.040  # worker 1 enters each step 40 ms after worker 0

@@ -14,7 +14,7 @@ import pytest
 
 from keras_dp_tools.analysis import analyze_trace
 from keras_dp_tools.records.columns import XPROF_COLUMNS
-from tests.test_gpu_trace import gpu_trace, two_gpu_run  # noqa: F401 (fixture)
+from tests.helpers.gpu_traces import two_gpu_run
 
 ROOT = Path(__file__).resolve().parent.parent
 GPUS = ["/gpu:0", "/gpu:1"]
@@ -47,7 +47,7 @@ def no_xprof(tmp_path):
     return folder
 
 
-def test_without_xprof_our_columns_come_out_and_xprofs_are_empty(gpu_trace, no_xprof, tmp_path):  # noqa: F811
+def test_without_xprof_our_columns_come_out_and_xprofs_are_empty(gpu_trace, no_xprof, tmp_path):
     trace = two_gpu_run(gpu_trace).write(tmp_path / "trace")
     good = analyze_trace(trace, devices=GPUS).steps
     assert good[XPROF_COLUMNS].notna().all().all()  # XProf works here: its numbers are in
@@ -71,7 +71,7 @@ def test_without_xprof_our_columns_come_out_and_xprofs_are_empty(gpu_trace, no_x
 
 
 def test_analysis_in_a_child_process_still_warns_once_without_xprof(
-    gpu_trace,  # noqa: F811
+    gpu_trace,
     no_xprof,
     tmp_path,
     monkeypatch,

@@ -55,8 +55,7 @@ def test_a_captured_trace_streams_as_protobuf_parses_it(captured_trace, monkeypa
 
 
 def test_a_gpu_trace_streams_as_protobuf_parses_it(tmp_path, monkeypatch, tf):
-    from tests.gpu_traces import GpuTrace
-    from tests.test_gpu_trace import GRADIENT_BYTES, two_gpu_run
+    from tests.helpers.gpu_traces import GRADIENT_BYTES, GpuTrace, two_gpu_run
 
     path = two_gpu_run(GpuTrace).write(tmp_path)
     for group_bytes in (xspace._GROUP_BYTES, 1):

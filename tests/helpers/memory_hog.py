@@ -1,5 +1,5 @@
 """A model whose training memory grows by a known amount per example, for the batch
-finder's trials (imported in their processes as ``tests.memory_hog:...``)."""
+finder's trials (imported in their processes as ``tests.helpers.memory_hog:...``)."""
 
 FEATURES = 1024 * 1024  # 4 MiB of float32 per example
 

@@ -1,7 +1,7 @@
 """One tf_keras worker of a two-worker MultiWorkerMirroredStrategy run whose all-reduce
 is large enough (4.2 MB of gradients) for a rate-limited link to set the step time.
 
-    python tests/link_worker.py INDEX LOG_DIR HOST:PORT,HOST:PORT STEPS PHASES
+    python tests/jobs/link_worker.py INDEX LOG_DIR HOST:PORT,HOST:PORT STEPS PHASES
 
 Trains PHASES fits of STEPS steps, fit k into LOG_DIR/phase-<k>, each once the file
 LOG_DIR/go-<k> exists (the test changes the link's rate in between), and writes

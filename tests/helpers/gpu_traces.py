@@ -17,26 +17,16 @@ after TensorFlow's post-processing (``MergeHostPlanes``):
 
 from __future__ import annotations
 
-from tests.xplane_builder import SpaceBuilder
+from tests.helpers.xplane_builder import Ref, SpaceBuilder, Uint
 
 KERNEL_DETAILS = "regs:64 static_shared:0 dynamic_shared:0 grid:80,1,1 block:256,1,1 occ_pct:100"
 LAUNCH_LINE = "python"  # the thread that holds the step marker launches the step's work
 XLA_OPS_LINE_ID = 0xDEADBEEF + 5  # tsl's kThreadIdHloOp: derived lines are >= 0xdeadbeef
 
 
-def _stat(builder, event, name: str, value, kind: str) -> None:
-    stat = event.stats.add(metadata_id=builder._stat_id(name))
-    if kind == "ref":
-        stat.ref_value = builder._stat_id(value)
-    elif kind == "uint":
-        stat.uint64_value = value
-    else:
-        stat.str_value = value
-
-
-def _last_event(builder, line_name: str):
-    line = next(line for line in builder.plane.lines if line.name == line_name)
-    return line, line.events[-1]
+def stream_line(stream: int, event_types) -> str:
+    """CUPTI's name of a stream's line, e.g. ``Stream #13(Compute,MemcpyD2D)``."""
+    return f"Stream #{stream}({','.join(sorted(event_types))})"
 
 
 class GpuTrace:
@@ -74,32 +64,30 @@ class GpuTrace:
         self, gpu, stream, name, start_ms, end_ms, event_type, correlation_id, launched_at, api
     ):
         plane = self.builder.gpu(gpu)
-        types = self._streams.setdefault((gpu, stream), set())
-        types.add(event_type)
-        line_name = f"Stream #{stream}"
-        existing = [line for line in plane.plane.lines if line.id == stream]
-        if existing:
-            line_name = existing[0].name
-        plane.event(line_name, name, start_ms, end_ms)
-        line, event = _last_event(plane, line_name)
-        line.id = stream
-        line.name = f"Stream #{stream}({','.join(sorted(types))})"
-        plane._lines[line.name] = line
-        if correlation_id is not None:
-            _stat(plane, event, "correlation_id", correlation_id, "uint")
-        _stat(plane, event, "context_id", "$$1", "str")
+        # A stream's line is named by every event type on it: renamed as types join.
+        types = self._streams.get((gpu, stream))
+        if types is None:
+            types = self._streams[(gpu, stream)] = {event_type}
+            line = stream_line(stream, types)
+            plane.line(line, line_id=stream)
+        else:
+            before = stream_line(stream, types)
+            types.add(event_type)
+            line = stream_line(stream, types)
+            if line != before:
+                plane.rename_line(before, line)
+        stats = {} if correlation_id is None else {"correlation_id": Uint(correlation_id)}
+        stats["context_id"] = "$$1"
         if event_type == "Compute":
-            _stat(plane, event, "kernel_details", KERNEL_DETAILS, "ref")
+            stats["kernel_details"] = Ref(KERNEL_DETAILS)
         else:
             size = 4 << 20
             details = f"kind_src:device kind_dst:device size:{size} dest:{gpu} async:1"
-            _stat(plane, event, "memcpy_details", details, "ref")
+            stats["memcpy_details"] = Ref(details)
+        plane.event(line, name, start_ms, end_ms, **stats)
         if launched_at is not None:
-            host = self.builder.host()
-            host.event(LAUNCH_LINE, api, launched_at, launched_at + 0.005)
-            _, launch = _last_event(host, LAUNCH_LINE)
-            _stat(host, launch, "correlation_id", correlation_id, "uint")
-            _stat(host, launch, "device_id", gpu, "uint")
+            launch = {"correlation_id": Uint(correlation_id), "device_id": Uint(gpu)}
+            self.builder.host().event(LAUNCH_LINE, api, launched_at, launched_at + 0.005, **launch)
         return self
 
     def kernel(self, gpu, stream, name, start_ms, end_ms, correlation_id=None, launched_at=None):
@@ -135,8 +123,8 @@ class GpuTrace:
     def derived_line(self, gpu, name, start_ms, end_ms):
         """An event on a derived view (``XLA Ops``), which is not CUPTI activity."""
         plane = self.builder.gpu(gpu)
+        plane.line("XLA Ops", line_id=XLA_OPS_LINE_ID)
         plane.event("XLA Ops", name, start_ms, end_ms)
-        _last_event(plane, "XLA Ops")[0].id = XLA_OPS_LINE_ID
         return self
 
     def write(self, directory):
@@ -149,7 +137,7 @@ def rebase(space, epoch_ns: int):
     ``epoch_ns`` ns before the builder's time 0 (0: the first line's ``timestamp_ns``
     is 0, as on a profiler clock counted from the session's start). The events keep
     their times relative to each other."""
-    from tests.xplane_builder import LINE_START_NS
+    from tests.helpers.xplane_builder import LINE_START_NS
 
     for plane in space.planes:
         for line in plane.lines:
@@ -161,3 +149,45 @@ def rebase(space, epoch_ns: int):
             for event in line.events:
                 event.offset_ps += start_ps - first_ns * 1000
     return space
+
+
+# The kernels, streams and gradient size of two_gpu_run.
+ALLREDUCE = "ncclDevKernel_AllReduce_Sum_f32_RING_LL"
+GEMM = "void cutlass::Kernel<cutlass_80_tensorop_s1688gemm_128x128_32x3_nn_align4>(Params)"
+ADAM = "void tensorflow::functor::ApplyAdamKernel<float>(int, float*, float*, float*)"
+COMPUTE, SECOND_COMPUTE, INPUT, NCCL, PEER = 13, 15, 14, 20, 21
+GRADIENT_BYTES = 8_000_000
+
+
+def two_gpu_run(GpuTrace):
+    """Two steps on two GPUs; markers 0-10 and 10-20 ms.
+
+    Step 1, GPU 0: H2D input 0.0-0.4; gemm 1-5; D2D copy 5.0-5.5 (same stream);
+    all-reduce 5.5-9.0, waiting for GPU 1 until 7.0; Adam kernel 9-11, after the marker.
+    Step 1, GPU 1: gemm 1-6.5 and 2-3 on a second stream; idle 6.5-7.0; all-reduce 7-9;
+    P2P copy 9.0-9.5; Adam 9.5-10.5, after the marker.
+    Step 2: GPU 0 gemm 11-15, all-reduce 15-17, Adam 17-18, and a kernel with no
+    launch link at 19.0-19.5; GPU 1 gemm 10.5-14, all-reduce 15-17, Adam 17-18.
+    Outside the steps: a kernel launched at 25 that runs 25-26.
+    """
+    trace = GpuTrace().step(1, 0.0, 10.0).step(2, 10.0, 20.0)
+    trace.copy(0, INPUT, "H2D", 0.0, 0.4, 100, launched_at=0.05)
+    trace.kernel(0, COMPUTE, GEMM, 1.0, 5.0, 101, launched_at=0.2)
+    trace.copy(0, COMPUTE, "D2D", 5.0, 5.5, 102, launched_at=0.3)
+    trace.kernel(0, NCCL, ALLREDUCE, 5.5, 9.0, 103, launched_at=0.4)
+    trace.kernel(0, COMPUTE, ADAM, 9.0, 11.0, 104, launched_at=0.5)
+    trace.kernel(1, COMPUTE, GEMM, 1.0, 6.5, 201, launched_at=0.25)
+    trace.kernel(1, SECOND_COMPUTE, "void relu_kernel<float>(float*)", 2.0, 3.0, 205, 0.35)
+    trace.kernel(1, NCCL, ALLREDUCE, 7.0, 9.0, 203, launched_at=0.45)
+    trace.copy(1, PEER, "P2P", 9.0, 9.5, 206, launched_at=0.5)
+    trace.kernel(1, COMPUTE, ADAM, 9.5, 10.5, 204, launched_at=0.55)
+    trace.kernel(0, COMPUTE, GEMM, 11.0, 15.0, 111, launched_at=10.2)
+    trace.kernel(0, NCCL, ALLREDUCE, 15.0, 17.0, 113, launched_at=10.3)
+    trace.kernel(0, COMPUTE, ADAM, 17.0, 18.0, 114, launched_at=10.4)
+    trace.kernel(0, COMPUTE, "void unlinked_kernel(float*)", 19.0, 19.5)
+    trace.kernel(1, COMPUTE, GEMM, 10.5, 14.0, 211, launched_at=10.2)
+    trace.kernel(1, NCCL, ALLREDUCE, 15.0, 17.0, 213, launched_at=10.3)
+    trace.kernel(1, COMPUTE, ADAM, 17.0, 18.0, 214, launched_at=10.4)
+    trace.kernel(0, COMPUTE, GEMM, 25.0, 26.0, 120, launched_at=25.0)
+    trace.derived_line(0, "fusion.1", 0.0, 20.0)  # a view of the kernels, not activity
+    return trace

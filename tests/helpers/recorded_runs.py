@@ -1,61 +1,117 @@
 """Writes the records of made-up runs, in the format the callbacks write, for tests of
-the report, the advisor and the plots (no TensorFlow needed)."""
+the records, the report, the advisor, the dashboard and the plots (no TensorFlow needed).
+
+``header`` and ``step`` make single records; ``write_records`` writes a list of them;
+``write_run`` writes a whole single-worker run (``write_windowed_multiworker_run`` a
+multi-worker one), every file through the package's own ``RecordWriter``.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from pathlib import Path
+
 from keras_dp_tools.records.files import SCHEMA_VERSION, RecordWriter, worker_records_path
+
+
+def header(run="r1", worker=0, **fields) -> dict:
+    """A run header with only the fields every header has, and ``fields``."""
+    return {"type": "header", "schema": SCHEMA_VERSION, "run": run, "worker": worker, **fields}
+
+
+def step(step, run="r1", worker=0, **fields) -> dict:
+    """A step record of ``10 + step`` ms (step 0 the warm-up), with ``fields`` on top."""
+    record = {
+        "type": "step",
+        "run": run,
+        "worker": worker,
+        "epoch": 0,
+        "step": step,
+        "steps": 1,
+        "step_ms": 10.0 + step,
+        "warmup": step == 0,
+    }
+    return {**record, **fields}
+
+
+def write_records(path, records) -> Path:
+    """Writes ``records`` to the records file ``path`` (appending, as the writer does)."""
+    writer = RecordWriter(path)
+    for record in records:
+        writer.write(record)
+    writer.close()
+    return Path(path)
+
+
+def step_durations(step_ms, steps: int | None) -> list[float]:
+    """``step_ms`` as one duration per step: a number for every step, a sequence (its
+    length the number of steps), or a function of the step number."""
+    if isinstance(step_ms, Sequence):
+        if steps is not None and steps != len(step_ms):
+            raise ValueError(f"steps={steps} but {len(step_ms)} step durations were given")
+        return [float(ms) for ms in step_ms]
+    steps = 30 if steps is None else steps
+    if callable(step_ms):
+        return [float(step_ms(index)) for index in range(steps)]
+    return [float(step_ms)] * steps
 
 
 def write_run(
     log_dir,
     run="r1",
-    replicas=4,
-    steps=30,
+    worker=0,
     step_ms=10.0,
+    *,
+    steps=None,
+    replicas=4,
     global_batch=64,
+    start=1000.0,
+    step_seconds=None,
+    header_fields=None,
     profiled=range(10, 15),
     breakdown=None,
     stragglers=None,
     gpu_util=None,
     batching=(),
-    start=1000.0,
     embedding_layers=0,
     embedding_names=None,
-):
-    """One single-worker run: a header, ``steps`` step records of ``step_ms`` (the first
-    a warm-up), a profiler window over ``profiled`` with the ``breakdown`` fields on
-    every profiled step (``stragglers``: the straggler replica per profiled step), GPU
-    readings at ``gpu_util`` percent for two GPUs, and batching findings."""
-    writer = RecordWriter(worker_records_path(log_dir, 0))
-    common = {"run": run, "worker": 0}
-    writer.write(
-        {
-            "type": "header",
-            "schema": SCHEMA_VERSION,
-            **common,
-            "time": start,
-            "strategy": "MirroredStrategy",
-            "replicas": replicas,
-            "workers": 1,
-            "global_batch": global_batch,
-            "embedding_layers": embedding_layers,
-            "embedding_names": embedding_names,
-        }
-    )
-    for index in range(steps):
-        writer.write(
-            {
-                "type": "step",
-                **common,
-                "time": start + index * step_ms / 1e3,
-                "epoch": 0,
-                "step": index,
-                "steps": 1,
-                "step_ms": step_ms,
-                "examples_per_s": global_batch / step_ms * 1e3,
-                "warmup": index == 0,
-            }
-        )
+) -> Path:
+    """One worker's records of a run; returns the file's path.
+
+    A header (``header_fields`` add to it or replace its fields; a field given as None
+    is left out, as are ``global_batch`` and the throughput when it is None), step
+    records of ``step_ms`` (see ``step_durations``; 30 steps unless ``steps`` or a
+    sequence says otherwise; the first a warm-up), step k's time ``start`` plus the
+    steps before it (or plus ``k * step_seconds``), then with a ``breakdown`` a profiler
+    window over ``profiled`` with the breakdown fields on every profiled step
+    (``stragglers``: the straggler replica per profiled step), GPU readings at
+    ``gpu_util`` percent for two GPUs, and the ``batching`` findings (severity, code)."""
+    durations = step_durations(step_ms, steps)
+    steps = len(durations)
+    if (breakdown is not None or gpu_util is not None) and len(set(durations)) > 1:
+        raise ValueError(f"a breakdown or GPU readings need one step_ms for every step: {step_ms}")
+    fields = {
+        "time": start,
+        "strategy": "MirroredStrategy",
+        "replicas": replicas,
+        "workers": 1,
+        "global_batch": global_batch,
+        "embedding_layers": embedding_layers,
+        "embedding_names": embedding_names,
+        **(header_fields or {}),
+    }
+    fields = {name: value for name, value in fields.items() if value is not None}
+    path = worker_records_path(log_dir, worker)
+    writer = RecordWriter(path)
+    common = {"run": run, "worker": worker}
+    writer.write(header(**common, **fields))
+    elapsed = 0.0
+    for index, ms in enumerate(durations):
+        time = start + (elapsed / 1e3 if step_seconds is None else index * step_seconds)
+        elapsed += ms
+        throughput = {} if global_batch is None else {"examples_per_s": global_batch / ms * 1e3}
+        writer.write(step(index, **common, time=time, step_ms=ms, **throughput))
+    step_ms = durations[0] if durations else 0.0  # the breakdown's scale and times
     profiled = list(profiled)
     if breakdown is not None and profiled:
         writer.write(
@@ -128,6 +184,7 @@ def write_run(
             }
         )
     writer.close()
+    return path
 
 
 def write_scaling_runs(log_dir):

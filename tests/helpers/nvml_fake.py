@@ -4,7 +4,8 @@ It is the installed ``pynvml`` module (nvidia-ml-py) with only the calls into th
 driver replaced: constants, error classes and the ctypes structures are pynvml's own,
 and each replaced call returns what the real one returns (a filled ``c_nvmlMemory_t``,
 ``c_nvmlSample_t`` list, ``c_nvmlFieldValue_t`` array, the ``c_nvmlGpmMetricsGet_t``
-it was given, ...), so the reader's parsing runs on real types.
+it was given, ...), so the reader's parsing runs on real types. ``nvml_works`` says
+whether the real NVML starts on this machine.
 """
 
 from __future__ import annotations
@@ -172,3 +173,17 @@ def fake_pynvml(gpus: list[FakeGpu], version: str = "12.570.86") -> types.Module
         nvmlDeviceGetNvLinkState=nvlink_state,
     )
     return module
+
+
+def nvml_works() -> bool:
+    """Whether NVML starts here (a machine with an NVIDIA driver): tests of the
+    NVML-less path skip there. CUDA_VISIBLE_DEVICES does not hide GPUs from NVML."""
+    from keras_dp_tools.capture.monitor.nvml_reader import NvmlReader, NvmlUnavailable
+
+    reader = NvmlReader(high_rate=False)
+    try:
+        reader.open()
+    except NvmlUnavailable:
+        return False
+    reader.close()
+    return True

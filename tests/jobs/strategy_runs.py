@@ -57,7 +57,7 @@ def in_process_cluster(tf):
 
 if __name__ == "__main__":
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.path.insert(0, os.path.dirname(os.path.dirname(FILE)))
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(FILE))))
     import tensorflow as tf
 
     import keras_dp_tools as kdt

@@ -1,0 +1,33 @@
+"""Starting the CLI in a fresh process, and reading a local server's JSON answers."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+import urllib.request
+
+from tests.helpers import REPO
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 300):
+    """Runs ``python -m keras_dp_tools ARGS`` in a fresh process (own TF devices)."""
+    return subprocess.run(
+        [sys.executable, "-m", "keras_dp_tools", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def get_json(url: str, timeout: float = 30):
+    """A JSON answer of a local server (TensorBoard's profile plugin gzips its own)."""
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        body = response.read()
+        if response.headers.get("Content-Encoding") == "gzip":
+            body = gzip.decompress(body)
+        return json.loads(body)
