@@ -649,15 +649,10 @@ def bench_disturbance(keras, strategy, folder: Path, steps: int, rounds: int, af
     steps before it, with the analysis in a thread of the training process (the old
     way) and in a child process (now)."""
     import keras_dp_tools as kdt
+    from keras_dp_tools.analysis import runner
 
-    module = sys.modules[kdt.DataParallelProfiler.__module__]
-    in_child = module.analyze_in_child
-
-    def in_thread(trace, **arguments):  # the old way: analysis in this process
-        from keras_dp_tools.analysis import analyze_trace
-
-        return analyze_trace(trace, **arguments)
-
+    # The runner sends a window to a child from this size on: every window, or none.
+    threshold = runner.CHILD_PROCESS_MIN_BYTES
     model = make_model(keras, strategy, 512)
     batch = 256
     x = np.random.default_rng(0).normal(size=(batch * steps, 256)).astype("float32")
@@ -665,8 +660,8 @@ def bench_disturbance(keras, strategy, folder: Path, steps: int, rounds: int, af
     start_at, window = 10, 5
     measured = {"thread": [], "process": []}
     for index in range(rounds):
-        for how, analyze in (("thread", in_thread), ("process", in_child)):
-            module.analyze_in_child = analyze
+        for how, child_min_bytes in (("thread", float("inf")), ("process", 0)):
+            runner.CHILD_PROCESS_MIN_BYTES = child_min_bytes
             clock = BatchClock(keras)
             first = int(model.optimizer.iterations.numpy())
             profiler = kdt.DataParallelProfiler(
@@ -687,7 +682,7 @@ def bench_disturbance(keras, strategy, folder: Path, steps: int, rounds: int, af
             steady = np.median(durations[2 : start_at - 1])
             end = start_at + window
             measured[how].append(float(np.median(durations[end : end + after]) / steady))
-    module.analyze_in_child = in_child
+    runner.CHILD_PROCESS_MIN_BYTES = threshold
     summary = {
         how: {"median": statistics.median(v), "min": min(v), "max": max(v)}
         for how, v in measured.items()
