@@ -24,13 +24,10 @@ from keras_dp_tools.records.contract import gpu_ordinal
 logger = logging.getLogger("keras_dp_tools")
 
 _PCI_BUS_ID = re.compile(r"pci bus id: ([0-9a-fA-F:.]+)")
-# Per-GPU TensorBoard scalars: reading field -> tag "gpu/<i>/<name>".
-SCALAR_FIELDS = {
-    "util_gpu": "util",
-    "mem_used_gb": "mem_used_gb",
-    "power_w": "power_w",
-    "sm_clock_mhz": "sm_clock_mhz",
-    "sm_activity": "sm_activity",
+# Per-GPU TensorBoard scalars: reading field -> tag "gpu/<i>/<tag>". Each tag is its
+# field's name but utilization's, which is the documented "gpu/<i>/util".
+SCALAR_FIELDS = {"util_gpu": "util"} | {
+    field: field for field in ("mem_used_gb", "power_w", "sm_clock_mhz", "sm_activity")
 }
 SCALAR_SECONDS = 2.0  # how often samples go to TensorBoard (records get every one)
 # Least time between host CPU readings: each reads /proc/stat on the training thread

@@ -46,6 +46,11 @@ _PARTS = {
     "input_ms": ("input", "#55a868"),
     "other_ms": ("other (host, launch, idle)", "#b3b3b3"),
 }
+# comm_share's lines: the share's column, its label, marker and colour (its part's).
+_SHARES = (
+    ("comm_share", "comm share (transfer)", "o", _PARTS["exposed_transfer_ms"][1]),
+    ("wait_share", "wait share", "s", _PARTS["exposed_sync_wait_ms"][1]),
+)
 _NO_PROFILE = "no profiled steps (add kdt.DataParallelProfiler)"
 _WARMUP_COLOUR = "#c44e52"
 _PROFILED_COLOUR = "#f0b27a"
@@ -153,22 +158,43 @@ class _StepAxis:
             )
 
 
-def _profiled_steps(part) -> pd.DataFrame:
-    return part.steps.dropna(subset=["trace_step_ms"])
+@dataclass(frozen=True)
+class _ProfiledFigure:
+    """What a figure over profiled steps starts from: its run's profiled rows, their
+    step axis and an empty figure."""
+
+    title: str
+    run: str
+    rows: pd.DataFrame
+    axis: _StepAxis
+    figure: Figure
+
+    @property
+    def heading(self) -> str:
+        return f"{self.title}: run {self.run}"
+
+
+def _profiled_figure(
+    report, run: str | None, title: str, size: tuple, frame="steps", measured="trace_step_ms"
+) -> _ProfiledFigure | Omitted:
+    """The run's rows of ``frame`` (``steps`` or ``replicas``) where a profiler measured
+    ``measured``, on a step axis; ``Omitted`` when it measured none."""
+    run, part = _run(report, run)
+    rows = getattr(part, frame).dropna(subset=[measured])
+    if rows.empty:
+        return Omitted(title, _NO_PROFILE)
+    axis = _StepAxis(rows, part.windows)
+    return _ProfiledFigure(title, run, rows, axis, Figure(figsize=size, layout="constrained"))
 
 
 def step_breakdown(report, run: str | None = None) -> Figure | Omitted:
     """Stacked bars per profiled step: compute, exposed transfer and wait, input, other
     (averaged over replicas; they add up to the step time). With several profiled
     workers, their bars stand side by side."""
-    title = "Where each profiled step goes"
-    run, part = _run(report, run)
-    steps = _profiled_steps(part)
-    if steps.empty:
-        return Omitted(title, _NO_PROFILE)
-    axis = _StepAxis(steps, part.windows)
-    figure = Figure(figsize=(9, 4), layout="constrained")
-    axes = figure.subplots()
+    profiled = _profiled_figure(report, run, "Where each profiled step goes", (9, 4))
+    if isinstance(profiled, Omitted):
+        return profiled
+    steps, axis, axes = profiled.rows, profiled.axis, profiled.figure.subplots()
     workers = sorted(int(worker) for worker in steps["worker"].unique())
     width = 0.8 / len(workers)
     for offset, worker in enumerate(workers):
@@ -193,63 +219,49 @@ def step_breakdown(report, run: str | None = None) -> Figure | Omitted:
     if len(workers) > 1:
         order = ", ".join(map(str, workers))
         axes.set_xlabel(f"{axes.get_xlabel()}; bars left to right: workers {order}")
-    axes.set(title=f"{title}: run {run}", ylabel="ms per step (mean over replicas)")
+    axes.set(title=profiled.heading, ylabel="ms per step (mean over replicas)")
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
-    return figure
+    return profiled.figure
 
 
 def comm_share(report, run: str | None = None) -> Figure | Omitted:
     """Exposed all-reduce transfer and sync-wait shares of each profiled step, in percent,
     one line per profiler window."""
-    title = "Communication over steps"
-    run, part = _run(report, run)
-    steps = _profiled_steps(part)
-    if steps.empty:
-        return Omitted(title, _NO_PROFILE)
-    axis = _StepAxis(steps, part.windows)
-    figure = Figure(figsize=(9, 3.5), layout="constrained")
-    axes = figure.subplots()
+    profiled = _profiled_figure(report, run, "Communication over steps", (9, 3.5))
+    if isinstance(profiled, Omitted):
+        return profiled
+    steps, axis, axes = profiled.rows, profiled.axis, profiled.figure.subplots()
     several = steps["worker"].nunique() > 1
     styles = ["-", "--", ":", "-."]
     for number, (worker, rows) in enumerate(steps.groupby("worker")):
         prefix = f"worker {worker}: " if several else ""
-        common = {"linestyle": styles[number % len(styles)]}
-        axis.lines(
-            axes,
-            rows,
-            100 * rows["comm_share"],
-            f"{prefix}comm share (transfer)",
-            marker="o",
-            color=_PARTS["exposed_transfer_ms"][1],
-            **common,
-        )
-        axis.lines(
-            axes,
-            rows,
-            100 * rows["wait_share"],
-            f"{prefix}wait share",
-            marker="s",
-            color=_PARTS["exposed_sync_wait_ms"][1],
-            **common,
-        )
+        for column, label, marker, colour in _SHARES:
+            axis.lines(
+                axes,
+                rows,
+                100 * rows[column],
+                f"{prefix}{label}",
+                marker=marker,
+                color=colour,
+                linestyle=styles[number % len(styles)],
+            )
     axis.draw(axes)
-    axes.set(title=f"{title}: run {run}", ylabel="% of step time", ylim=(0, None))
+    axes.set(title=profiled.heading, ylabel="% of step time", ylim=(0, None))
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
-    return figure
+    return profiled.figure
 
 
 def sync_wait(report, run: str | None = None) -> Figure | Omitted:
     """The straggler view: sync wait of each replica per profiled step (left, one line per
     replica and window) and on average (right). The replica that waits least arrived
     last: the others wait for it."""
-    title = "Sync wait per replica"
-    run, part = _run(report, run)
-    replicas = part.replicas.dropna(subset=["sync_wait_ms"])
-    if replicas.empty:
-        return Omitted(title, _NO_PROFILE)
-    axis = _StepAxis(replicas, part.windows)
-    figure = Figure(figsize=(10, 3.5), layout="constrained")
-    left, right = figure.subplots(1, 2, width_ratios=[3, 1])
+    profiled = _profiled_figure(
+        report, run, "Sync wait per replica", (10, 3.5), "replicas", "sync_wait_ms"
+    )
+    if isinstance(profiled, Omitted):
+        return profiled
+    replicas, axis = profiled.rows, profiled.axis
+    left, right = profiled.figure.subplots(1, 2, width_ratios=[3, 1])
     several = replicas["worker"].nunique() > 1
     names, means = [], []
     for number, ((worker, replica), rows) in enumerate(replicas.groupby(["worker", "replica"])):
@@ -265,11 +277,11 @@ def sync_wait(report, run: str | None = None) -> Figure | Omitted:
         names.append(name)
         means.append(rows["sync_wait_ms"].mean())
     axis.draw(left)
-    left.set(title=f"{title}: run {run}", ylabel="ms")
+    left.set(title=profiled.heading, ylabel="ms")
     left.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     right.bar(names, means, color=_PARTS["exposed_sync_wait_ms"][1])
     right.set(title="Mean", xlabel="replica", ylabel="ms (mean over profiled steps)")
-    return figure
+    return profiled.figure
 
 
 def gpu_utilization(report, run: str | None = None) -> Figure | Omitted:
