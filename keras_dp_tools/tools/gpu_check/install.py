@@ -7,7 +7,6 @@ with the steps that need no TensorFlow."""
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -15,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from keras_dp_tools.tools.gpu_check.results import write_result
+from keras_dp_tools.tools.gpu_check.results import step_parser, write_result
 
 REPO = Path(__file__).resolve().parents[3]
 WHEELHOUSE_ENV = "KDT_WHEELHOUSE"
@@ -84,9 +83,7 @@ def install(command: list[str], source: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--dry-run", action="store_true")
+    parser = step_parser(__doc__)
     args = parser.parse_args(argv)
     command = pip_command()
     source = f"wheelhouse {wheelhouse()}" if wheelhouse() else "pip (cache, then network)"

@@ -5,15 +5,13 @@ TensorFlow nor pandas itself."""
 
 from __future__ import annotations
 
-import argparse
 import csv
 import importlib.util
 import subprocess
 import sys
 import time
-from pathlib import Path
 
-from keras_dp_tools.tools.gpu_check.results import finding, write_result
+from keras_dp_tools.tools.gpu_check.results import finding, step_parser, write_result
 from keras_dp_tools.tools.gpu_check.tolerances import NVML_VS_SMI
 
 # Matmuls on /gpu:0 until killed; "ready" once the first one ran.
@@ -97,11 +95,9 @@ def compare(devices, rows: list[dict]) -> tuple[list[dict], list[str]]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser = step_parser(__doc__)
     parser.add_argument("--seconds", type=float, default=15.0)
     parser.add_argument("--interval", type=float, default=0.25)
-    parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
     if args.dry_run:
         print(

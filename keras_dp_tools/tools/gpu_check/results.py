@@ -1,4 +1,5 @@
-"""What a step writes: ``<out>/<step>/result.json``, read by the report writer.
+"""What a step writes: ``<out>/<step>/result.json``, read by the report writer; and
+the command-line options every step takes to write it (``step_parser``).
 
 Shape (the fixtures under tests/fixtures/gpu_check/ are examples)::
 
@@ -13,11 +14,21 @@ one that wrote nothing, ``status`` ``timeout`` / ``crashed``.
 
 from __future__ import annotations
 
+import argparse
 import json
 import math
 from pathlib import Path
 
 RESULT_FILE = "result.json"
+
+
+def step_parser(doc: str) -> argparse.ArgumentParser:
+    """A step's command line: ``--out`` (the folder its result.json goes to) and
+    ``--dry-run`` (print the plan, write a ``dry-run`` result) that every step takes."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--dry-run", action="store_true")
+    return parser
 
 
 def finding(check, ours, reference, tolerance, *, relative=False, unit="") -> dict:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from keras_dp_tools.tools.gpu_check import tolerances as tol
-from keras_dp_tools.tools.gpu_check.results import finding, write_result
+from keras_dp_tools.tools.gpu_check.results import finding, step_parser, write_result
 
 PROFILE_START, WINDOW = 10, 5  # kdt.callbacks' default window: steps 10..14
 # Per logical GPU: the H200's 139 GiB leaves room for 4 of these and the NCCL buffers.
@@ -59,6 +59,13 @@ def _median(frame, column):
     return float(frame[column].median())
 
 
+def _medians_agree(steps, check: str, ours: str, reference: str, tolerance) -> dict:
+    """The finding that the median of column ``ours`` (ms) over the profiled steps is
+    within ``tolerance`` (a fraction) of the median of column ``reference``."""
+    median_ours, median_reference = _median(steps, ours), _median(steps, reference)
+    return finding(check, median_ours, median_reference, tolerance, relative=True, unit="ms")
+
+
 def compare(report, replicas: int, parameter_bytes: int) -> tuple[list[dict], list[str]]:
     steps = report.steps[report.steps["compute_ms"].notna()]
     findings = [finding("profiled steps with a breakdown", len(steps), WINDOW, 0)]
@@ -66,13 +73,12 @@ def compare(report, replicas: int, parameter_bytes: int) -> tuple[list[dict], li
     if steps.empty:
         return findings, notes
     findings.append(
-        finding(
+        _medians_agree(
+            steps,
             "median device compute per step vs XProf device compute",
-            _median(steps, "compute_ms"),
-            _median(steps, "xprof_device_compute_ms"),
+            "compute_ms",
+            "xprof_device_compute_ms",
             tol.COMPUTE_VS_XPROF,
-            relative=True,
-            unit="ms",
         )
     )
     if "xprof_device_compute_ms" in steps:
@@ -100,13 +106,12 @@ def compare(report, replicas: int, parameter_bytes: int) -> tuple[list[dict], li
         )
     )
     findings.append(
-        finding(
+        _medians_agree(
+            steps,
             "median step time vs XProf step time",
-            _median(steps, "step_ms"),
-            _median(steps, "xprof_step_ms"),
+            "step_ms",
+            "xprof_step_ms",
             tol.STEP_VS_XPROF,
-            relative=True,
-            unit="ms",
         )
     )
     allreduce = _median(steps, "allreduce_ms")
@@ -122,13 +127,12 @@ def compare(report, replicas: int, parameter_bytes: int) -> tuple[list[dict], li
         )
         return findings, notes
     findings.append(
-        finding(
+        _medians_agree(
+            steps,
             "median all-reduce per step vs XProf collectives",
-            allreduce,
-            _median(steps, "xprof_collectives_ms"),
+            "allreduce_ms",
+            "xprof_collectives_ms",
             tol.ALLREDUCE_VS_XPROF,
-            relative=True,
-            unit="ms",
         )
     )
     findings.append(
@@ -152,8 +156,7 @@ def compare(report, replicas: int, parameter_bytes: int) -> tuple[list[dict], li
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser = step_parser(__doc__)
     parser.add_argument("--replicas", type=int, default=1)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--per-replica-batch", type=int, default=64)
@@ -165,7 +168,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     # Set when this process replaced one whose fit failed with the default (see below).
     parser.add_argument("--after-failure", default=None, help=argparse.SUPPRESS)
-    parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
     if args.replicas < 1 or args.steps < PROFILE_START + WINDOW + 2:
         parser.error(

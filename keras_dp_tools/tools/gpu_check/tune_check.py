@@ -3,17 +3,15 @@ default collective as the baseline) on N logical GPUs made on the first physical
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
-from pathlib import Path
 
 from keras_dp_tools.tools.gpu_check.logical_gpus import (
     MEMORY_ENV,
     REPLICAS_ENV,
     write_sitecustomize,
 )
-from keras_dp_tools.tools.gpu_check.results import finding, write_result
+from keras_dp_tools.tools.gpu_check.results import finding, step_parser, write_result
 
 MODULE = "keras_dp_tools.tools.gpu_check.tune_check"
 CANDIDATES = [
@@ -46,11 +44,9 @@ def make_dataset(global_batch: int):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, required=True)
+    parser = step_parser(__doc__)
     parser.add_argument("--replicas", type=int, default=2)
     parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--dry-run", action="store_true")
     args = parser.parse_args(argv)
     plan = (
         f"tune_allreduce({', '.join(CANDIDATES)}) on {args.replicas} logical GPUs of "
