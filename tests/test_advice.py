@@ -130,7 +130,7 @@ def test_report_cli_prints_summary_and_advice_and_writes_html(tmp_path):
 
 def test_report_cli_explains_a_folder_without_records(tmp_path):
     result = run_cli("report", str(tmp_path))
-    assert result.returncode == 2 and "No keras_dp_tools records found" in result.stderr
+    assert result.returncode == 1 and "No keras_dp_tools records found" in result.stderr
 
 
 def test_advice_reaches_tensorboard_after_fit(tmp_path, keras, strategy4):

@@ -44,8 +44,8 @@ def test_demo_rejects_bad_options_with_the_value():
 def test_demo_explains_too_few_steps(tmp_path):
     result = run_cli("demo", "--steps", "2", "--epochs", "3", "--log-dir", str(tmp_path))
 
-    assert result.returncode == 2
-    assert "steps (2) must be at least epochs (3)" in result.stderr
+    assert result.returncode == 2  # a usage error
+    assert "--steps (2) must be at least --epochs (3)" in result.stderr
 
 
 def test_analyze_prints_the_breakdown_of_a_log_dir(demo_run):
@@ -66,7 +66,7 @@ def test_analyze_prints_the_breakdown_of_a_log_dir(demo_run):
 def test_analyze_explains_a_folder_without_traces(tmp_path):
     result = run_cli("analyze", str(tmp_path))
 
-    assert result.returncode == 2
+    assert result.returncode == 1  # a runtime failure
     assert "No profiler traces" in result.stderr
 
 

@@ -3,13 +3,48 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import json
 import os
 import sys
 from pathlib import Path
 
 import keras_dp_tools
 from keras_dp_tools.records.contract import LOG_DIR_ENV, REPLICAS_ENV, RUN_ID_ENV, TRACE_SUFFIX
+
+EXIT_FAILURE = 1  # a runtime failure: a missing log dir, no records, an unreadable trace
+EXIT_USAGE = 2  # a usage error: argparse's own, or options that do not go together
+EXIT_STATUSES = (
+    "Exit status: 0 success, 1 a runtime failure (a missing log dir, no records, an "
+    "unreadable trace), 2 a usage error (a bad option, options that do not go together)."
+)
+OUTPUT_FORMATS = ("text", "json", "csv")
+# keras-dp lint --format csv: the json's fields but ``related`` (a list: no CSV cell).
+LINT_CSV_FIELDS = ("path", "line", "col", "cell", "code", "severity", "message")
+
+
+class UsageError(Exception):
+    """Options that parse but do not go together: exit status 2, as argparse's errors."""
+
+
+@contextlib.contextmanager
+def options_checked():
+    """ValueErrors raised inside are about the options given: they become UsageErrors."""
+    try:
+        yield
+    except ValueError as error:
+        raise UsageError(str(error)) from None
+
+
+def add_log_dir_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--log-dir``, also spelt ``--logdir`` as TensorBoard spells it."""
+    parser.add_argument("--log-dir", "--logdir", dest="log_dir", type=Path, default=None, help=help)
+
+
+def add_format_option(parser: argparse.ArgumentParser, help: str) -> None:
+    """``--format text|json|csv`` (text by default); ``help`` says what each prints."""
+    parser.add_argument("--format", choices=OUTPUT_FORMATS, default="text", help=help)
 
 
 def positive_int(text: str) -> int:
@@ -28,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="keras-dp",
         description="Profile and tune data-parallel Keras training.",
+        epilog=f"{EXIT_STATUSES} Some commands add their own: see each one's --help.",
     )
     parser.add_argument("--version", action="version", version=keras_dp_tools.__version__)
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -51,20 +87,30 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--per-replica-batch", type=positive_int, default=16, help="examples per replica (16)"
     )
-    demo.add_argument(
-        "--log-dir", type=Path, default=None, help="run folder (runs/demo-<timestamp>)"
-    )
-    demo.set_defaults(handler=run_demo_command)
+    add_log_dir_option(demo, "run folder (runs/demo-<timestamp>)")
 
     analyze = commands.add_parser(
         "analyze",
         help="break profiled steps down into compute, all-reduce, sync wait and input",
         description=f"Read profiler traces (a {TRACE_SUFFIX}, or every one under a log dir) and "
         "print the per-step breakdown averaged over replicas. Under a log dir written by "
-        "keras_dp_tools, the records supply replica count, devices and gradient bytes.",
+        "keras_dp_tools, the records supply replica count, devices and gradient bytes. "
+        f"{EXIT_STATUSES}",
     )
     analyze.add_argument("source", type=Path, help=f"a {TRACE_SUFFIX} file or a log dir")
-    analyze.add_argument("--csv", action="store_true", help="print CSV instead of a table")
+    add_format_option(
+        analyze,
+        "text: a table (default); json: an array of the rows, one object each; csv: the "
+        "rows with a header line",
+    )
+    analyze.add_argument(
+        "--csv",
+        dest="format",
+        action="store_const",
+        const="csv",
+        default=argparse.SUPPRESS,  # --format's default stands
+        help="the same as --format csv",
+    )
     analyze.add_argument("--per-replica", action="store_true", help="one row per step and replica")
     analyze.add_argument(
         "--allreduce-bytes",
@@ -73,7 +119,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="bytes all-reduced per step (the gradients), for bandwidths, when the "
         "records do not say",
     )
-    analyze.set_defaults(handler=run_analyze_command)
 
     lint = commands.add_parser(
         "lint",
@@ -87,31 +132,36 @@ def build_parser() -> argparse.ArgumentParser:
         "batch_size given to fit/evaluate/predict, the global batch (KDP003), and "
         "constant learning rates next to scaled batches (KDP002). Parses only: never "
         "imports or runs the code. '# noqa: KDP001' silences a line. Exit status: 0 "
-        "clean, 1 findings, 2 usage error (bad option, missing path, unreadable notebook).",
+        "clean, 1 findings, 2 usage error (bad option, missing path, unreadable notebook: "
+        "1 stays for findings alone).",
     )
     lint.add_argument("paths", nargs="+", type=Path, help="files or folders (.py, .ipynb)")
     lint.add_argument("--ignore", default="", help="comma-separated codes to skip, e.g. KDP002")
     lint.add_argument(
         "--exit-zero", action="store_true", help="exit 0 even when there are findings"
     )
-    lint.add_argument(
-        "--format",
-        choices=("text", "json"),
-        default="text",
-        help="text: flake8-style lines (default); json: one array of findings, each with "
-        "path, line, col, cell, code, severity, message and related places",
+    add_format_option(
+        lint,
+        "text: flake8-style lines (default); json: one array of findings, each with "
+        "path, line, col, cell, code, severity, message and related places; csv: one row "
+        f"per finding with {', '.join(LINT_CSV_FIELDS)}",
     )
-    lint.set_defaults(handler=run_lint_command)
 
     report = commands.add_parser(
         "report",
         help="print a run's summary and advice (optionally an HTML page with plots)",
         description="Load the records under LOG_DIR (all runs and workers) and print the "
-        "summary, the scaling table when runs differ in replicas, and the advice.",
+        "summary, the scaling table when runs differ in replicas, and the advice. "
+        f"{EXIT_STATUSES} --html on a run with no steps yet is a runtime failure (1).",
     )
     report.add_argument("log_dir", type=Path, help="a log dir (searched recursively)")
     report.add_argument("--html", type=Path, default=None, help="also write this HTML page")
-    report.set_defaults(handler=run_report_command)
+    add_format_option(
+        report,
+        "text: the summary, scaling table and advice for people (default); json: an "
+        'object with "summary" (one object per run) and "advice" (the findings); csv: '
+        "the summary, one row per run",
+    )
 
     sweep = commands.add_parser(
         "sweep",
@@ -125,11 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     sweep.add_argument(
         "--replicas", type=replica_list, required=True, help="comma-separated, e.g. 1,2,4"
     )
-    sweep.add_argument(
-        "--log-dir", type=Path, default=None, help="sweep folder (runs/sweep-<timestamp>)"
-    )
+    add_log_dir_option(sweep, "sweep folder (runs/sweep-<timestamp>)")
     sweep.add_argument("script_args", nargs="*", help="after --: the script's own arguments")
-    sweep.set_defaults(handler=run_sweep_command)
 
     doctor = commands.add_parser(
         "doctor",
@@ -147,7 +194,6 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="exit 1 unless every check a GPU machine should pass passes (see docs/gpu_monitor.md)",
     )
-    doctor.set_defaults(handler=run_doctor_command)
     launch = commands.add_parser(
         "launch",
         help="start the workers of a MultiWorkerMirroredStrategy job (TF_CONFIG each)",
@@ -156,7 +202,9 @@ def build_parser() -> argparse.ArgumentParser:
         "loopback ports; --host-list names every worker's host[:port] (2222 by default) "
         "and starts the ones on this machine (run the same command on each host). Output "
         "is prefixed with [worker i]; when a worker fails the others are stopped and the "
-        "exit status is the failed worker's (128 + signal when it was killed).",
+        "exit status is the failed worker's (128 + signal when it was killed); 2 for a "
+        "usage error (no command, --workers and --host-list missing or disagreeing), 1 "
+        "when the launcher itself fails (e.g. no worker of --host-list on this machine).",
     )
     launch.add_argument("--workers", type=positive_int, default=None, help="local workers")
     launch.add_argument(
@@ -165,11 +213,9 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument(
         "--run-id", default=None, help=f"the job's run id ({RUN_ID_ENV}; default: new)"
     )
-    launch.add_argument(
-        "--log-dir",
-        type=Path,
-        default=None,
-        help=f"the job's log dir: given to the workers as {LOG_DIR_ENV}, and where the "
+    add_log_dir_option(
+        launch,
+        f"the job's log dir: given to the workers as {LOG_DIR_ENV}, and where the "
         "launcher records how each worker ended (keras_dp/launcher.jsonl)",
     )
     launch.add_argument(
@@ -181,7 +227,6 @@ def build_parser() -> argparse.ArgumentParser:
     launch.add_argument(
         "script_args", nargs="*", help="after --: the command, e.g. python train.py"
     )
-    launch.set_defaults(handler=run_launch_command)
     tune = commands.add_parser(
         "tune-allreduce",
         help="measure each all-reduce implementation on your model and pick the fastest",
@@ -201,8 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--steps", type=positive_int, default=20, help="timed steps each (20)")
     tune.add_argument("--rounds", type=positive_int, default=3, help="interleaved rounds (3)")
     tune.add_argument("--candidates", default=None, help="comma-separated names (default: all)")
-    tune.add_argument("--log-dir", type=Path, default=None, help="keep records and logs here")
-    tune.set_defaults(handler=run_tune_allreduce_command)
+    add_log_dir_option(tune, "keep records and logs here")
     return parser
 
 
@@ -223,6 +267,8 @@ def run_demo_command(args: argparse.Namespace) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from keras_dp_tools.tools import demo
 
+    if args.steps < args.epochs:  # found before TensorFlow starts, and named as options
+        raise UsageError(f"--steps ({args.steps}) must be at least --epochs ({args.epochs}).")
     log_dir = args.log_dir or demo.default_log_dir()
     report = demo.run_demo(
         replicas=args.replicas,
@@ -237,14 +283,42 @@ def run_demo_command(args: argparse.Namespace) -> int:
 
 def run_report_command(args: argparse.Namespace) -> int:
     report = keras_dp_tools.Report.load(args.log_dir)
-    print(report.text())
-    if report.steps.empty:  # "no steps yet": nothing to draw
+    if args.format == "json":
+        print(json.dumps(_report_data(report), indent=2))
+    elif args.format == "csv":  # as Report.to_csv writes summary.csv
+        report.summary(advice=False).reset_index().to_csv(sys.stdout, index=False)
+    else:
+        print(report.text())
+    if not args.html:
         return 0
-    if args.html:
-        from keras_dp_tools.report.html import write_html
+    if report.steps.empty:
+        print(
+            f"keras-dp report: no HTML report written: the records under {args.log_dir} "
+            "hold no training steps yet (is the run still starting, or did it stop before "
+            "its first step?)",
+            file=sys.stderr,
+        )
+        return EXIT_FAILURE
+    from keras_dp_tools.report.html import write_html
 
-        print(f"\nHTML report: {write_html(report, args.html)}")
+    # On stdout only beside the text: JSON or CSV there stay parseable.
+    print(f"\nHTML report: {write_html(report, args.html)}", file=_text_stream(args))
     return 0
+
+
+def _report_data(report) -> dict:
+    """``report --format json``: the summary's rows (JSON's null for what is unknown) and
+    the advice's findings."""
+    summary = report.summary(advice=False).reset_index()
+    return {
+        "summary": json.loads(summary.to_json(orient="records")),
+        "advice": [finding.to_dict() for finding in report.advice()],
+    }
+
+
+def _text_stream(args: argparse.Namespace):
+    """Where lines for people go: stdout beside text output, else stderr."""
+    return sys.stdout if args.format == "text" else sys.stderr
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
@@ -274,7 +348,13 @@ def run_sweep_command(args: argparse.Namespace) -> int:
 def run_launch_command(args: argparse.Namespace) -> int:
     from keras_dp_tools.tools.launch import cluster_addresses, launch
 
-    addresses = cluster_addresses(args.workers, args.host_list)
+    if not args.script_args:
+        raise UsageError(
+            "no command to launch: put it after '--', e.g. keras-dp launch --workers 2 -- "
+            "python train.py"
+        )
+    with options_checked():  # --workers and --host-list missing or disagreeing
+        addresses = cluster_addresses(args.workers, args.host_list)
     return launch(
         args.script_args, addresses, run_id=args.run_id, log_dir=args.log_dir, grace_s=args.grace
     )
@@ -308,18 +388,28 @@ def _script_path(script: Path) -> Path:
 
 
 def run_lint_command(args: argparse.Namespace) -> int:
-    import json
+    import csv
 
     from keras_dp_tools.checks.lint import lint_paths
 
     ignore = [code.strip() for code in args.ignore.split(",") if code.strip()]
     reports = []
-    for report in lint_paths(args.paths, ignore=ignore):
-        if args.format == "text":
-            print(report, flush=True)
-        reports.append(report)
+    try:
+        for report in lint_paths(args.paths, ignore=ignore):
+            if args.format == "text":
+                print(report, flush=True)
+            reports.append(report)
+    except (OSError, ValueError) as error:
+        # A path or notebook lint cannot read: a usage error, as 1 means findings.
+        raise UsageError(str(error)) from None
     if args.format == "json":
         print(json.dumps([report.to_dict() for report in reports], indent=2))
+    elif args.format == "csv":
+        writer = csv.DictWriter(
+            sys.stdout, LINT_CSV_FIELDS, extrasaction="ignore", lineterminator="\n"
+        )
+        writer.writeheader()
+        writer.writerows(report.to_dict() for report in reports)
     return 0 if args.exit_zero or not reports else 1
 
 
@@ -360,8 +450,10 @@ def run_analyze_command(args: argparse.Namespace) -> int:
             "kdt.DataParallelProfiler, or wrap steps in "
             f'tf.profiler.experimental.Trace("{STEP_EVENT_NAME}", step_num=..., _r=1).'
         )
-    if args.csv:
+    if args.format == "csv":
         table.to_csv(sys.stdout, index=False)
+    elif args.format == "json":
+        print(table.to_json(orient="records", indent=2))
     else:
         with pd.option_context("display.width", 200, "display.max_columns", 40):
             print(table.drop(columns="trace").round(3).to_string(index=False))
@@ -442,6 +534,19 @@ def run_doctor_command(args: argparse.Namespace) -> int:
     return run_doctor(profile=not args.no_profile, check=args.check)
 
 
+# What runs each command of build_parser(), by the command's name.
+HANDLERS = {
+    "demo": run_demo_command,
+    "analyze": run_analyze_command,
+    "lint": run_lint_command,
+    "report": run_report_command,
+    "sweep": run_sweep_command,
+    "doctor": run_doctor_command,
+    "launch": run_launch_command,
+    "tune-allreduce": run_tune_allreduce_command,
+}
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     # "keras-dp sweep SCRIPT --replicas 1,2 -- ARGS": ARGS belong to the script, untouched.
@@ -452,7 +557,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.command in ("sweep", "launch"):
         args.script_args = [*args.script_args, *script_args]
     try:
-        return args.handler(args)
-    except (ValueError, RuntimeError, FileNotFoundError) as error:  # told, not traced
+        return HANDLERS[args.command](args)
+    except UsageError as error:
         print(f"keras-dp {args.command}: error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except (ValueError, RuntimeError, OSError) as error:  # told, not traced
+        print(f"keras-dp {args.command}: error: {error}", file=sys.stderr)
+        return EXIT_FAILURE

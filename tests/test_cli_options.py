@@ -1,0 +1,132 @@
+"""The CLI's shared options: ``--logdir`` beside ``--log-dir``, ``--format`` on analyze,
+report and lint, and the exit statuses (0 success, 1 runtime failure, 2 usage error;
+``report --html`` of a run without steps: tests/test_faults.py)."""
+
+import csv
+import io
+import json
+
+import pytest
+
+from keras_dp_tools.tools.cli import build_parser, main
+from tests.helpers.processes import run_cli
+from tests.helpers.recorded_runs import COMM_HEAVY, write_run
+
+LINTED = (
+    "import tensorflow as tf\n"
+    "strategy = tf.distribute.MirroredStrategy()\n"
+    "ds = tf.data.Dataset.range(9).batch(64)\n"  # KDP001 at line 3, column 37 (1-based)
+)
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo"],
+        ["sweep", "demo", "--replicas", "1,2"],
+        ["launch", "--workers", "2"],
+        ["tune-allreduce", "train.py"],
+    ],
+)
+def test_logdir_is_log_dir_spelt_as_tensorboard_spells_it(argv):
+    parser = build_parser()
+
+    dashed = parser.parse_args([*argv, "--log-dir", "runs/a"])
+    tensorboard = parser.parse_args([*argv, "--logdir", "runs/a"])
+
+    assert str(dashed.log_dir) == str(tensorboard.log_dir) == "runs/a"
+
+
+def test_every_command_with_log_dir_also_takes_logdir():
+    commands = next(
+        action for action in build_parser()._actions if action.dest == "command"
+    ).choices
+    with_log_dir = {
+        name: {option: action.dest for action in sub._actions for option in action.option_strings}
+        for name, sub in commands.items()
+    }
+    with_log_dir = {name: opts for name, opts in with_log_dir.items() if "--log-dir" in opts}
+
+    assert sorted(with_log_dir) == ["demo", "launch", "sweep", "tune-allreduce"]
+    for options in with_log_dir.values():
+        assert options["--logdir"] == options["--log-dir"] == "log_dir"
+
+
+def test_report_format_json_holds_the_summary_and_the_advice(tmp_path, capsys):
+    write_run(tmp_path, breakdown=COMM_HEAVY, replicas=4, global_batch=64, step_ms=10.0)
+
+    status = main(["report", str(tmp_path), "--format", "json"])
+
+    data = json.loads(capsys.readouterr().out)
+    assert status == 0
+    (run,) = data["summary"]
+    assert run["run"] == "r1" and run["replicas"] == 4 and run["global_batch"] == 64
+    assert run["median_step_ms"] == 10.0  # every unprofiled step took 10 ms
+    # 4 of the 10 ms exposed all-reduce: communication-bound, the worst finding.
+    assert data["advice"][0]["message"].startswith("Communication-bound")
+    assert data["advice"][0]["severity"] == "error"
+
+
+def test_report_format_csv_is_the_summary_one_row_per_run(tmp_path, capsys):
+    write_run(tmp_path / "a", run="a", replicas=2, step_ms=10.0)
+    write_run(tmp_path / "b", run="b", replicas=4, step_ms=12.0, start=2000.0)
+
+    status = main(["report", str(tmp_path), "--format", "csv"])
+
+    rows = list(csv.DictReader(io.StringIO(capsys.readouterr().out)))
+    assert status == 0
+    assert [(row["run"], row["replicas"], float(row["median_step_ms"])) for row in rows] == [
+        ("a", "2", 10.0),
+        ("b", "4", 12.0),
+    ]
+
+
+def test_lint_format_csv_is_one_row_per_finding(tmp_path, capsys):
+    (tmp_path / "train.py").write_text(LINTED)
+
+    status = main(["lint", str(tmp_path / "train.py"), "--format", "csv"])
+
+    out = capsys.readouterr().out
+    assert status == 1  # findings
+    assert out.splitlines()[0] == "path,line,col,cell,code,severity,message"
+    (row,) = csv.DictReader(io.StringIO(out))
+    assert row["path"] == str(tmp_path / "train.py")
+    assert (row["line"], row["col"], row["cell"], row["code"]) == ("3", "37", "", "KDP001")
+    assert row["severity"] and "batch" in row["message"]
+
+
+def test_analyze_format_json_gives_the_step_rows(builder, tmp_path):
+    from tests.test_breakdown import two_gpu_trace
+
+    two_gpu_trace(builder).write(tmp_path)
+    result = run_cli("analyze", str(tmp_path), "--format", "json")
+
+    assert result.returncode == 0, result.stderr[-2000:]
+    (step,) = json.loads(result.stdout)
+    # Worked out by hand in two_gpu_trace's docstring (tests/test_breakdown.py).
+    assert step["step"] == 7 and step["replicas"] == 2
+    assert step["exposed_allreduce_ms"] == pytest.approx(2.25)
+    assert step["xprof_collectives_ms"] == pytest.approx(1.5)
+    assert step["busbw_gbps"] is None  # no bytes known: JSON's null, not NaN
+
+
+def test_analyze_csv_flag_is_format_csv():
+    parser = build_parser()
+    assert parser.parse_args(["analyze", "x", "--csv"]).format == "csv"
+    assert parser.parse_args(["analyze", "x"]).format == "text"
+
+
+def test_runtime_failures_exit_1_and_usage_errors_exit_2(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 1  # no records
+    assert "No keras_dp_tools records found" in capsys.readouterr().err
+    assert main(["report", str(tmp_path / "missing")]) == 1  # no log dir
+    capsys.readouterr()
+    assert main(["launch", "--workers", "2"]) == 2  # no command
+    assert "no command to launch" in capsys.readouterr().err
+    assert main(["launch", "--workers", "3", "--host-list", "a,b", "--", "true"]) == 2
+    assert "--workers 3 but --host-list names 2 host(s)" in capsys.readouterr().err
+    assert main(["demo", "--steps", "2", "--epochs", "3"]) == 2
+    assert "--steps (2) must be at least --epochs (3)" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as parsed:
+        main(["report", str(tmp_path), "--format", "xml"])
+    assert parsed.value.code == 2
