@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from keras_dp_tools.tools.cli import build_parser, main
+from keras_dp_tools.tools.cli import HANDLERS, build_parser, main
 from tests.helpers.processes import run_cli
 from tests.helpers.recorded_runs import COMM_HEAVY, write_run
 
@@ -37,10 +37,17 @@ def test_logdir_is_log_dir_spelt_as_tensorboard_spells_it(argv):
     assert str(dashed.log_dir) == str(tensorboard.log_dir) == "runs/a"
 
 
+def subcommands() -> dict:
+    """Each command's name and its parser."""
+    return next(action for action in build_parser()._actions if action.dest == "command").choices
+
+
+def test_every_command_has_a_handler():
+    assert sorted(subcommands()) == sorted(HANDLERS)
+
+
 def test_every_command_with_log_dir_also_takes_logdir():
-    commands = next(
-        action for action in build_parser()._actions if action.dest == "command"
-    ).choices
+    commands = subcommands()
     with_log_dir = {
         name: {option: action.dest for action in sub._actions for option in action.option_strings}
         for name, sub in commands.items()

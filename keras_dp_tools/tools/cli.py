@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
 import json
 import os
@@ -26,15 +25,6 @@ LINT_CSV_FIELDS = ("path", "line", "col", "cell", "code", "severity", "message")
 
 class UsageError(Exception):
     """Options that parse but do not go together: exit status 2, as argparse's errors."""
-
-
-@contextlib.contextmanager
-def options_checked():
-    """ValueErrors raised inside are about the options given: they become UsageErrors."""
-    try:
-        yield
-    except ValueError as error:
-        raise UsageError(str(error)) from None
 
 
 def add_log_dir_option(parser: argparse.ArgumentParser, help: str) -> None:
@@ -353,8 +343,10 @@ def run_launch_command(args: argparse.Namespace) -> int:
             "no command to launch: put it after '--', e.g. keras-dp launch --workers 2 -- "
             "python train.py"
         )
-    with options_checked():  # --workers and --host-list missing or disagreeing
+    try:
         addresses = cluster_addresses(args.workers, args.host_list)
+    except ValueError as error:  # --workers and --host-list missing or disagreeing
+        raise UsageError(str(error)) from None
     return launch(
         args.script_args, addresses, run_id=args.run_id, log_dir=args.log_dir, grace_s=args.grace
     )
