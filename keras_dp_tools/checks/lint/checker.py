@@ -82,12 +82,15 @@ class Related:
     note: str
 
 
-def Violation(line: int, col: int, code: str, message: str, related=()) -> Finding:
+class Violation(Finding):
     """A lint finding (``kdt.LintViolation``): a ``Finding`` at 1-based ``line``, 0-based
     ``col`` (as flake8 reports them), with the code's severity (``SEVERITIES``);
     ``related`` the other places it involves (the ``batch(...)`` a value reaches).
     ``violation.format(path)`` is flake8's line; findings sort by place."""
-    return Finding(SEVERITIES[code], code, message, line=line, col=col, related=related)
+
+    def __init__(self, line=None, col=None, code="", message="", related=(), **fields):
+        fields.setdefault("severity", SEVERITIES[code])
+        super().__init__(code=code, message=message, line=line, col=col, related=related, **fields)
 
 
 @dataclass(frozen=True)
