@@ -30,9 +30,10 @@ parsed trace: no TensorFlow session, no training needed.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections import defaultdict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -145,10 +146,6 @@ def analyze_window(
 def analyze_trace(
     path: str | os.PathLike,
     *,
-    allreduce_bytes: int | None = None,
-    replicas: int | None = None,
-    devices: Sequence[str] | None = None,
-    group_size: int | None = None,
     link_peak_gbps: float | None = None,
     xprof: bool | None = None,
     release_memory: bool = False,
@@ -157,55 +154,51 @@ def analyze_trace(
     """``analyze_window`` with the run's facts as keywords.
 
     Args:
-        replicas: this trace's replicas (``RunFacts.local_replicas``).
-        group_size: ranks taking part in each all-reduce (``RunFacts.replicas_in_sync``).
-        allreduce_bytes, devices, facts (``sparse_bytes``, ``gather_bytes``,
-            ``steps_covered``, ...): the ``RunFacts`` of the same names.
+        facts: the ``RunFacts`` by name (``allreduce_bytes``, ``devices``,
+            ``sparse_bytes``, ``gather_bytes``, ``steps_covered``, ...), and two older
+            names: ``replicas``, this trace's replicas (``local_replicas``), and
+            ``group_size``, the ranks of each all-reduce (``replicas_in_sync``).
         Others: see ``analyze_window``.
+
+    Raises:
+        TypeError: a keyword that names no fact (the message names it).
     """
-    run = _keyword_facts(allreduce_bytes, replicas, devices, group_size, facts)
+    run = _keyword_facts(facts)
     return analyze_window(
         path, run, link_peak_gbps=link_peak_gbps, xprof=xprof, release_memory=release_memory
     )
 
 
 def analyze_xspace(
-    space,
-    *,
-    allreduce_bytes: int | None = None,
-    replicas: int | None = None,
-    devices: Sequence[str] | None = None,
-    group_size: int | None = None,
-    sparse_bytes: int | None = None,
-    gather_bytes: int | None = None,
-    steps_covered: Mapping[int, int] | None = None,
-    link_peak_gbps: float | None = None,
-    release_memory: bool = False,
+    space, *, link_peak_gbps: float | None = None, release_memory: bool = False, **facts
 ) -> Breakdown:
     """``analyze_window`` on an XSpace already parsed (``xspace.load_xspace``), with the
     run's facts as keywords (as ``analyze_trace``); without XProf's columns."""
-    more = {"sparse_bytes": sparse_bytes, "gather_bytes": gather_bytes}
-    run = _keyword_facts(
-        allreduce_bytes, replicas, devices, group_size, {**more, "steps_covered": steps_covered}
-    )
+    run = _keyword_facts(facts)
     release = memory_release(release_memory)
     return _break_down(_read_trace(space, run, release), run, link_peak_gbps, release)
 
 
-def _keyword_facts(allreduce_bytes, replicas, devices, group_size, others: Mapping) -> RunFacts:
-    """The ``RunFacts`` the keywords of ``analyze_trace`` and ``analyze_xspace`` name:
-    ``replicas`` are this trace's, ``group_size`` the collectives' ranks.
+# The keywords' older names for two facts (``replicas`` meant this trace's replicas).
+_OLD_FACT_NAMES = {"replicas": "local_replicas", "group_size": "replicas_in_sync"}
+
+
+def _keyword_facts(keywords: Mapping) -> RunFacts:
+    """The ``RunFacts`` that the keywords of ``analyze_trace`` and ``analyze_xspace``
+    name, under their own names or the older ones.
 
     Raises:
         TypeError: a keyword that is no fact of ``RunFacts`` (named in the message).
     """
-    return RunFacts(
-        allreduce_bytes=allreduce_bytes,
-        local_replicas=replicas,
-        replicas_in_sync=group_size,
-        devices=devices,
-        **others,
-    )
+    named = {_OLD_FACT_NAMES.get(name, name): value for name, value in keywords.items()}
+    known = {fact.name for fact in dataclasses.fields(RunFacts)}
+    unknown = sorted(set(named) - known)
+    if unknown:
+        raise TypeError(
+            f"no run fact is called {', '.join(map(repr, unknown))}; the facts are "
+            f"{', '.join(sorted(known | set(_OLD_FACT_NAMES)))} (RunFacts)"
+        )
+    return RunFacts(**named)
 
 
 @dataclass
