@@ -16,8 +16,8 @@ __version__ = "0.1.0"
 # names no subpackage and cannot be shadowed by one.
 _EXPORTS = {
     "callbacks": "keras_dp_tools.capture",
-    "analyze_trace": "keras_dp_tools.analysis.breakdown",
-    "Breakdown": "keras_dp_tools.analysis.breakdown",
+    "analyze_trace": "keras_dp_tools.analysis.breakdown.api",
+    "Breakdown": "keras_dp_tools.analysis.breakdown.api",
     # One finding type; Advice and LintViolation are it, in their old argument order.
     "Advice": "keras_dp_tools.common.findings",
     "Finding": "keras_dp_tools.common.findings",

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from keras_dp_tools.analysis import analyze_trace, memory
+from keras_dp_tools.analysis import analyze_trace
+from keras_dp_tools.analysis.breakdown import memory
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "benchmarks" / "bench.py"

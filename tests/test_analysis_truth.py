@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from keras_dp_tools.analysis import analyze_trace, memory, xprof_steps
+from keras_dp_tools.analysis import analyze_trace
+from keras_dp_tools.analysis.breakdown import memory, xprof_steps
 
 
 def small_cpu_trace(builder, tmp_path):

@@ -10,7 +10,11 @@ import math
 import pytest
 
 from keras_dp_tools.analysis import analyze_trace, analyze_xspace
-from keras_dp_tools.analysis.classify import Kind, classify_device_event, classify_host_event
+from keras_dp_tools.analysis.breakdown.classify import (
+    Kind,
+    classify_device_event,
+    classify_host_event,
+)
 from keras_dp_tools.analysis.trace.xspace import TraceEvent
 from tests.helpers.cpu_traces import cpu_trace
 

@@ -15,9 +15,10 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from keras_dp_tools.analysis import analyze_xspace, step_engine
-from keras_dp_tools.analysis import rows as rows_module
-from keras_dp_tools.analysis import spans as spans_module
+from keras_dp_tools.analysis import analyze_xspace
+from keras_dp_tools.analysis.breakdown import rows as rows_module
+from keras_dp_tools.analysis.breakdown import spans as spans_module
+from keras_dp_tools.analysis.breakdown import step_engine
 from tests.helpers.xplane_builder import MS, SpaceBuilder
 
 INPUT_NAME = "IteratorGetNextOp::DoCompute"  # a tf.data wait: shared by all replicas

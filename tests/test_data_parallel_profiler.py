@@ -7,7 +7,7 @@ import pytest
 
 import keras_dp_tools as kdt
 from keras_dp_tools.analysis import find_traces
-from keras_dp_tools.analysis.xprof_steps import xprof_step_table
+from keras_dp_tools.analysis.breakdown.xprof_steps import xprof_step_table
 from tests.helpers.training import GLOBAL_BATCH, dense_model, fit, iterations
 
 

@@ -6,8 +6,8 @@ import re
 import pytest
 
 from keras_dp_tools.analysis import analyze_trace, analyze_xspace
-from keras_dp_tools.analysis.classify import Kind, classify_device_event
-from keras_dp_tools.analysis.gpu_trace import (
+from keras_dp_tools.analysis.breakdown.classify import Kind, classify_device_event
+from keras_dp_tools.analysis.breakdown.gpu_trace import (
     LINK_PEAK_GBPS,
     UnusableTraceError,
     nccl_collective,
@@ -408,8 +408,8 @@ def test_device_event_kinds_match_the_parsed_events_for_any_tf_op(gpu_trace):
     """Kernels of one name whose ``tf_op`` is a string naming a collective, a ref to a
     missing stat metadata at 2**64-2 (an int64 -2 on the wire), or absent: the reader's
     kinds are those ``classify_device_event`` gives the events ``plane_events`` parses."""
-    from keras_dp_tools.analysis.classify import KIND_CODES
-    from keras_dp_tools.analysis.gpu_trace import read_device_events, stream_events
+    from keras_dp_tools.analysis.breakdown.classify import KIND_CODES
+    from keras_dp_tools.analysis.breakdown.gpu_trace import read_device_events, stream_events
     from tests.helpers.xplane_builder import LINE_START_NS
 
     trace = gpu_trace().step(1, 0.0, 10.0)
@@ -431,7 +431,7 @@ def test_device_event_kinds_match_the_parsed_events_for_any_tf_op(gpu_trace):
 def test_lines_read_in_batches_of_any_size_give_the_same_rows(gpu_trace, monkeypatch):
     """The GPU reader decodes about ``_BATCH_BYTES`` of lines at once; a batch per line
     (1 byte) gives the hand-computed rows too."""
-    from keras_dp_tools.analysis import gpu_trace as reader
+    from keras_dp_tools.analysis.breakdown import gpu_trace as reader
 
     monkeypatch.setattr(reader, "_BATCH_BYTES", 1)
     space = two_gpu_run(gpu_trace).space

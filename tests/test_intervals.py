@@ -3,7 +3,7 @@ oracle, kept here as test code: the package needs only the vectorised lengths)."
 
 import numpy as np
 
-from keras_dp_tools.analysis import intervals
+from keras_dp_tools.analysis.breakdown import intervals
 
 
 def merge(spans) -> list[tuple[int, int]]:

@@ -44,7 +44,7 @@ def test_every_exported_name_resolves_without_importing_tensorflow():
 
 def test_users_reach_analysis_plots_findings_and_one_severity_scale():
     import keras_dp_tools as kdt
-    from keras_dp_tools.analysis.breakdown import analyze_trace
+    from keras_dp_tools.analysis.breakdown.api import analyze_trace
     from keras_dp_tools.checks.lint.checker import SEVERITIES, Violation
 
     assert kdt.analyze_trace is analyze_trace

@@ -82,7 +82,7 @@ def test_xprof_failing_leaves_our_columns_and_empties_its_own(gpu_trace, tmp_pat
     as they do with XProf working, XProf's are empty, and one warning says why."""
     from xprof.convert import raw_to_tool_data
 
-    from keras_dp_tools.analysis import xprof_steps
+    from keras_dp_tools.analysis.breakdown import xprof_steps
 
     path = two_gpu_run(gpu_trace).write(tmp_path / "trace")
     good = analyze_trace(path, devices=GPUS)

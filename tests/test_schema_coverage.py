@@ -217,7 +217,7 @@ def test_the_summary_medians_are_the_headline_columns(tmp_path):
 
 
 def test_xprofs_fields_map_onto_the_schemas_xprof_columns():
-    from keras_dp_tools.analysis import xprof_steps
+    from keras_dp_tools.analysis.breakdown import xprof_steps
 
     assert sorted(xprof_steps._COLUMNS.values()) == sorted(schema.XPROF_COLUMNS)
 

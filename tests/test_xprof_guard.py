@@ -23,7 +23,7 @@ ANALYSE_TWICE = """
 import sys, warnings
 import pandas as pd
 from keras_dp_tools.analysis import analyze_trace
-from keras_dp_tools.analysis.xprof_steps import XProfWarning
+from keras_dp_tools.analysis.breakdown.xprof_steps import XProfWarning
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     steps = analyze_trace(sys.argv[1], devices=["/gpu:0", "/gpu:1"]).steps
@@ -76,7 +76,7 @@ def test_analysis_in_a_child_process_still_warns_once_without_xprof(
     tmp_path,
     monkeypatch,
 ):
-    from keras_dp_tools.analysis import xprof_steps
+    from keras_dp_tools.analysis.breakdown import xprof_steps
     from keras_dp_tools.analysis.runner import analyze_in_child
     from keras_dp_tools.records.facts import RunFacts
 

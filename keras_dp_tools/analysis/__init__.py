@@ -1,26 +1,29 @@
-"""Layer 2, analysis: pure functions over profiler traces (``trace``) and record frames;
-no TensorFlow session, no training needed.
+"""Layer 2, analysis: pure functions over profiler traces and record frames; no
+TensorFlow session, no training needed.
+
+- ``trace``: reading XPlane files (parsing only);
+- ``breakdown``: one trace -> per step and replica, compute, all-reduce, input, ...;
+- the frame analyzers over records: ``frames`` (records -> DataFrames), ``summary``,
+  ``workers``, ``advice``, ``utilization``, ``what_if``, ``consistency``;
+- ``runner``: the one door from capture into the analysis (a window, a finished run).
+
+Names load on first use, so a callback importing the runner stays light.
 
 May import: ``common``, ``records``.
 """
 
-from keras_dp_tools.analysis.breakdown import (
-    Breakdown,
-    analyze_trace,
-    analyze_window,
-    analyze_xspace,
-)
-from keras_dp_tools.analysis.trace.xspace import find_traces, load_xspace
-from keras_dp_tools.records.columns import REPLICA_COLUMNS, STEP_COLUMNS, XPROF_COLUMNS
+from keras_dp_tools.common.lazy import lazy_exports
 
-__all__ = [
-    "REPLICA_COLUMNS",
-    "STEP_COLUMNS",
-    "XPROF_COLUMNS",
-    "Breakdown",
-    "analyze_trace",
-    "analyze_window",
-    "analyze_xspace",
-    "find_traces",
-    "load_xspace",
-]
+_EXPORTS = {
+    **dict.fromkeys(
+        ("Breakdown", "analyze_trace", "analyze_window", "analyze_xspace"),
+        "keras_dp_tools.analysis.breakdown.api",
+    ),
+    "find_traces": "keras_dp_tools.analysis.trace.xspace",
+    "load_xspace": "keras_dp_tools.analysis.trace.xspace",
+    **dict.fromkeys(
+        ("REPLICA_COLUMNS", "STEP_COLUMNS", "XPROF_COLUMNS"), "keras_dp_tools.records.columns"
+    ),
+}
+__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
+__all__ = sorted(_EXPORTS)

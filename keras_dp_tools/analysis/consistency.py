@@ -114,7 +114,7 @@ def breakdown_problems(
 
 
 def _byte_problems(values, ranks, where, tolerance) -> list[str]:
-    from keras_dp_tools.analysis.bandwidth import row_bandwidths
+    from keras_dp_tools.analysis.breakdown.bandwidth import row_bandwidths
 
     problems = []
     steps = values.get("steps")

@@ -83,7 +83,7 @@ class WindowRunner:
                 # A process of its own, which hands freed memory back (release_memory).
                 return analyze_in_child(trace, facts, nice=self.child_nice)
             # A thread beside training: the heap it shares is not trimmed (the default).
-            from keras_dp_tools.analysis.breakdown import analyze_window
+            from keras_dp_tools.analysis.breakdown.api import analyze_window
 
             return analyze_window(trace, facts)
         finally:
@@ -112,7 +112,7 @@ def analyze_in_child(trace: Path, facts: RunFacts, nice: int = 0):
             child = subprocess.run(command, env=env, capture_output=True, text=True)
         except OSError as error:  # no child processes here: analyse in this one
             logger.debug("analysis process could not start (%s); analysing here", error)
-            from keras_dp_tools.analysis.breakdown import analyze_window
+            from keras_dp_tools.analysis.breakdown.api import analyze_window
 
             return analyze_window(trace, facts)
         if not answer.exists():
@@ -122,7 +122,7 @@ def analyze_in_child(trace: Path, facts: RunFacts, nice: int = 0):
             )
         result, relayed = pickle.loads(answer.read_bytes())
     # The child's stderr is not shown: its XProf warning is raised here, once per process.
-    from keras_dp_tools.analysis.xprof_steps import relay_warning
+    from keras_dp_tools.analysis.breakdown.xprof_steps import relay_warning
 
     for text in relayed:
         relay_warning(text)
@@ -141,8 +141,8 @@ def main(argv: list[str] | None = None) -> None:
         trace, facts, nice = pickle.load(file)
     with contextlib.suppress(AttributeError, OSError):  # no os.nice, or not allowed
         os.nice(nice)
-    from keras_dp_tools.analysis.breakdown import analyze_window
-    from keras_dp_tools.analysis.xprof_steps import XProfWarning
+    from keras_dp_tools.analysis.breakdown.api import analyze_window
+    from keras_dp_tools.analysis.breakdown.xprof_steps import XProfWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

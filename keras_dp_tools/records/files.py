@@ -83,7 +83,7 @@ STEP_FIELDS: dict[str, pa.DataType] = {  # one record per executed train functio
     "examples_per_s": pa.float64(),
     "warmup": pa.bool_(),  # first call of a fit: includes tracing and compilation
 }
-# Profiler windows and the per-step breakdown (see keras_dp_tools.analysis.breakdown).
+# Profiler windows and the per-step breakdown (see keras_dp_tools.analysis.breakdown.api).
 WINDOW_FIELDS: dict[str, pa.DataType] = {
     "window": pa.int64(),  # index of the window within the callback's life; null if skipped
     "start_step": pa.int64(),

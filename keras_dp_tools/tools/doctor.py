@@ -265,7 +265,7 @@ def cupti_section(tf, profile: bool) -> Section:
 
 
 def _profile_one_op(tf) -> str:
-    from keras_dp_tools.analysis.gpu_trace import stream_events
+    from keras_dp_tools.analysis.breakdown.gpu_trace import stream_events
     from keras_dp_tools.analysis.trace.xspace import find_traces, gpu_planes, load_xspace
 
     with tempfile.TemporaryDirectory(prefix="keras_dp_doctor_") as directory:

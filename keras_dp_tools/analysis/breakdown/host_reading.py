@@ -12,8 +12,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from keras_dp_tools.analysis import gpu_trace
-from keras_dp_tools.analysis.classify import (
+from keras_dp_tools.analysis.breakdown import gpu_trace
+from keras_dp_tools.analysis.breakdown.classify import (
     KIND_CODES,
     PEER_KINDS,
     PER_REPLICA_COPY_TYPES,
@@ -22,7 +22,7 @@ from keras_dp_tools.analysis.classify import (
     receiving_device,
     scoped_replica,
 )
-from keras_dp_tools.analysis.spans import NO_REPLICA, SpanColumns
+from keras_dp_tools.analysis.breakdown.spans import NO_REPLICA, SpanColumns
 from keras_dp_tools.analysis.trace.xspace import (
     STEP_EVENT_NAME,
     TraceEvent,

@@ -11,7 +11,7 @@ Two trace shapes are understood:
   and ``<name>_k`` for the next copies, or sit in a ``cond_k`` scope (the all-gather of
   sparse gradients). The index here is only the op's copy number: the breakdown turns
   it into a replica by comparing the copies of one collective
-  (``keras_dp_tools.analysis.replicas``), since several packs or gathers per replica
+  (``keras_dp_tools.analysis.breakdown.replicas``), since several packs or gathers per replica
   continue the numbering.
   Sparse gradients (``IndexedSlices`` of an ``Embedding``) are all-gathered
   (``CollectiveGatherV2`` of values and indices): kind ``GATHER``. Reductions to one

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 import numpy as np
 import pandas as pd
 
-from keras_dp_tools.analysis.bandwidth import sizes_and_bandwidths
-from keras_dp_tools.analysis.spans import Spans
-from keras_dp_tools.analysis.step_engine import StepIndex, batch_lengths
+from keras_dp_tools.analysis.breakdown.bandwidth import sizes_and_bandwidths
+from keras_dp_tools.analysis.breakdown.spans import Spans
+from keras_dp_tools.analysis.breakdown.step_engine import StepIndex, batch_lengths
 from keras_dp_tools.records.columns import MEAN_COLUMNS, REPLICA_COLUMNS, STEP_COLUMNS
 from keras_dp_tools.records.facts import RunFacts
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from keras_dp_tools.analysis.classify import KIND_CODES, Kind
-from keras_dp_tools.analysis.intervals import union_lengths
-from keras_dp_tools.analysis.spans import NO_REPLICA, Spans
+from keras_dp_tools.analysis.breakdown.classify import KIND_CODES, Kind
+from keras_dp_tools.analysis.breakdown.intervals import union_lengths
+from keras_dp_tools.analysis.breakdown.spans import NO_REPLICA, Spans
 
 _CODE = KIND_CODES
 # Bits of the things a step's union lengths are taken over.

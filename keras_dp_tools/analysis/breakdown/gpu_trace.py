@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from keras_dp_tools.analysis.classify import KIND_CODES, Kind, classify_device_event
+from keras_dp_tools.analysis.breakdown.classify import KIND_CODES, Kind, classify_device_event
 from keras_dp_tools.analysis.trace.xevents import EventTable, read_events, read_line_events
 from keras_dp_tools.analysis.trace.xspace import (
     StepMarker,

@@ -40,18 +40,18 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from keras_dp_tools.analysis import gpu_trace
-from keras_dp_tools.analysis.host_reading import origin_ps, read_host
-from keras_dp_tools.analysis.marker_checks import (
+from keras_dp_tools.analysis.breakdown import gpu_trace
+from keras_dp_tools.analysis.breakdown.host_reading import origin_ps, read_host
+from keras_dp_tools.analysis.breakdown.marker_checks import (
     Untrue,
     capture_length_ps,
     summary,
     untrue_markers,
 )
-from keras_dp_tools.analysis.memory import memory_release
-from keras_dp_tools.analysis.replicas import attribute_cpu_replicas, cpu_replica_count
-from keras_dp_tools.analysis.rows import replica_frame, step_rows
-from keras_dp_tools.analysis.spans import SpanColumns, Spans, sort_by_start
+from keras_dp_tools.analysis.breakdown.memory import memory_release
+from keras_dp_tools.analysis.breakdown.replicas import attribute_cpu_replicas, cpu_replica_count
+from keras_dp_tools.analysis.breakdown.rows import replica_frame, step_rows
+from keras_dp_tools.analysis.breakdown.spans import SpanColumns, Spans, sort_by_start
 from keras_dp_tools.analysis.trace.xspace import StepMarker, gpu_planes, stream_xspace
 from keras_dp_tools.records.columns import REPLICA_COLUMNS, XPROF_COLUMNS
 from keras_dp_tools.records.facts import RunFacts
@@ -136,7 +136,7 @@ def analyze_window(
         breakdown.steps = breakdown.steps.assign(**dict.fromkeys(XPROF_COLUMNS, np.nan))
         breakdown.unmeasured += "; XProf's step numbers left out (it finds steps by the markers)"
     elif xprof and not breakdown.steps.empty:
-        from keras_dp_tools.analysis.xprof_steps import align_steps, xprof_step_table
+        from keras_dp_tools.analysis.breakdown.xprof_steps import align_steps, xprof_step_table
 
         xprof_steps = align_steps(xprof_step_table(Path(trace_path)), breakdown.steps["step"])
         breakdown.steps = breakdown.steps.merge(xprof_steps, on="step", how="left")

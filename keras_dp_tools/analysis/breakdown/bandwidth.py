@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from keras_dp_tools.analysis import gpu_trace
+from keras_dp_tools.analysis.breakdown import gpu_trace
 
 # nccl-tests' bus bandwidth factors: busbw = algbw * factor(ranks).
 _BUS_FACTORS = {

@@ -25,8 +25,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from keras_dp_tools.analysis.classify import copy_number, scoped_replica
-from keras_dp_tools.analysis.spans import NO_REPLICA, Spans
+from keras_dp_tools.analysis.breakdown.classify import copy_number, scoped_replica
+from keras_dp_tools.analysis.breakdown.spans import NO_REPLICA, Spans
 
 _NUMBERED = re.compile(r"^(?P<base>.*?[^\d_].*?)(?:_(?P<index>\d+))?$")
 _FUNCTION_ID = re.compile(r"^_\d+$")  # ids of inlined function bodies: "_90", "_126"
