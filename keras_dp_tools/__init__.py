@@ -6,7 +6,7 @@ pandas, e.g. on a GPU box checked with only ``nvidia-ml-py``). Callbacks import
 TensorFlow when training starts.
 """
 
-from keras_dp_tools.capture import _EXPORTS as CAPTURE_EXPORTS  # a light import
+from keras_dp_tools.capture import EXPORTS as CAPTURE_EXPORTS  # a light import
 from keras_dp_tools.common.lazy import lazy_exports
 
 __version__ = "0.1.0"

@@ -150,3 +150,19 @@ def test_views_of_records_import_nothing_from_capture():
         if layer_of(target) == "capture"
     )
     assert wrong == []
+
+
+def test_no_private_name_is_imported_from_another_module():
+    # A name another module needs is part of its module's interface: public, or moved.
+    found = []
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith(
+                "keras_dp_tools"
+            ):
+                found += [
+                    f"{name}: {node.module}.{alias.name}"
+                    for alias in node.names
+                    if alias.name.startswith("_") and not alias.name.startswith("__")
+                ]
+    assert found == []

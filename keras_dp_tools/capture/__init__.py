@@ -13,7 +13,7 @@ callbacks holding any analysis themselves.
 
 from keras_dp_tools.common.lazy import lazy_exports
 
-_EXPORTS = {
+EXPORTS = {
     "BatchScalingCheck": "keras_dp_tools.capture.batch_scaling_check",
     "DataParallelCallback": "keras_dp_tools.capture.base",
     "MeasurementWarning": "keras_dp_tools.capture.base",
@@ -23,7 +23,7 @@ _EXPORTS = {
     "RunAdvisor": "keras_dp_tools.capture.run_advisor",
     "StepTimer": "keras_dp_tools.capture.step_timer",
 }
-__getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
+__getattr__, __dir__ = lazy_exports(__name__, globals(), EXPORTS)
 
 
 def callbacks(
@@ -97,4 +97,4 @@ def callbacks(
     return chosen
 
 
-__all__ = ["callbacks", *sorted(_EXPORTS)]
+__all__ = ["callbacks", *sorted(EXPORTS)]

@@ -24,7 +24,7 @@ from keras_dp_tools.common.warn import warn
 
 logger = logging.getLogger("keras_dp_tools")
 
-_HOOKS = tuple(
+HOOKS = tuple(
     f"on_{name}"
     for name in (
         "train_begin",
@@ -123,7 +123,7 @@ class DataParallelCallback:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        for name in _HOOKS:
+        for name in HOOKS:
             hook = cls.__dict__.get(name)
             if hook is not None and not getattr(hook, "_is_default", False):
                 setattr(cls, name, _guarded(hook))
@@ -218,5 +218,5 @@ def _ignore_hook(self, *args, **kwargs):
     """Does nothing: Keras calls hooks as ``(batch_or_epoch, logs)`` or ``(logs)``."""
 
 
-for _hook_name in _HOOKS:
+for _hook_name in HOOKS:
     setattr(DataParallelCallback, _hook_name, _ignore_hook)

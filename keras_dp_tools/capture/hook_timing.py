@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 
-from keras_dp_tools.capture.base import _HOOKS
+from keras_dp_tools.capture.base import HOOKS
 
 BATCH_HOOKS = ("on_train_batch_begin", "on_train_batch_end", "on_batch_begin", "on_batch_end")
 
@@ -54,7 +54,7 @@ class HookTimer:
         self._ended = True
         self._wrapped: list[tuple[object, str]] = []
         for callback in callbacks:
-            for name in _HOOKS:
+            for name in HOOKS:
                 hook = getattr(callback, name, None)
                 if hook is None or getattr(hook, "_is_default", False):
                     continue

@@ -375,7 +375,7 @@ def run_tune_allreduce_command(args: argparse.Namespace) -> int:
 
 def _script_path(script: Path) -> Path:
     if not script.is_file() or script.suffix != ".py":
-        raise FileNotFoundError(f"Expected a .py script, received {script}.")
+        raise UsageError(f"Expected a .py script, received {script}.")
     return script.resolve()
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 from keras_dp_tools.records.contract import LOG_DIR_ENV, REPLICAS_ENV, RUN_ID_ENV
 
 
-def _gpu_ids() -> list[str]:
+def gpu_ids() -> list[str]:
     """The GPUs a child process may use: CUDA_VISIBLE_DEVICES entries, else NVML's."""
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
     if visible is not None:
@@ -58,7 +58,7 @@ def run_sweep(
     from keras_dp_tools.report.facade import Report
 
     log_dir = Path(log_dir)
-    gpus = _gpu_ids()
+    gpus = gpu_ids()
     if gpus and max(replicas) > len(gpus):
         raise ValueError(f"--replicas asks for {max(replicas)} GPUs; {len(gpus)} are visible.")
     if not gpus:

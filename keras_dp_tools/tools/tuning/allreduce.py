@@ -188,9 +188,9 @@ def _devices_expression(devices) -> str:
 
 
 def _have_gpus() -> bool:
-    from keras_dp_tools.tools.sweep import _gpu_ids
+    from keras_dp_tools.tools.sweep import gpu_ids
 
-    return bool(_gpu_ids())
+    return bool(gpu_ids())
 
 
 def _skip_reason(candidate: Candidate, gpus: bool) -> str | None:

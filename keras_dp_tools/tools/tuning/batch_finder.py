@@ -53,10 +53,10 @@ class BatchSearch:
 def _devices(strategy) -> tuple[list[str], int | None]:
     """The strategy's devices, and how many logical CPUs the child must split into."""
     if isinstance(strategy, int) and not isinstance(strategy, bool):
-        from keras_dp_tools.tools.sweep import _gpu_ids
+        from keras_dp_tools.tools.sweep import gpu_ids
 
         count = require_positive_int("strategy (a replica count)", strategy)
-        if _gpu_ids():
+        if gpu_ids():
             return [f"/gpu:{index}" for index in range(count)], None
         return [f"/cpu:{index}" for index in range(count)], count
     devices = list(getattr(getattr(strategy, "extended", None), "worker_devices", []) or [])
