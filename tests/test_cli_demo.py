@@ -3,8 +3,10 @@
 import csv as csv_module
 import io
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -85,6 +87,12 @@ def test_importing_the_package_does_not_import_tensorflow():
 
 
 @pytest.mark.slow
+def test_the_demo_names_the_notebook_that_is_there(demo_run):
+    _, result = demo_run
+    named = re.search(r"notebook: (\S+)", result.stdout).group(1)
+    assert Path(named) == REPO / "notebooks" / "report.ipynb"
+
+
 def test_notebook_runs_on_the_demo_output(demo_run):
     import nbclient
     import nbformat

@@ -20,7 +20,8 @@ from keras_dp_tools.setup.scaling import plan_scaling
 
 IMAGE_SHAPE = (32, 32, 3)
 CLASSES = 10
-NOTEBOOK = Path(__file__).resolve().parent.parent / "notebooks" / "report.ipynb"
+# The checkout's report notebook (this file is keras_dp_tools/tools/demo.py).
+NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "report.ipynb"
 
 
 def keras_module():
