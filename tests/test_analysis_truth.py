@@ -174,7 +174,7 @@ def test_the_profilers_window_record_says_which_step_was_not_measured(builder, t
 
     from keras_dp_tools.capture.data_parallel_profiler import DataParallelProfiler
     from keras_dp_tools.capture.recorder import Recorder
-    from keras_dp_tools.records.files import read_records_by_type
+    from keras_dp_tools.records.reader import read_records_by_type
 
     trace = three_step_trace(builder, 10.0 + 1e15 / 1e9).write(tmp_path / "capture")
     result = analyze_trace(trace)

@@ -10,7 +10,7 @@ import inspect
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.records import columns, files
+from keras_dp_tools.records import columns, fields
 
 # ``kdt.<name>`` -> what it is.
 PUBLIC_NAMES = {
@@ -63,7 +63,7 @@ RECORD_TYPES = (
     "worker_exit",
 )
 
-# Every record field -> its Arrow type, as the reader types it (records.files.FIELDS).
+# Every record field -> its Arrow type, as the reader types it (records.fields.FIELDS).
 RECORD_FIELDS = {
     "type": "string",
     "run": "string",
@@ -300,7 +300,7 @@ def test_public_names_are_todays():
 
 def test_record_types_are_todays():
     compare(
-        dict.fromkeys(files.RECORD_TYPES, "type"),
+        dict.fromkeys(fields.RECORD_TYPES, "type"),
         dict.fromkeys(RECORD_TYPES, "type"),
         "record types",
         "RECORD_TYPES",
@@ -308,7 +308,7 @@ def test_record_types_are_todays():
 
 
 def test_record_fields_and_their_types_are_todays():
-    live = {name: str(arrow_type) for name, arrow_type in files.FIELDS.items()}
+    live = {name: str(arrow_type) for name, arrow_type in fields.FIELDS.items()}
     compare(live, RECORD_FIELDS, "record fields", "RECORD_FIELDS")
 
 

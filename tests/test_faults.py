@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import keras_dp_tools as kdt
-from keras_dp_tools.records.files import RecordWriter, worker_records_path
+from keras_dp_tools.records.writer import RecordWriter, worker_records_path
 from keras_dp_tools.tools.cli import main as cli_main
 from tests.helpers import REPO
 from tests.helpers.processes import run_cli

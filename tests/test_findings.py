@@ -10,7 +10,7 @@ from keras_dp_tools.analysis.runner import run_advice_markdown
 from keras_dp_tools.analysis.utilization import misleading_utilization
 from keras_dp_tools.checks.batching import unknown_batch
 from keras_dp_tools.checks.lint.checker import check_source
-from keras_dp_tools.records.files import worker_records_path
+from keras_dp_tools.records.writer import worker_records_path
 from tests.helpers.recorded_runs import BALANCED, COMM_HEAVY, write_run
 
 

@@ -17,7 +17,7 @@ import keras_dp_tools as kdt
 from keras_dp_tools.capture import data_parallel_profiler, step_timer
 from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.records.contract import FLUSH_SECONDS_ENV
-from keras_dp_tools.records.files import worker_records_path
+from keras_dp_tools.records.writer import worker_records_path
 from tests.helpers.training import fit
 
 

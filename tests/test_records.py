@@ -9,13 +9,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from keras_dp_tools.records.files import (
+from keras_dp_tools.records.reader import find_record_files, read_records
+from keras_dp_tools.records.writer import (
     SCHEMA_VERSION,
     RecordTemplate,
     RecordWriter,
     encode_record,
-    find_record_files,
-    read_records,
     worker_records_path,
 )
 from tests.helpers.recorded_runs import header, step, write_records
@@ -129,7 +128,7 @@ def test_find_record_files_says_what_is_missing(tmp_path):
 
 
 def test_reading_from_a_line_offset_leaves_out_the_lines_before_it(tmp_path):
-    from keras_dp_tools.records.files import read_records_by_type
+    from keras_dp_tools.records.reader import read_records_by_type
 
     path = tmp_path / "worker-0.jsonl"
     writer = RecordWriter(path)
@@ -216,3 +215,18 @@ def test_record_template_handles_a_step_record_and_its_edge_values():
     assert template.line(cases[0]) is not None
     assert template.line(cases[3]) is None  # NaN: json's path writes null
     assert template.line((1.0,) * 6) is None  # a value short: not this template's shape
+
+
+def test_writing_records_loads_neither_pandas_nor_arrow():
+    # The training process writes records; the reader's libraries stay out of it.
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import keras_dp_tools.records.writer, keras_dp_tools.capture.recorder\n"
+        "print(sorted({'pandas', 'pyarrow'} & set(sys.modules)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from keras_dp_tools import Report
-from keras_dp_tools.records.files import RecordWriter, worker_records_path
+from keras_dp_tools.records.writer import RecordWriter, worker_records_path
 from keras_dp_tools.report.facade import (
     BREAKDOWN_COLUMNS,
     MONITOR_COLUMNS,

@@ -1,7 +1,7 @@
 """Report.summary's step counts, and steps another profiler captured. No TensorFlow."""
 
 from keras_dp_tools import Report
-from keras_dp_tools.records.files import RecordWriter, worker_records_path
+from keras_dp_tools.records.writer import RecordWriter, worker_records_path
 from tests.helpers.recorded_runs import BALANCED, write_run
 
 

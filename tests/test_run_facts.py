@@ -6,12 +6,8 @@ run's header (its devices and replicas)."""
 import pytest
 
 from keras_dp_tools.records.facts import RunFacts
-from keras_dp_tools.records.files import (
-    SCHEMA_VERSION,
-    RecordWriter,
-    read_records_by_type,
-    worker_records_path,
-)
+from keras_dp_tools.records.reader import read_records_by_type
+from keras_dp_tools.records.writer import SCHEMA_VERSION, RecordWriter, worker_records_path
 from keras_dp_tools.tools.cli import _recorded_facts
 
 DEVICES = ["/job:localhost/replica:0/task:0/device:GPU:0", "/gpu:1"]

@@ -14,7 +14,8 @@ import numpy as np
 import pandas as pd
 
 from keras_dp_tools.records import columns as schema
-from keras_dp_tools.records import files as records
+from keras_dp_tools.records.fields import FIELDS
+from keras_dp_tools.records.writer import RECORDS_DIRNAME
 from keras_dp_tools.report import plots
 from keras_dp_tools.report.facade import Report
 from tests.helpers.recorded_runs import COMM_HEAVY, write_run
@@ -60,7 +61,7 @@ def report_columns(tmp_path) -> set[str]:
 
 
 def test_every_declared_record_field_reaches_a_report_frame(tmp_path):
-    missing = set(records.FIELDS) - PLUMBING - report_columns(tmp_path)
+    missing = set(FIELDS) - PLUMBING - report_columns(tmp_path)
     assert missing == set()
 
 
@@ -97,7 +98,7 @@ def equal(left, right) -> bool:
 def written_records(log_dir) -> dict[str, pd.DataFrame]:
     """The records as the callbacks wrote them, read with json (not our readers)."""
     rows = {}
-    for path in sorted((log_dir / records.RECORDS_DIRNAME).glob("*.jsonl")):
+    for path in sorted((log_dir / RECORDS_DIRNAME).glob("*.jsonl")):
         for line in path.read_text().splitlines():
             record = json.loads(line)
             rows.setdefault(record["type"], []).append(record)
@@ -223,7 +224,7 @@ def test_xprofs_fields_map_onto_the_schemas_xprof_columns():
 
 
 def test_plan_bus_ids_and_exit_code_reach_their_frames_with_their_values(tmp_path):
-    from keras_dp_tools.records.files import (
+    from keras_dp_tools.records.writer import (
         LAUNCHER_RECORDS,
         SCHEMA_VERSION,
         RecordWriter,

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.records.files import worker_records_path
+from keras_dp_tools.records.writer import worker_records_path
 from tests.helpers.training import GLOBAL_BATCH, dense_model, fit, iterations
 
 

@@ -7,7 +7,7 @@ import pytest
 
 import keras_dp_tools as kdt
 from keras_dp_tools.common.warn import warn
-from keras_dp_tools.records.files import RecordWriter, worker_records_path
+from keras_dp_tools.records.writer import RecordWriter, worker_records_path
 
 
 def test_a_warning_from_deep_inside_the_package_points_here(tmp_path):

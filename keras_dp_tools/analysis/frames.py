@@ -20,7 +20,8 @@ import pandas as pd
 from keras_dp_tools.analysis import workers as worker_analysis
 from keras_dp_tools.analysis.utilization import step_gpu_utilization
 from keras_dp_tools.records import columns as schema
-from keras_dp_tools.records.files import SCALING_FIELDS, read_records_by_type
+from keras_dp_tools.records.fields import SCALING_FIELDS
+from keras_dp_tools.records.reader import read_records_by_type
 
 # The last scaling plan a run recorded (kdt.plan_scaling / BatchScalingCheck(plan=...)).
 PLAN_COLUMNS = [name for name in SCALING_FIELDS if name.startswith("plan_")]

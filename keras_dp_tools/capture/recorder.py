@@ -33,7 +33,7 @@ from keras_dp_tools.capture.base import MeasurementWarning
 from keras_dp_tools.capture.forking import set_aside
 from keras_dp_tools.capture.scalar_writer import ScalarWriter
 from keras_dp_tools.records.contract import FLUSH_SECONDS_ENV, RUN_ID_ENV
-from keras_dp_tools.records.files import (
+from keras_dp_tools.records.writer import (
     SCHEMA_VERSION,
     RecordTemplate,
     RecordWriter,

@@ -3,7 +3,7 @@ store them (with these types), ``Report.steps`` / ``.replicas`` show them, and t
 TensorBoard tags name them; and the fields of the monitor's and the batching check's
 records as ``Report`` reads them. Standard library only, so every layer may import it.
 
-Types are Python's (``int``, ``float``, ``str``); ``keras_dp_tools.records.files`` maps them
+Types are Python's (``int``, ``float``, ``str``); ``keras_dp_tools.records.fields`` maps them
 to Arrow types. Order is the order of the frames' columns.
 """
 

@@ -21,7 +21,7 @@ from keras_dp_tools.analysis import utilization
 from keras_dp_tools.analysis.workers import RESTART_COLUMNS, WORKER_COLUMNS, WORKER_STEP_COLUMNS
 from keras_dp_tools.common.findings import Finding
 from keras_dp_tools.records import columns as schema
-from keras_dp_tools.records.files import find_record_files
+from keras_dp_tools.records.reader import find_record_files
 from keras_dp_tools.report.export import write_frames
 from keras_dp_tools.report.text import report_text
 

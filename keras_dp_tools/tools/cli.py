@@ -472,7 +472,7 @@ def _recorded_facts(source: Path) -> dict:
     (``RunFacts.from_record``). Records written before the window held them all give
     the byte fields only: the run's header gives its devices and replicas."""
     from keras_dp_tools.records.facts import RECORD_FIELDS, RunFacts
-    from keras_dp_tools.records.files import find_record_files, read_records_by_type
+    from keras_dp_tools.records.reader import find_record_files, read_records_by_type
 
     if not source.is_dir():
         return {}

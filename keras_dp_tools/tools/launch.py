@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from keras_dp_tools.records.contract import LOG_DIR_ENV, RUN_ID_ENV
-from keras_dp_tools.records.files import LAUNCHER_RECORDS, RecordWriter, records_dir
+from keras_dp_tools.records.writer import LAUNCHER_RECORDS, RecordWriter, records_dir
 
 DEFAULT_PORT = 2222  # for --host-list entries without a port (TensorFlow's usual one)
 LOCAL_NAMES = {"localhost", "127.0.0.1", "::1"}

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from keras_dp_tools.records.files import SCHEMA_VERSION, RecordWriter, worker_records_path
+from keras_dp_tools.records.writer import SCHEMA_VERSION, RecordWriter, worker_records_path
 
 
 def header(run="r1", worker=0, **fields) -> dict:

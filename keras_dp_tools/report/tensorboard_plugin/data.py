@@ -39,7 +39,7 @@ _SVG_LOCK = threading.Lock()
 
 
 def _files_key(log_dir: Path) -> tuple:
-    from keras_dp_tools.records.files import find_record_files
+    from keras_dp_tools.records.reader import find_record_files
 
     try:
         files = find_record_files(log_dir)
