@@ -13,6 +13,7 @@ from tests.helpers.recorded_runs import (
     INPUT_BOUND,
     SPARSE,
     WAITING,
+    write_records,
     write_run,
     write_scaling_runs,
 )
@@ -64,6 +65,33 @@ def test_waiting_and_a_straggler(tmp_path):
     write_run(tmp_path, breakdown=WAITING, stragglers=[2, 2, 2, 1, 2])
     found = titles(kdt.Report.load(tmp_path))
     assert found == ["Replicas wait for each other at the all-reduce", "Replica 2 is a straggler"]
+
+
+def cpu_samples(busy_percent, cores=2, run="r1"):
+    """Host CPU readings of a CPU-only run (no GPU records), every 0.1 s."""
+    return [
+        {"type": "cpu_sample", "run": run, "worker": 0, "time": 1000.0 + 0.1 * k,
+         "process_cpu_percent": busy_percent * cores, "system_cpu_percent": busy_percent,
+         "cpu_count": cores}
+        for k in range(20)
+    ]  # fmt: skip
+
+
+def test_waits_on_saturated_cpu_cores_are_graded_as_contention(tmp_path):
+    # The demo's case: replicas on logical CPU devices wait because they share the cores.
+    path = write_run(tmp_path / "shared", breakdown=WAITING, stragglers=[2, 2, 2, 1, 2])
+    write_records(path, cpu_samples(busy_percent=95.0))
+    advice = {item.code: item for item in kdt.Report.load(tmp_path / "shared").advice()}
+    assert advice["cpu-saturated"].severity == "info"
+    for code in ("replica-wait", "replica-straggler"):
+        assert advice[code].severity == "info", code
+        assert "competing for the same cores" in advice[code].evidence
+    assert not [item for item in advice.values() if item.severity == "error"]
+    # The same waits with idle cores are an imbalance: still an error.
+    path = write_run(tmp_path / "idle", breakdown=WAITING, stragglers=[2, 2, 2, 1, 2])
+    write_records(path, cpu_samples(busy_percent=20.0))
+    advice = {item.code: item for item in kdt.Report.load(tmp_path / "idle").advice()}
+    assert "cpu-saturated" not in advice and advice["replica-wait"].severity == "error"
 
 
 def test_input_bound_run(tmp_path):

@@ -441,6 +441,20 @@ def _workers(report) -> list[Finding]:
     return [Advice("high", title, evidence, fixes[found["why"]], code="worker-straggler")]
 
 
+# What replicas that share saturated CPU cores show as waits and gaps: contention for
+# the cores, graded as what it is rather than as a problem of balance or of the host.
+_CONTENTION_CODES = ("replica-wait", "replica-straggler", "other-time")
+
+
+def _as_contention(finding: Finding) -> Finding:
+    return replace(
+        finding,
+        severity=Severity.INFO,
+        evidence=f"{finding.evidence} The CPU is saturated on this run, so this measures "
+        "replicas competing for the same cores (see the CPU finding), not imbalance.",
+    )
+
+
 def _run_advice(report) -> list[Finding]:
     profiled = _profiled(report)
     advice = []
@@ -448,7 +462,12 @@ def _run_advice(report) -> list[Finding]:
         advice += _communication(profiled, report) + _embeddings(profiled, report)
         advice += _waiting(profiled, report) + _input(profiled) + _other(profiled)
     advice += _workers(report)
-    return advice + _gpu(report) + _cpu(report) + _batching(report) + _steps(report)
+    cpu = _cpu(report)
+    if cpu:  # replicas on CPU devices with the cores saturated
+        advice = [
+            _as_contention(item) if item.code in _CONTENTION_CODES else item for item in advice
+        ]
+    return advice + _gpu(report) + cpu + _batching(report) + _steps(report)
 
 
 def advise(frames, scaling: pd.DataFrame | None = None) -> list[Finding]:
