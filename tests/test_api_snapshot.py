@@ -1,5 +1,6 @@
-"""The public names and the records format, compared with a snapshot taken at commit
-1335bc1: a rename, a dropped name or field, or a field whose type changed fails here.
+"""The public names and the records format, compared with a snapshot taken before the
+package became layers (commit 2efc041; checked field by field there): a rename, a
+dropped name or field, or a field whose type changed fails here.
 
 The snapshot is the record of the format: a new name or field is allowed, and this test
 then says which line to add below, so that the next change is measured against it.

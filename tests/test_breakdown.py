@@ -260,3 +260,5 @@ def test_the_older_fact_keywords_name_the_same_facts(builder):
     assert old["busbw_gbps"].tolist() == new["busbw_gbps"].tolist()
     with pytest.raises(TypeError, match="no run fact is called 'replica_count'"):
         analyze_xspace(cpu_trace(builder).space, replica_count=2)
+    with pytest.raises(TypeError, match="group_size and replicas_in_sync name the same fact"):
+        analyze_xspace(cpu_trace(builder).space, group_size=4, replicas_in_sync=2)

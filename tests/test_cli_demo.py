@@ -90,7 +90,7 @@ def test_importing_the_package_does_not_import_tensorflow():
 def test_the_demo_names_the_notebook_that_is_there(demo_run):
     _, result = demo_run
     named = re.search(r"notebook: (\S+)", result.stdout).group(1)
-    assert Path(named) == REPO / "notebooks" / "report.ipynb"
+    assert Path(named) == REPO / "notebooks" / "report.ipynb" and Path(named).is_file()
 
 
 def test_notebook_runs_on_the_demo_output(demo_run):

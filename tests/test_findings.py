@@ -24,6 +24,11 @@ def test_every_producer_gives_the_one_type():
         assert isinstance(finding, kdt.Finding)
         assert dataclasses.fields(finding) == dataclasses.fields(kdt.Finding)
     assert isinstance(advice, kdt.Advice) and isinstance(violation, kdt.LintViolation)
+    # The old names build the one type by keyword as well (dataclasses.replace does).
+    quieter = dataclasses.replace(advice, severity="info")
+    assert type(quieter) is kdt.Advice and str(quieter).startswith("[info] Title")
+    moved = dataclasses.replace(violation, line=7)
+    assert (moved.line, moved.col, moved.code, moved.severity) == (7, 24, "KDP001", "error")
     assert (advice.severity, advice.title, advice.message) == ("error", "Title", "Title")
     assert (violation.severity, violation.line, violation.col) == ("error", 3, 24)
     assert (batching.severity, batching.code) == ("warning", "unknown-batch")
@@ -86,6 +91,10 @@ def test_gpu_notes_are_findings_and_gpu_findings_keeps_their_text():
     assert "NVML utilization 90% but SM activity 20%" in finding.evidence
     report = kdt.Report(pd.DataFrame(columns=["run"]), pd.DataFrame(), gpu=polled)
     assert report.gpu_findings() == [finding.evidence]
+    # SM activity at least half the utilization, or a GPU hardly used: nothing to say.
+    for util, sm_activity in ((90.0, 50.0), (25.0, 5.0)):
+        readings = polled.assign(util_gpu=util, sm_activity=sm_activity)
+        assert misleading_utilization(readings) == [], (util, sm_activity)
 
 
 def test_the_runner_advises_on_the_run_from_its_offset(tmp_path):
@@ -98,3 +107,6 @@ def test_the_runner_advises_on_the_run_from_its_offset(tmp_path):
     assert second == "No findings: nothing stands out in the recorded numbers."
     first = run_advice_markdown([(path, 0)], "first")
     assert first.startswith("- **error: Communication-bound")
+    # Read from the offset, the first run's lines are not there at all.
+    unread = run_advice_markdown([(path, offset)], "first")
+    assert unread == "No findings: nothing stands out in the recorded numbers."

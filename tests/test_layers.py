@@ -166,3 +166,23 @@ def test_no_private_name_is_imported_from_another_module():
                     if alias.name.startswith("_") and not alias.name.startswith("__")
                 ]
     assert found == []
+
+
+def test_no_layer_reaches_around_the_layers_through_the_package_root():
+    # ``from keras_dp_tools import Report`` inside a lower layer would pull the report in
+    # through the public names; only the version may come from the root. Relative
+    # imports are not read by these tests, so there must be none.
+    found = []
+    for name, path in MODULES.items():
+        if name in ENTRY:
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.ImportFrom) and node.level > 0:
+                found.append(f"{name}: relative import")
+            elif isinstance(node, ast.ImportFrom) and node.module == "keras_dp_tools":
+                found += [
+                    f"{name}: keras_dp_tools.{alias.name}"
+                    for alias in node.names
+                    if alias.name != "__version__" and f"keras_dp_tools.{alias.name}" not in MODULES
+                ]
+    assert found == []

@@ -223,8 +223,13 @@ def test_writing_records_loads_neither_pandas_nor_arrow():
     import sys
 
     code = (
-        "import sys\n"
-        "import keras_dp_tools.records.writer, keras_dp_tools.capture.recorder\n"
+        "import sys, tempfile\n"
+        "import keras_dp_tools.capture.recorder\n"
+        "from keras_dp_tools.records.writer import RecordWriter, worker_records_path\n"
+        "writer = RecordWriter(worker_records_path(tempfile.mkdtemp(), 0))\n"
+        "writer.write({'type': 'header', 'schema': 1, 'run': 'r', 'worker': 0})\n"
+        "writer.write({'type': 'step', 'run': 'r', 'worker': 0, 'step': 1, 'step_ms': 9.5})\n"
+        "writer.close()\n"
         "print(sorted({'pandas', 'pyarrow'} & set(sys.modules)))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -188,8 +188,14 @@ def _keyword_facts(keywords: Mapping) -> RunFacts:
     name, under their own names or the older ones.
 
     Raises:
-        TypeError: a keyword that is no fact of ``RunFacts`` (named in the message).
+        TypeError: a keyword that is no fact of ``RunFacts``, or an old and a new name of
+            one fact both given (named in the message).
     """
+    both = [
+        f"{old} and {new}" for old, new in _OLD_FACT_NAMES.items() if {old, new} <= set(keywords)
+    ]
+    if both:
+        raise TypeError(f"{'; '.join(both)} name the same fact: give one of them")
     named = {_OLD_FACT_NAMES.get(name, name): value for name, value in keywords.items()}
     known = {fact.name for fact in dataclasses.fields(RunFacts)}
     unknown = sorted(set(named) - known)

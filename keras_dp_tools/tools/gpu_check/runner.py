@@ -3,6 +3,7 @@ its own timeout, so one hang costs only its own time and the next step still run
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import signal
@@ -29,17 +30,16 @@ def step_environment(step: Step) -> dict[str, str]:
 
 
 def _stop(process: subprocess.Popen) -> None:
-    """TERM, then KILL, the step's whole process group (its own children too)."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            process.wait(timeout=_KILL_GRACE_S)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    """TERM, then KILL, the step's whole process group (its own children too). The KILL
+    goes to the group even when the step itself ended on TERM: a child that ignores TERM
+    (TensorFlow, pytest) must not outlive its step."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        process.wait(timeout=_KILL_GRACE_S)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
 
 
 def run_step(step: Step, out: Path, timeout_s: float, python: str, dry: bool = False) -> dict:
