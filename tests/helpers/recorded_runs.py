@@ -43,6 +43,16 @@ def write_records(path, records) -> Path:
     return Path(path)
 
 
+def write_gpu_samples(writer, common: dict, times, gpu_util: float) -> None:
+    """Polled NVML readings of two GPUs at ``gpu_util`` percent, one pair per time."""
+    for time in times:
+        for gpu in (0, 1):
+            writer.write(
+                {"type": "gpu_sample", **common, "gpu": gpu, "sampling": "poll", "time": time,
+                 "util_gpu": gpu_util}
+            )  # fmt: skip
+
+
 def step_durations(step_ms, steps: int | None) -> list[float]:
     """``step_ms`` as one duration per step: a number for every step, a sequence (its
     length the number of steps), or a function of the step number."""
@@ -159,18 +169,8 @@ def write_run(
                 }
             )
     if gpu_util is not None:
-        for index in range(steps + 1):
-            for gpu in (0, 1):
-                writer.write(
-                    {
-                        "type": "gpu_sample",
-                        **common,
-                        "gpu": gpu,
-                        "sampling": "poll",
-                        "time": start + index * step_ms / 1e3,
-                        "util_gpu": gpu_util,
-                    }
-                )
+        times = [start + index * step_ms / 1e3 for index in range(steps + 1)]
+        write_gpu_samples(writer, common, times, gpu_util)
     for severity, code in batching:
         writer.write(
             {
@@ -433,16 +433,5 @@ def write_windowed_multiworker_run(
                         }
                     )
         if gpu_util is not None:
-            for step in range(steps + 1):
-                for gpu in (0, 1):
-                    writer.write(
-                        {
-                            "type": "gpu_sample",
-                            **common,
-                            "gpu": gpu,
-                            "sampling": "poll",
-                            "time": began[step],
-                            "util_gpu": gpu_util,
-                        }
-                    )
+            write_gpu_samples(writer, common, [began[step] for step in range(steps + 1)], gpu_util)
         writer.close()
