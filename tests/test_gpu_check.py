@@ -4,7 +4,6 @@ timeouts, and the report writer on recorded step results (tests/fixtures/gpu_che
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,22 +17,16 @@ from keras_dp_tools.tools.gpu_check.report import render, step_status, write_rep
 from keras_dp_tools.tools.gpu_check.results import read_result, verdict
 from keras_dp_tools.tools.gpu_check.runner import run_all
 from keras_dp_tools.tools.gpu_check.steps import STEPS, Step
+from tests.helpers import REPO
+from tests.helpers.processes import run_module
 
-REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "gpu_check"
 MACHINE = {"host": "test", "GPUs": "NVIDIA H200 (recorded)"}
 
 
 def _check(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, HIDE_GPUS_ENV: "1", "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, "-m", "keras_dp_tools.tools.gpu_check", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=timeout,
-    )
+    env = {HIDE_GPUS_ENV: "1", "PYTHONPATH": str(REPO)}
+    return run_module("keras_dp_tools.tools.gpu_check", *args, env=env, timeout=timeout)
 
 
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(tmp_path):

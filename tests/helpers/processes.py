@@ -14,8 +14,13 @@ from tests.helpers import REPO
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 300):
     """Runs ``python -m keras_dp_tools ARGS`` in a fresh process (own TF devices)."""
+    return run_module("keras_dp_tools", *args, env=env, timeout=timeout)
+
+
+def run_module(module: str, *args: str, env: dict | None = None, timeout: float = 300):
+    """Runs ``python -m MODULE ARGS`` from the repository, ``env`` over this one's."""
     return subprocess.run(
-        [sys.executable, "-m", "keras_dp_tools", *args],
+        [sys.executable, "-m", module, *args],
         capture_output=True,
         text=True,
         timeout=timeout,
