@@ -11,18 +11,7 @@ import pytest
 
 import keras_dp_tools as kdt
 from keras_dp_tools.tools.launch import free_ports
-from tests.helpers import REPO
-
-JOB = str(REPO / "tests" / "jobs" / "train_job.py")
-
-
-def launch_job(log_dir, *job_args, launch_args=(), timeout=300):
-    command = [sys.executable, "-m", "keras_dp_tools", "launch", "--workers", "2"]
-    command += [*launch_args, "--log-dir", str(log_dir), "--"]
-    command += [sys.executable, JOB, str(log_dir), *job_args]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONFAULTHANDLER": "1"}
-    env.pop("KERAS_DP_RUN_ID", None)
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+from tests.helpers.processes import TRAIN_JOB, launch_job
 
 
 @pytest.mark.slow
@@ -83,7 +72,7 @@ def test_a_keras3_model_under_multiworker_strategy_is_explained_once_before_trai
     config = '{"cluster": {"worker": ["localhost:%d"]}, "task": {"type": "worker", "index": 0}}'
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": config % free_ports(1)[0]}
     result = subprocess.run(
-        [sys.executable, JOB, str(tmp_path), "--keras", "keras", "--epochs", "1"],
+        [sys.executable, TRAIN_JOB, str(tmp_path), "--keras", "keras", "--epochs", "1"],
         env=env,
         capture_output=True,
         text=True,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, fields, replace
 
 import pandas as pd
 
+from keras_dp_tools.analysis.workers import measured_step_times
 from keras_dp_tools.common.findings import Advice, Finding
 from keras_dp_tools.common.severity import Severity
 
@@ -310,18 +311,20 @@ def _batching(report) -> list[Finding]:
 
 
 def _steps(report) -> list[Finding]:
-    steps = report.steps
-    steps = steps[~steps["warmup"].fillna(False).astype(bool) & ~steps["profiled"].astype(bool)]
-    if len(steps) < 10:
+    # A multi-worker run's steps at the job's pace: its workers' own times inside the
+    # train call differ (short on the worker the others wait for), a mix that varies.
+    times = measured_step_times(report.steps)["step_ms"]
+    if len(times) < 10:
         return []
-    median, p90 = steps["step_ms"].median(), steps["step_ms"].quantile(0.9)
+    median, p90 = times.median(), times.quantile(0.9)
     if not p90 > JITTER_RATIO * median:
         return []
+    whose = "job " if report.steps["worker"].nunique() > 1 else ""
     return [
         Advice(
             "info",
             "Step times vary a lot",
-            f"p90 step time {p90:.1f} ms is {p90 / median:.1f}x the median {median:.1f} ms.",
+            f"p90 {whose}step time {p90:.1f} ms is {p90 / median:.1f}x the median {median:.1f} ms.",
             "Look for periodic host work (checkpoints, logging, evaluation), input "
             "stalls, or other processes sharing the machine (Report.cpu).",
             code="step-jitter",
@@ -410,7 +413,9 @@ def _workers(report) -> list[Finding]:
     if found is None:
         return []
     steps = report.steps[~report.steps["warmup"].astype("boolean").fillna(False)]
-    share = found["others_wait_ms"] / steps["step_ms"].median()
+    # Over the job's step time (each step once), profiled steps too: a short run may
+    # have few undisturbed ones.
+    share = found["others_wait_ms"] / measured_step_times(steps, disturbed=True)["step_ms"].median()
     timed = steps.dropna(subset=["worker_wait_ms"])["step"].nunique()
     # The wait must stand out of the clocks' disagreement, over enough steps.
     clear = found["others_wait_ms"] > 3 * found["clock_residual_ms"]
@@ -432,7 +437,7 @@ def _workers(report) -> list[Finding]:
     evidence = (
         f"worker {worker} entered the step last in {found['last_share']:.0%} of the steps; "
         f"the other workers waited a median {found['others_wait_ms']:.1f} ms per step for it "
-        f"({share:.0%} of the step); clocks aligned at the step ends within "
+        f"({share:.0%} of the job's step time); clocks aligned at the step ends within "
         f"{found['clock_residual_ms']:.2f} ms"
         + (f"; {found['detail']}" if found["detail"] else "")
         + "."

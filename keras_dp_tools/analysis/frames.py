@@ -145,6 +145,7 @@ def report_frames(records: Mapping[str, pd.DataFrame]) -> dict:
     steps = worker_analysis.assign_attempts(steps, starts)
     sync = worker_analysis.cross_worker_sync(steps)
     steps = worker_analysis.with_worker_wait(steps, sync)
+    steps = worker_analysis.with_job_step_ms(steps)
     fit_ends = of_type(records, "fit_end", ["run", "worker", "time", "step", "status"])
     exits = of_type(records, "worker_exit", ["run", "worker", "time", "exit_code", "reason"])
     return {

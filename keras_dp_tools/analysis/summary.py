@@ -7,20 +7,27 @@ from __future__ import annotations
 import pandas as pd
 
 from keras_dp_tools.analysis.advice import AdvisorFrames, advise
+from keras_dp_tools.analysis.workers import measured_step_times, multi_worker_runs
 from keras_dp_tools.common.findings import Finding
 from keras_dp_tools.records import columns as schema
 
 
 def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     """One row per run (see ``Report.summary``); ``advice`` adds the titles of each
-    run's findings."""
+    run's findings.
+
+    The step times (``median_step_ms``, ``p90_step_ms``, ``examples_per_s``,
+    ``measured_steps``) are ``analysis.workers.measured_step_times``: in a multi-worker
+    run the job's step time, each step once; ``step_time_from`` names the column of
+    ``Report.steps`` they come from (``job_step_ms`` or ``step_ms``)."""
     runs, steps = frames.runs, frames.steps
     if steps.empty:
         return pd.DataFrame(columns=["start", "workers", "replicas", "steps"])
+    multi_worker = multi_worker_runs(steps)
+    measured = measured_step_times(steps)
     steps = steps[~steps["warmup"].fillna(False).astype(bool)]
     steps = steps[~steps["redone"].astype(bool)]  # a restart ran them again: count once
     grouped = steps.groupby("run", sort=False)
-    measured = steps[~steps["profiled"]]
     timed = measured.groupby("run", sort=False)
     analysed = steps[steps["trace_step_ms"].notna()]
 
@@ -28,17 +35,21 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
         per_worker = frame["steps"].fillna(1).groupby([frame["run"], frame["worker"]]).sum()
         return per_worker.groupby("run").max().reindex(grouped.size().index, fill_value=0)
 
+    step_time_from = pd.Series("step_ms", index=grouped.size().index)
+    step_time_from[step_time_from.index.isin(multi_worker)] = "job_step_ms"
+
     summary = pd.DataFrame(
         {
             "workers": grouped["worker"].nunique(),
             "replicas": grouped["replicas"].first(),
             "global_batch": grouped["global_batch"].first(),
             "steps": count(steps),
-            "measured_steps": count(measured),
+            "measured_steps": timed["steps"].sum().reindex(step_time_from.index, fill_value=0),
             "breakdown_steps": count(analysed),
             "median_step_ms": timed["step_ms"].median(),
             "p90_step_ms": timed["step_ms"].quantile(0.9),
             "examples_per_s": timed["examples_per_s"].median(),
+            "step_time_from": step_time_from,
             **{name: grouped[name].median() for name in schema.HEADLINE_COLUMNS},
             "gpu_util": grouped["gpu_util_mean"].mean(),
         }

@@ -12,6 +12,12 @@ the others waiting in the all-reduce for the difference (``worker_wait_ms``).
 What the host timestamps cannot see: a worker that entered on time but was slow
 inside the train call (its input pipeline or compute) delays the others just as much,
 yet all workers enter and leave together. Only a profiler trace of that worker shows it.
+
+A worker's ``step_ms`` is its own time inside the train call: a worker slow *between*
+calls shows a short one, the workers waiting for it a long one. The job advances once
+per step of its slowest worker: ``job_step_ms`` is that step time, from one shared step
+end to the next (``job_step_times``), and ``measured_step_times`` says which step time a
+run's statistics read.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ WORKER_STEP_COLUMNS = [
     "redone",  # a later attempt ran this step again (it resumed from an earlier checkpoint)
     "worker_wait_ms",  # multi-worker: waited for the last worker to enter the step
     "last_worker",  # multi-worker: the worker that entered the step last
+    "job_step_ms",  # multi-worker: the job's step time, shared step end to the next
 ]
 WORKER_COLUMNS = [
     "run",
@@ -53,6 +60,10 @@ RESTART_COLUMNS = [
     "previous_last_step",
     "redone_steps",
 ]
+# job_step_times: one row per run and step of a multi-worker run.
+JOB_STEP_COLUMNS = ["run", "step", "job_step_ms"]
+# measured_step_times: the steps behind a run's step-time statistics.
+MEASURED_STEP_COLUMNS = ["run", "step", "steps", "step_ms", "examples_per_s"]
 SYNC_COLUMNS = [
     "run",
     "worker",
@@ -209,16 +220,23 @@ def _usable(steps: pd.DataFrame) -> pd.DataFrame:
     return steps.drop_duplicates(["worker", "step"], keep="last")
 
 
-def _run_sync(run: str, steps: pd.DataFrame) -> pd.DataFrame:
-    steps = _usable(steps)
+def _on_worker_clocks(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Of one run's usable steps that every worker recorded, by step (rows) and worker
+    (columns): when each worker entered the train call and left it, in ms on its own
+    clock, and how far each worker's step end is from the first worker's (``skew``: its
+    median over steps is the worker's clock offset)."""
     start = steps.pivot(index="step", columns="worker", values="time") * 1e3  # ms
     duration = steps.pivot(index="step", columns="worker", values="step_ms") * steps.pivot(
         index="step", columns="worker", values="steps"
     ).astype("float64")
     start = start.dropna()  # steps every worker recorded
     end = start + duration.reindex_like(start)
-    reference = end.columns[0]
-    skew = end.sub(end[reference], axis=0)
+    skew = end.sub(end.iloc[:, 0], axis=0) if len(end.columns) else end
+    return start, end, skew
+
+
+def _run_sync(run: str, steps: pd.DataFrame) -> pd.DataFrame:
+    start, _, skew = _on_worker_clocks(_usable(steps))
     offset = skew.median()
     residual = skew.sub(offset, axis=1).abs().median()  # per worker, ms
     aligned = start - offset
@@ -231,6 +249,179 @@ def _run_sync(run: str, steps: pd.DataFrame) -> pd.DataFrame:
     rows["clock_offset_ms"] = rows["worker"].map(offset)
     rows["clock_residual_ms"] = rows["worker"].map(residual)
     return rows
+
+
+def job_step_times(steps: pd.DataFrame) -> pd.DataFrame:
+    """Per run and step of multi-worker runs: the job's step time, ``job_step_ms``.
+
+    All workers leave a step's all-reduce together, so the end of a step is one instant
+    for the whole job, and from one step's end to the next the job ran one train call,
+    however long any worker took before it (callbacks, Python-side work) or inside it.
+    ``job_step_ms`` is that interval divided by the steps the call ran
+    (``steps_per_execution``). It covers the host work before the call and the call.
+
+    Why the step ends rather than the starts (the last worker to enter): the ends are the
+    event the clocks are aligned on (``cross_worker_sync``), so the end of a step is read
+    on every worker's clock, aligned, and the median taken; a constant clock offset
+    cancels in the difference of two ends. The last entry is one worker's reading, with
+    that worker's alignment error in it.
+
+    Left out (no row): warm-up calls and redone steps (a later attempt ran them again),
+    steps some worker did not record, and a step whose previous call is not the one just
+    before it in the same epoch and attempt on every worker: after a missing step or an
+    epoch boundary (epoch-end callbacks and validation are not step time; a worker's own
+    ``step_ms`` leaves them out as well).
+
+    Args:
+        steps: ``Report.steps``; reads ``run, worker, epoch, step, steps, time,
+            step_ms, warmup``, and ``attempt`` and ``redone`` where present.
+
+    Returns:
+        A DataFrame with ``JOB_STEP_COLUMNS`` (``job_step_ms`` in ms per step), by
+        step within each run; empty when no run has two workers.
+
+    Example:
+
+    ```python
+    import keras_dp_tools as kdt
+    from keras_dp_tools.analysis.workers import job_step_times
+
+    report = kdt.Report.load("runs/two_workers")
+    print(job_step_times(report.steps)["job_step_ms"].median())
+    ```
+    """
+    if steps["worker"].nunique() < 2:  # no run has two workers: skip the grouping
+        return pd.DataFrame(columns=JOB_STEP_COLUMNS)
+    frames = [
+        _run_job_steps(run, group)
+        for run, group in steps.groupby("run", sort=False)
+        if group["worker"].nunique() >= 2
+    ]
+    frames = [frame for frame in frames if not frame.empty]
+    if not frames:
+        return pd.DataFrame(columns=JOB_STEP_COLUMNS)
+    return pd.concat(frames, ignore_index=True)[JOB_STEP_COLUMNS]
+
+
+def _run_job_steps(run: str, steps: pd.DataFrame) -> pd.DataFrame:
+    usable = _usable(steps)
+    _, end, skew = _on_worker_clocks(usable)
+    if end.shape[1] < 2 or len(end) < 2:  # no two steps every worker recorded
+        return pd.DataFrame(columns=JOB_STEP_COLUMNS)
+    shared_end = end.sub(skew.median(), axis=1).median(axis=1)  # ms, on worker 0's clock
+
+    def by_step(column: str) -> pd.DataFrame:
+        table = usable.pivot(index="step", columns="worker", values=column)
+        return table.reindex(index=end.index, columns=end.columns)
+
+    calls = by_step("steps").astype("float64")
+    step = pd.Series(end.index.to_numpy(dtype="float64"), index=end.index)
+    # Every worker's previous call ran the steps just before this one...
+    follows = calls.shift(1).add(step.shift(1), axis=0).eq(step, axis=0).all(axis=1)
+    follows &= calls.nunique(axis=1).eq(1)
+    # ... in the same epoch and process (NaN compares unequal: left out).
+    for name in ("epoch", "attempt"):
+        if name in usable:
+            within = by_step(name)
+            follows &= within.eq(within.shift(1)).all(axis=1)
+    job_step_ms = (shared_end.diff() / calls.iloc[:, 0]).where(follows).dropna()
+    return pd.DataFrame(
+        {
+            "run": run,
+            "step": job_step_ms.index.to_numpy(),
+            "job_step_ms": job_step_ms.to_numpy(dtype="float64"),
+        }
+    )
+
+
+def with_job_step_ms(steps: pd.DataFrame) -> pd.DataFrame:
+    """Adds ``job_step_ms`` (``job_step_times``) to every worker's row of the step;
+    NaN in single-worker runs and where the job's step time is left out."""
+    job = job_step_times(steps)
+    steps = steps.drop(columns="job_step_ms", errors="ignore")
+    if job.empty:
+        return steps.assign(job_step_ms=float("nan"))
+    job = job.astype({"step": steps["step"].dtype})
+    steps = steps.merge(job, on=["run", "step"], how="left")
+    if "redone" in steps:  # the step's time is the attempt's that ran it last
+        steps["job_step_ms"] = steps["job_step_ms"].where(~steps["redone"].astype(bool))
+    return steps
+
+
+def multi_worker_runs(steps: pd.DataFrame) -> pd.Index:
+    """The runs of ``Report.steps`` with step records of two workers or more."""
+    workers = steps.groupby("run", sort=False)["worker"].nunique()
+    return workers.index[workers >= 2]
+
+
+def measured_step_times(steps: pd.DataFrame, disturbed: bool = False) -> pd.DataFrame:
+    """The step times a run's statistics read: ``Report.summary()``'s
+    ``median_step_ms``, ``p90_step_ms`` and ``examples_per_s``, and the advisor's
+    "Step times vary a lot" and the straggling worker's share of the step.
+
+    A single-worker run: each step record's ``step_ms`` and ``examples_per_s`` (its
+    time inside the train call). A multi-worker run: each step once, at the job's pace
+    (``job_step_ms``, and ``global_batch`` over it); a worker's own ``step_ms`` there is
+    short on the worker the others wait for, and long on the others. Warm-up and redone
+    steps are left out, and so are steps a profiler disturbed: the step's ``profiled``
+    rows, in a multi-worker run those of any worker in the step or the call before it
+    (the job's step runs from that call's end, and a profiler stops in the hooks after
+    it).
+
+    Args:
+        steps: ``Report.steps`` (or one run's part of it).
+        disturbed: keep the steps a profiler disturbed too.
+
+    Returns:
+        A DataFrame with ``MEASURED_STEP_COLUMNS``: one row per step record, or per
+        step of a multi-worker run; ``step_ms`` in ms per step.
+
+    Example:
+
+    ```python
+    import keras_dp_tools as kdt
+    from keras_dp_tools.analysis.workers import measured_step_times
+
+    report = kdt.Report.load("runs/two_workers")
+    print(measured_step_times(report.steps).groupby("run")["step_ms"].median())
+    ```
+    """
+    runs = multi_worker_runs(steps)
+    steps = steps[~_warmup(steps)]
+    if "redone" in steps:
+        steps = steps[~steps["redone"].astype(bool)]
+    multi = steps["run"].isin(runs)
+    single = steps[~multi]
+    if not disturbed:
+        single = single[~single["profiled"].astype(bool)]
+    parts = [single.assign(steps=single["steps"].fillna(1))[MEASURED_STEP_COLUMNS]]
+    if multi.any():
+        rows = steps[multi]
+        if "job_step_ms" not in rows:  # frames made without with_job_step_ms
+            rows = rows.assign(job_step_ms=float("nan"))
+        by_step = rows.groupby(["run", "step"]).agg(
+            steps=("steps", "first"),
+            job_step_ms=("job_step_ms", "first"),
+            global_batch=("global_batch", "first"),
+            profiled=("profiled", "any"),
+        )
+        if not disturbed:
+            before = by_step["profiled"].groupby(level="run").shift(1, fill_value=False)
+            by_step = by_step[~(by_step["profiled"] | before.astype(bool))]
+        by_step = by_step.dropna(subset=["job_step_ms"]).reset_index()
+        job = by_step.assign(
+            steps=by_step["steps"].fillna(1),
+            step_ms=by_step["job_step_ms"],
+            examples_per_s=by_step["global_batch"] / by_step["job_step_ms"] * 1e3,
+        )
+        parts.append(job[MEASURED_STEP_COLUMNS])
+    parts = [part for part in parts if not part.empty]
+    measured = (
+        pd.concat(parts, ignore_index=True)
+        if parts
+        else pd.DataFrame(columns=MEASURED_STEP_COLUMNS)
+    )
+    return measured.astype({"step_ms": "float64", "examples_per_s": "float64"})
 
 
 def worker_view(

@@ -11,6 +11,9 @@ import urllib.request
 
 from tests.helpers import REPO
 
+# The tiny training job of the fault and multi-worker tests (run as a script).
+TRAIN_JOB = str(REPO / "tests" / "jobs" / "train_job.py")
+
 
 def run_cli(*args: str, env: dict | None = None, timeout: float = 300):
     """Runs ``python -m keras_dp_tools ARGS`` in a fresh process (own TF devices)."""
@@ -27,6 +30,17 @@ def run_module(module: str, *args: str, env: dict | None = None, timeout: float 
         cwd=REPO,
         env={**os.environ, **(env or {})},
     )
+
+
+def launch_job(log_dir, *job_args, launch_args=(), timeout=300):
+    """Runs ``tests/jobs/train_job.py LOG_DIR JOB_ARGS`` on 2 workers under
+    ``keras-dp launch LAUNCH_ARGS --log-dir LOG_DIR`` (a fresh run id)."""
+    command = [sys.executable, "-m", "keras_dp_tools", "launch", "--workers", "2"]
+    command += [*launch_args, "--log-dir", str(log_dir), "--"]
+    command += [sys.executable, TRAIN_JOB, str(log_dir), *job_args]
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONFAULTHANDLER": "1"}
+    env.pop("KERAS_DP_RUN_ID", None)
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 def get_json(url: str, timeout: float = 30):

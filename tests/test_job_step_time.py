@@ -1,0 +1,191 @@
+"""The job's step time in multi-worker runs: each step once, at the pace of the job,
+not of the worker whose own time inside the train call is shortest or longest."""
+
+import pytest
+
+import keras_dp_tools as kdt
+from keras_dp_tools.analysis.workers import job_step_times
+from keras_dp_tools.records.writer import RecordWriter, worker_records_path
+from tests.helpers.processes import launch_job
+from tests.helpers.recorded_runs import header
+
+GAP_MS = 2.0  # every worker's host work between two train calls (callbacks)
+SLEEP_MS = 40.0  # worker 1's extra host work before each call
+OWN_MS = 10.0  # the work of one step inside the call, once every worker is in
+WARMUP_MS = 500.0  # the first call of the fit (tracing, compilation)
+VALIDATION_MS = 300.0  # between the epochs: epoch-end callbacks, validation
+CLOCKS_S = (0.0, 1000.0123)  # what each worker's clock reads when worker 0's reads 0
+GLOBAL_BATCH = 64
+
+
+def lockstep_run(
+    log_dir,
+    *,
+    sleep_ms=SLEEP_MS,
+    own_ms=lambda step: OWN_MS,
+    steps_per_call=1,
+    calls_per_epoch=12,
+    epochs=2,
+    lost=(),
+    window=None,
+    stop_ms=50.0,
+):
+    """Two workers' records of one run, made the way the job runs: worker w enters call
+    c when it is done with its host work after the previous call's end (``GAP_MS``, plus
+    ``sleep_ms`` on worker 1); the call ends for both when the last one is in and the
+    call's own work is done (``own_ms`` of each of its steps). Each worker records its
+    entry on its own clock (``CLOCKS_S``) and ``step_ms`` = its time in the call per
+    step. ``lost``: (worker, step) records not written. ``window``: worker 0 profiles
+    the calls of steps [first, end): they run 30 ms longer, and stopping the profiler
+    after the last takes worker 0 ``stop_ms`` before the next call."""
+    writers = [RecordWriter(worker_records_path(log_dir, worker)) for worker in (0, 1)]
+    for worker, writer in enumerate(writers):
+        writer.write(
+            {**header("job", worker), "time": 10.0 + CLOCKS_S[worker], "replicas": 2}
+            | {"workers": 2, "global_batch": GLOBAL_BATCH, "pid": worker, "hostname": "h"}
+        )
+    call_end = 100.0e3  # ms on worker 0's clock
+    step = 0
+    for epoch in range(epochs):
+        if epoch:
+            call_end += VALIDATION_MS
+        for _ in range(calls_per_epoch):
+            before = [GAP_MS, GAP_MS + sleep_ms]  # host work before this call
+            if window and step == window[1]:
+                before[0] += stop_ms
+            entry = [call_end + ms for ms in before]
+            own = sum(own_ms(s) for s in range(step, step + steps_per_call))
+            if step == 0:
+                own = WARMUP_MS
+            if window and window[0] <= step < window[1]:
+                own += 30.0
+            call_end = max(entry) + own
+            for worker, writer in enumerate(writers):
+                if (worker, step) in lost:
+                    continue
+                writer.write(
+                    {"type": "step", "run": "job", "worker": worker, "epoch": epoch}
+                    | {"step": step, "steps": steps_per_call, "warmup": step == 0}
+                    | {"time": (entry[worker] / 1e3 + CLOCKS_S[worker])}
+                    | {"step_ms": (call_end - entry[worker]) / steps_per_call}
+                )
+            step += steps_per_call
+    if window:
+        writers[0].write(
+            {"type": "window", "run": "job", "worker": 0, "time": 100.0, "window": 0}
+            | {"start_step": window[0], "end_step": window[1], "status": "analysed"}
+        )
+    for writer in writers:
+        writer.close()
+    return kdt.Report.load(log_dir)
+
+
+@pytest.mark.parametrize("steps_per_call", [1, 2])
+def test_the_job_steps_at_the_slow_workers_pace_and_each_worker_shows_its_own_call(
+    tmp_path, steps_per_call
+):
+    report = lockstep_run(tmp_path, steps_per_call=steps_per_call, lost={(1, 14)})
+
+    # By hand: a call starts when worker 1 is done with its 2 + 40 ms between calls and
+    # takes 10 ms per step; worker 0 is in 40 ms early and waits in the all-reduce.
+    cadence_ms = (GAP_MS + SLEEP_MS + OWN_MS * steps_per_call) / steps_per_call
+    own = report.steps.groupby("worker")["step_ms"].median()
+    assert own[0] == pytest.approx((SLEEP_MS + OWN_MS * steps_per_call) / steps_per_call)
+    assert own[1] == pytest.approx(OWN_MS)
+    job = job_step_times(report.steps)
+    assert job["job_step_ms"].to_numpy() == pytest.approx([cadence_ms] * len(job))
+    # Left out: the warm-up call and the call after it; step 14, which worker 1 did not
+    # record, and the call after it; the first call of epoch 1 (after validation).
+    k = steps_per_call
+    calls = [c * k for c in range(24)]
+    left_out = {0, k, 14, 14 + k, 12 * k}
+    assert job["step"].tolist() == [step for step in calls if step not in left_out]
+    # Every worker's row of the step has it.
+    both = report.steps.dropna(subset=["job_step_ms"]).groupby("worker")["step"].apply(list)
+    assert both[0] == both[1] == job["step"].tolist()
+
+    summary = report.summary().loc["job"]
+    assert summary["step_time_from"] == "job_step_ms"
+    assert summary["median_step_ms"] == pytest.approx(cadence_ms)
+    assert summary["p90_step_ms"] == pytest.approx(cadence_ms)
+    assert summary["examples_per_s"] == pytest.approx(GLOBAL_BATCH / cadence_ms * 1e3)
+    assert summary["measured_steps"] == len(job) * k  # each step once, not once per worker
+    assert report.compare().loc[0, "throughput"] == pytest.approx(GLOBAL_BATCH / cadence_ms * 1e3)
+    assert "Step times vary a lot" not in [item.title for item in report.advice()]
+
+
+def test_the_workers_own_step_times_mixed_would_have_looked_like_jitter(tmp_path):
+    # What the summary and the advice read before: both workers' step_ms in one pool,
+    # 50 ms and 10 ms; its p90 is over 1.5x its median. The job's steps do not vary.
+    report = lockstep_run(tmp_path)
+    steady = report.steps[~report.steps["warmup"]]["step_ms"]
+    assert steady.quantile(0.9) > 1.5 * steady.median()
+
+    assert report.summary().loc["job", "p90_step_ms"] == pytest.approx(GAP_MS + SLEEP_MS + OWN_MS)
+    assert "Step times vary a lot" not in report.summary().loc["job", "advice"]
+
+
+def test_steps_that_do_vary_in_the_job_get_the_advice(tmp_path):
+    # No slow worker; every 4th step does 8x the work on both.
+    report = lockstep_run(
+        tmp_path, sleep_ms=0.0, own_ms=lambda step: 80.0 if step % 4 == 0 else OWN_MS
+    )
+
+    summary = report.summary().loc["job"]
+    assert summary["median_step_ms"] == pytest.approx(GAP_MS + OWN_MS)
+    assert summary["p90_step_ms"] == pytest.approx(GAP_MS + 80.0)
+    advice = [item for item in report.advice() if item.title == "Step times vary a lot"]
+    assert len(advice) == 1
+    assert "p90 job step time" in advice[0].evidence
+
+
+def test_a_profiler_on_one_worker_leaves_its_steps_and_the_next_out_of_the_summary(tmp_path):
+    # Worker 0 profiles steps 15-16 (30 ms slower) and stops the profiler before step
+    # 17 (50 ms): the job's steps 15, 16 and 17 are disturbed.
+    report = lockstep_run(tmp_path, window=(15, 17))
+
+    job = job_step_times(report.steps).set_index("step")["job_step_ms"]
+    cadence_ms = GAP_MS + SLEEP_MS + OWN_MS
+    assert job[[15, 16]].tolist() == pytest.approx([cadence_ms + 30.0] * 2)
+    assert job[17] == pytest.approx(GAP_MS + 50.0 + OWN_MS)  # worker 0 entered last
+    summary = report.summary().loc["job"]
+    assert summary["p90_step_ms"] == pytest.approx(cadence_ms)
+    # Steps 2-11 and 13-23 have a job step time; 15, 16 and 17 are left out.
+    assert summary["measured_steps"] == 10 + 11 - 3
+
+
+def test_a_single_worker_run_keeps_its_own_step_times(tmp_path):
+    from tests.helpers.recorded_runs import write_run
+
+    write_run(tmp_path, step_ms=lambda step: 10.0 + step % 3)
+
+    report = kdt.Report.load(tmp_path)
+
+    assert report.steps["job_step_ms"].isna().all()
+    summary = report.summary().iloc[0]
+    assert summary["step_time_from"] == "step_ms"
+    assert summary["median_step_ms"] == 11.0
+
+
+@pytest.mark.slow
+def test_two_real_workers_step_at_the_pace_of_the_one_that_sleeps_between_calls(tmp_path):
+    # Worker 1 sleeps 40 ms in on_train_batch_begin, before our StepTimer starts the step.
+    result = launch_job(
+        tmp_path,
+        *("--slow-worker", "1", "--slow-ms", "40", "--epochs", "1", "--steps-per-epoch", "30"),
+    )
+    assert result.returncode == 0, result.stdout[-4000:]
+
+    report = kdt.Report.load(tmp_path)
+
+    job_ms = report.summary().loc[:, "median_step_ms"].iloc[0]
+    assert job_ms >= 40
+    # An independent measure of the fit's pace: the span of worker 1's own entries into
+    # the train call over the steps between them (one clock, no step ends, no median).
+    mine = report.steps[(report.steps["worker"] == 1) & ~report.steps["warmup"]]
+    span_ms = 1e3 * (mine["time"].iloc[-1] - mine["time"].iloc[0])
+    assert job_ms == pytest.approx(span_ms / (len(mine) - 1), rel=0.25)
+    assert mine["step_ms"].median() < 0.5 * job_ms  # its own calls are short
+    titles = [item.title for item in report.advice()]
+    assert "Step times vary a lot" not in titles, report.text()
+    print(report.text())
