@@ -444,6 +444,7 @@ _SUMMARY_FIELDS = {
     "median_step_ms": ("median step time (ms)", _number),
     "p90_step_ms": ("p90 step time (ms)", _number),
     "examples_per_s": ("throughput (examples/s)", _number),
+    "step_time_from": ("step times from (column of Report.steps)", str),
     "compute_ms": ("compute (ms)", _number),
     "allreduce_ms": ("all-reduce (ms)", _number),
     "gather_ms": ("all-gather of sparse gradients (ms)", _number),
