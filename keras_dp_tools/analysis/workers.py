@@ -349,8 +349,10 @@ def with_job_step_ms(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def multi_worker_runs(steps: pd.DataFrame) -> pd.Index:
-    """The runs of ``Report.steps`` with step records of two workers or more."""
-    workers = steps.groupby("run", sort=False)["worker"].nunique()
+    """The runs of ``Report.steps`` with timed step records (``step_ms``, StepTimer's)
+    of two workers or more."""
+    timed = steps[steps["step_ms"].notna()]
+    workers = timed.groupby("run", sort=False)["worker"].nunique()
     return workers.index[workers >= 2]
 
 
