@@ -29,6 +29,8 @@ def lockstep_run(
     lost=(),
     window=None,
     stop_ms=50.0,
+    first_step=0,
+    start_s=100.0,
 ):
     """Two workers' records of one run, made the way the job runs: worker w enters call
     c when it is done with its host work after the previous call's end (``GAP_MS``, plus
@@ -37,15 +39,18 @@ def lockstep_run(
     entry on its own clock (``CLOCKS_S``) and ``step_ms`` = its time in the call per
     step. ``lost``: (worker, step) records not written. ``window``: worker 0 profiles
     the calls of steps [first, end): they run 30 ms longer, and stopping the profiler
-    after the last takes worker 0 ``stop_ms`` before the next call."""
+    after the last takes worker 0 ``stop_ms`` before the next call. ``first_step`` and
+    ``start_s`` (on worker 0's clock): where a new process (a restart) starts; its
+    records are added to those already in ``log_dir``."""
     writers = [RecordWriter(worker_records_path(log_dir, worker)) for worker in (0, 1)]
     for worker, writer in enumerate(writers):
         writer.write(
-            {**header("job", worker), "time": 10.0 + CLOCKS_S[worker], "replicas": 2}
-            | {"workers": 2, "global_batch": GLOBAL_BATCH, "pid": worker, "hostname": "h"}
+            {**header("job", worker), "time": start_s - 1.0 + CLOCKS_S[worker]}
+            | {"replicas": 2, "workers": 2, "global_batch": GLOBAL_BATCH}
+            | {"pid": 10 * first_step + worker, "hostname": "h"}
         )
-    call_end = 100.0e3  # ms on worker 0's clock
-    step = 0
+    call_end = start_s * 1e3  # ms on worker 0's clock
+    step = first_step
     for epoch in range(epochs):
         if epoch:
             call_end += VALIDATION_MS
@@ -55,7 +60,7 @@ def lockstep_run(
                 before[0] += stop_ms
             entry = [call_end + ms for ms in before]
             own = sum(own_ms(s) for s in range(step, step + steps_per_call))
-            if step == 0:
+            if step == first_step:
                 own = WARMUP_MS
             if window and window[0] <= step < window[1]:
                 own += 30.0
@@ -65,7 +70,7 @@ def lockstep_run(
                     continue
                 writer.write(
                     {"type": "step", "run": "job", "worker": worker, "epoch": epoch}
-                    | {"step": step, "steps": steps_per_call, "warmup": step == 0}
+                    | {"step": step, "steps": steps_per_call, "warmup": step == first_step}
                     | {"time": (entry[worker] / 1e3 + CLOCKS_S[worker])}
                     | {"step_ms": (call_end - entry[worker]) / steps_per_call}
                 )
@@ -123,6 +128,9 @@ def test_the_workers_own_step_times_mixed_would_have_looked_like_jitter(tmp_path
 
     assert report.summary().loc["job", "p90_step_ms"] == pytest.approx(GAP_MS + SLEEP_MS + OWN_MS)
     assert "Step times vary a lot" not in report.summary().loc["job", "advice"]
+    # The straggler's share: worker 0's 40 ms wait over the job's 52 ms step.
+    (straggler,) = [item for item in report.advice() if item.code == "worker-straggler"]
+    assert "(77% of the job's step time)" in straggler.evidence
 
 
 def test_steps_that_do_vary_in_the_job_get_the_advice(tmp_path):
@@ -152,6 +160,23 @@ def test_a_profiler_on_one_worker_leaves_its_steps_and_the_next_out_of_the_summa
     assert summary["p90_step_ms"] == pytest.approx(cadence_ms)
     # Steps 2-11 and 13-23 have a job step time; 15, 16 and 17 are left out.
     assert summary["measured_steps"] == 10 + 11 - 3
+
+
+def test_after_a_restart_each_step_has_the_time_of_the_attempt_that_ran_it_last(tmp_path):
+    # Attempt 0 runs steps 0-11 with no slow worker (12 ms steps) and stops; attempt 1
+    # resumes from a checkpoint at step 8 with worker 1 slow (52 ms steps) up to step 19.
+    lockstep_run(tmp_path, sleep_ms=0.0, epochs=1)
+    report = lockstep_run(tmp_path, first_step=8, start_s=200.0, epochs=1)
+
+    job = job_step_times(report.steps).set_index("step")["job_step_ms"]
+    # Attempt 0: steps 2-7 (8-11 were redone); attempt 1: from step 10 (8 is its warm-up).
+    assert job.index.tolist() == [*range(2, 8), *range(10, 20)]
+    assert job.loc[:7].tolist() == pytest.approx([GAP_MS + OWN_MS] * 6)
+    assert job.loc[10:].tolist() == pytest.approx([GAP_MS + SLEEP_MS + OWN_MS] * 10)
+    redone = report.steps[report.steps["redone"]]
+    assert sorted(set(redone["step"])) == [8, 9, 10, 11]
+    assert redone["job_step_ms"].isna().all()
+    assert report.summary().loc["job", "measured_steps"] == 16
 
 
 def test_a_single_worker_run_keeps_its_own_step_times(tmp_path):
