@@ -150,7 +150,7 @@ def _latest_times(frame: pd.DataFrame, steps: bool) -> pd.Series:
     groups = len(run_names) * len(worker_names)
     if groups <= 64:  # a few runs and workers: a pass per group beats a groupby's sort
         found = [(code, group == code) for code in range(groups)]
-        latest = pd.Series({code: np.fmax.reduce(times[rows]) for code, rows in found if rows.any()})
+        latest = pd.Series({code: np.fmax.reduce(times[row]) for code, row in found if row.any()})
     else:
         latest = pd.Series(times).groupby(group).max()
     codes = latest.index.to_numpy(dtype="int64")
