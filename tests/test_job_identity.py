@@ -357,3 +357,29 @@ def test_a_missing_worker_of_three_is_named(three_workers, tmp_path):
     finding = [item for item in report.advice() if item.code == "missing-worker"]
     assert "the log dir holds workers 0 and 2 of it" in finding[0].evidence
     assert sorted(report.runs["worker"]) == [0, 2]
+
+
+# -- the same rules on made-up records (no training) -------------------------------------
+
+
+def test_made_up_workers_of_one_job_are_found_and_a_parameter_server_run_is_not_short(
+    tmp_path,
+):
+    from tests.helpers.recorded_runs import write_run
+
+    multi = {"workers": 2, "strategy": "CollectiveAllReduceStrategy"}
+    write_run(tmp_path / "job", "w0-run", 0, steps=12, start=1000.0, header_fields=multi)
+    write_run(tmp_path / "job", "w1-run", 1, steps=12, start=1000.2, header_fields=multi)
+    # Parameter servers: only the coordinator runs callbacks, whatever the cluster size.
+    servers = {"workers": 3, "strategy": "ParameterServerStrategyV2"}
+    write_run(tmp_path / "ps", "ps-run", 0, steps=12, start=5000.0, header_fields=servers)
+
+    report = kdt.Report.load(tmp_path)
+
+    assert [item.code for item in report.job_findings()] == ["split-runs"]
+    assert "w0-run (worker 0) and w1-run (worker 1)" in report.job_findings()[0].message
+    merged = kdt.Report.load(tmp_path, merge_runs="detected")
+    assert sorted(merged.runs["run"].unique()) == ["ps-run", "w0-run"]
+    assert merged.runs.set_index("worker").loc[1, "recorded_run"] == "w1-run"
+    with pytest.raises(ValueError, match="records do not hold; the runs are"):
+        kdt.Report.load(tmp_path, merge_runs=[["w0-run", "nope"]])

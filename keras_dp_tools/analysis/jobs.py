@@ -41,7 +41,7 @@ from keras_dp_tools.records.contract import RUN_ID_ENV
 CLOCK_TOLERANCE_S = 30.0
 # A worker's clock this far from worker 0's (median over the step ends) is reported.
 CLOCK_OFFSET_NOTE_MS = 100.0
-SPAN_COLUMNS = ["run", "worker", "workers", "cluster", "start", "end", "source"]
+SPAN_COLUMNS = ["run", "worker", "workers", "cluster", "strategy", "start", "end", "source"]
 MERGE_FIX = (
     "Merge them: kdt.Report.load(log_dir, merge_runs='detected') or keras-dp report "
     "LOG_DIR --merge-runs detected. Workers of this version agree on one run id when fit "
@@ -110,11 +110,14 @@ def run_spans(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     headers = records.get("header")
     if headers is None or headers.empty:
         return pd.DataFrame(columns=SPAN_COLUMNS)
-    headers = headers.reindex(columns=["run", "worker", "workers", "cluster", "time", "source"])
+    headers = headers.reindex(
+        columns=["run", "worker", "workers", "cluster", "strategy", "time", "source"]
+    )
     keys = ["run", "worker"]
     spans = headers.groupby(keys, sort=False).agg(
         workers=("workers", "last"),
         cluster=("cluster", "last"),
+        strategy=("strategy", "last"),
         start=("time", "min"),
         source=("source", "last"),
     )
@@ -164,8 +167,11 @@ def _per_run(spans: pd.DataFrame) -> dict[str, dict]:
     runs = {}
     for run, group in spans.groupby("run", sort=False):
         clusters = group["cluster"].dropna().unique()
+        workers = float(pd.to_numeric(group["workers"], errors="coerce").max())
+        if group["strategy"].astype(str).str.contains("ParameterServer").any():
+            workers = 1.0  # only the coordinator records: its peers record nothing
         runs[run] = {
-            "workers": float(pd.to_numeric(group["workers"], errors="coerce").max()),
+            "workers": workers,
             "indexes": frozenset(int(worker) for worker in group["worker"]),
             "cluster": clusters[0] if len(clusters) else None,
             "start": float(group["start"].min()),

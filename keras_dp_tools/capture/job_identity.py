@@ -41,12 +41,12 @@ import os
 import threading
 import time
 import uuid
-import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
 from keras_dp_tools.capture.base import MeasurementWarning
+from keras_dp_tools.common.warn import warn
 from keras_dp_tools.records.contract import RUN_ID_ENV
 
 # The sources of a run id, in the order they are tried (``run_id_source``).
@@ -145,6 +145,11 @@ def strategy_cluster(strategy) -> dict[str, list[str]] | None:
         return None
 
 
+def parameter_server_strategy(strategy) -> bool:
+    """Whether ``strategy`` is a parameter-server strategy (V1 or V2)."""
+    return any("ParameterServerStrategy" in cls.__name__ for cls in type(strategy).__mro__)
+
+
 class _Agreement:
     """The outcome of this process's agreement, per cluster: asked once."""
 
@@ -164,7 +169,8 @@ def job_id_for(strategy, workers: int, environ: Mapping[str, str] = os.environ) 
     given = given_job_id(environ, socket.gethostname(), workers)
     if given is not None:
         return JobId(given[0], given[1], cluster)
-    if workers < 2 or cluster is None:
+    if workers < 2 or cluster is None or parameter_server_strategy(strategy):
+        # Under parameter servers only the coordinator runs callbacks: nobody to agree with.
         return JobId(None, "local", cluster)
     with _Agreement.lock:
         known = _Agreement.outcomes.get(cluster)
@@ -193,13 +199,12 @@ def _agree(cluster: str) -> JobId:
     why = outcome.get("error") or TimeoutError(f"no answer in {AGREEMENT_TIMEOUT_S:g} s")
     if not _Agreement.warned:
         _Agreement.warned = True
-        warnings.warn(
+        warn(
             "keras_dp_tools could not agree on one run id with the other workers "
             f"({type(why).__name__}: {why}); each worker records under its own id. "
             "Training continues. kdt.Report.load(log_dir, merge_runs='detected') joins "
             f"the workers' runs again; or set {RUN_ID_ENV} to one value on every worker.",
             MeasurementWarning,
-            stacklevel=2,
         )
     return JobId(None, "local", cluster)
 
