@@ -300,7 +300,8 @@ def _split_finding(group: list[str], runs: dict) -> Finding:
     )
     return Advice(
         "high",
-        f"Runs {' and '.join(parts)} look like one job's workers recorded as separate runs",
+        f"Runs {' and '.join(parts)} look like one job's workers recorded as separate "
+        "runs (merge_runs='detected' or --merge-runs detected merges them)",
         evidence,
         MERGE_FIX,
         code="split-runs",
