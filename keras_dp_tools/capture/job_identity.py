@@ -123,6 +123,12 @@ def given_job_id(environ: Mapping[str, str], hostname: str, workers: int) -> tup
     return None
 
 
+def environment_job_id(environ: Mapping[str, str] = os.environ) -> JobId:
+    """A single process's runs: ``KERAS_DP_RUN_ID`` if set, else a fresh id per run."""
+    given = (environ.get(RUN_ID_ENV) or "").strip()
+    return JobId(given, "env") if given else JobId(None, "local")
+
+
 def cluster_fingerprint(cluster: Mapping[str, list[str]] | None) -> str | None:
     """A short hash of the cluster's sorted ``job:address`` entries; None for a single
     worker (no cluster, or one task)."""

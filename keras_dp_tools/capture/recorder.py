@@ -30,9 +30,15 @@ from typing import ClassVar
 
 from keras_dp_tools.capture.base import MeasurementWarning
 from keras_dp_tools.capture.forking import set_aside
-from keras_dp_tools.capture.job_identity import GIVEN_SOURCES, JobId, job_id_for, next_run_id
+from keras_dp_tools.capture.job_identity import (
+    GIVEN_SOURCES,
+    JobId,
+    environment_job_id,
+    job_id_for,
+    next_run_id,
+)
 from keras_dp_tools.capture.scalar_writer import ScalarWriter
-from keras_dp_tools.records.contract import FLUSH_SECONDS_ENV, RUN_ID_ENV
+from keras_dp_tools.records.contract import FLUSH_SECONDS_ENV
 from keras_dp_tools.records.writer import (
     SCHEMA_VERSION,
     RecordTemplate,
@@ -76,15 +82,6 @@ def flush_seconds(environ=os.environ) -> float:
             f"{value!r}. Unset it (or 0) to write every record at once, the default."
         )
     return seconds
-
-
-def new_run_id(previous: str | None = None) -> str:
-    """``KERAS_DP_RUN_ID`` if set (launchers share one id across workers), else a fresh id;
-    never ``previous``, so a second run in one process gets an id of its own. (A fit
-    under a multi-worker strategy gets its id from ``job_identity.job_id_for``.)"""
-    given = os.environ.get(RUN_ID_ENV)
-    job = JobId(given, "env") if given else JobId(None, "local")
-    return next_run_id(job, 0, previous)
 
 
 class Recorder:
@@ -208,9 +205,7 @@ class Recorder:
                     self._header = {**self._header, **additions}
                     self._append(self._header)  # readers keep a run's last header
                 return self.run_id
-        if job is None:
-            given = os.environ.get(RUN_ID_ENV)
-            job = JobId(given, "env") if given else JobId(None, "local")
+        job = job or environment_job_id()
         self.run_id = next_run_id(job, self._runs_started, previous=self.run_id)
         self._runs_started += 1
         self._templates = {}  # their head holds the run id
