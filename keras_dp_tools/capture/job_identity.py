@@ -22,7 +22,7 @@ match wins (``run_id_source`` in the run header):
    it back. No collective op runs, so a worker that never asks (e.g. one without our
    callbacks) cannot shift the instance keys of the training's all-reduces or leave the
    others blocked: they ask the store, not each other. It runs once per process, in a
-   thread bounded by ``AGREEMENT_TIMEOUT_S``; measured 5-35 ms per worker on loopback
+   thread bounded by ``AGREEMENT_TIMEOUT_S``; measured 5-34 ms per worker on loopback
    on a loaded 2-core machine (``run_id_agreement_ms`` in the header).
 5. ``local``: single-worker runs, and a multi-worker run whose agreement failed (one
    ``MeasurementWarning``): a fresh id per run. The header's ``cluster`` fingerprint
