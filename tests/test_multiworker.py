@@ -41,6 +41,8 @@ def test_a_worker_40_ms_slow_per_step_is_named_and_its_wait_is_not_transfer(tmp_
     assert workers.loc[0, "median_worker_wait_ms"] >= 25
     assert workers.loc[1, "last_to_enter_share"] >= 0.6
     assert workers["clock_residual_ms"].max() < 20  # one host: the clocks agree closely
+    assert set(report.runs["run_id_source"]) == {"env"}  # the launcher's one id
+    assert kdt.what_if(tmp_path)["run"].tolist() == report.runs["run"].unique().tolist()
     print(report.text())
 
 

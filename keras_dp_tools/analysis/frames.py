@@ -44,6 +44,12 @@ RUN_COLUMNS = [
     "keras_dp_tools_version",
     "embedding_layers",
     "embedding_names",
+    # How the run id was chosen (capture.job_identity) and, for runs merged on load
+    # (analysis.jobs), the id the header was recorded under.
+    "run_id_source",
+    "cluster",
+    "run_id_agreement_ms",
+    "recorded_run",
     *schema.GPU_STATUS_COLUMNS,
     *PLAN_COLUMNS,
     "source",

@@ -19,9 +19,13 @@ Pure pandas over ``Report`` DataFrames: no TensorFlow.
 
 from __future__ import annotations
 
+import os
+from types import SimpleNamespace
+
 import pandas as pd
 
 from keras_dp_tools.common.validation import require_positive_int, require_positive_number
+from keras_dp_tools.common.warn import warn
 
 WHAT_IF_COLUMNS = [
     "run",
@@ -184,7 +188,11 @@ def what_if(
     Args:
         report: a ``kdt.Report`` whose runs have 2 or more replicas and a profiled
             window (``DataParallelProfiler``): its ``steps``, and its ``runs`` for the
-            devices (logical CPU devices share cores).
+            devices (logical CPU devices share cores). Runs without those are left
+            out with a warning that says why (an error when no run has them). Or a
+            log dir: loaded as ``kdt.Report.load(log_dir, merge_runs="detected")``
+            (workers of one job recorded under separate run ids are merged, with a
+            warning).
         bandwidth_gbps: the link to predict for, in GB/s (1e9 bytes/s, as
             ``busbw_gbps``; 1 Gbit/s is 0.125). None: the measured run's.
         replicas: total replicas to predict for (None: as measured).
@@ -220,19 +228,46 @@ def what_if(
         raise ValueError(
             "Give replicas (total) or workers (at the measured replicas per worker), not both."
         )
+    if isinstance(report, (str, os.PathLike)):
+        report = _load_log_dir(report)
     steps = report.steps
     if steps.empty:
         raise ValueError("The report has no steps: load a log dir written by kdt callbacks.")
     runs = getattr(report, "runs", None)
+    measured, unusable = [], []
+    for run_steps in (group for _, group in steps.groupby("run", sort=False)):
+        try:
+            measured.append(_measured(run_steps))
+        except ValueError as why:  # no breakdown, or one replica: say so, use the others
+            unusable.append(str(why))
+    if not measured:
+        raise ValueError(" ".join(unusable))
+    if unusable:
+        used = ", ".join(repr(run["run"]) for run in measured)
+        warn(f"what_if predicts for run(s) {used} only. {' '.join(unusable)}")
     rows = [
         _predict(
-            {**_measured(run_steps), "shares_cpu": _shares_cpu(runs, run_id)},
+            {**run, "shares_cpu": _shares_cpu(runs, run["run"])},
             bandwidth_gbps,
             measured_bandwidth_gbps,
             replicas,
             workers,
             per_replica_batch,
         )
-        for run_id, run_steps in steps.groupby("run", sort=False)
+        for run in measured
     ]
     return pd.DataFrame(rows, columns=WHAT_IF_COLUMNS)
+
+
+def _load_log_dir(log_dir) -> SimpleNamespace:
+    """The report's frames of a log dir, with the runs that look like one job's workers
+    merged (``analysis.jobs``): predicting a job needs its cross-worker waits."""
+    from keras_dp_tools.analysis import jobs
+    from keras_dp_tools.records.reader import find_record_files
+
+    files = ((path, 0) for path in find_record_files(log_dir))
+    frames = jobs.load_job_frames(files, merge_runs="detected")
+    merged = [item.message for item in frames["jobs"] if item.code == "merged-runs"]
+    if merged:
+        warn(f"what_if: {'; '.join(merged)} (kdt.Report.load(log_dir, merge_runs=...)).")
+    return SimpleNamespace(**frames)

@@ -24,15 +24,21 @@ import logging
 import os
 import threading
 import time
-import uuid
 import warnings
 from pathlib import Path
 from typing import ClassVar
 
 from keras_dp_tools.capture.base import MeasurementWarning
 from keras_dp_tools.capture.forking import set_aside
+from keras_dp_tools.capture.job_identity import (
+    GIVEN_SOURCES,
+    JobId,
+    environment_job_id,
+    job_id_for,
+    next_run_id,
+)
 from keras_dp_tools.capture.scalar_writer import ScalarWriter
-from keras_dp_tools.records.contract import FLUSH_SECONDS_ENV, RUN_ID_ENV
+from keras_dp_tools.records.contract import FLUSH_SECONDS_ENV
 from keras_dp_tools.records.writer import (
     SCHEMA_VERSION,
     RecordTemplate,
@@ -78,15 +84,6 @@ def flush_seconds(environ=os.environ) -> float:
     return seconds
 
 
-def new_run_id(previous: str | None = None) -> str:
-    """``KERAS_DP_RUN_ID`` if set (launchers share one id across workers), else a fresh id;
-    never ``previous``, so a second run in one process gets an id of its own."""
-    run_id = (
-        os.environ.get(RUN_ID_ENV) or f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
-    )
-    return run_id if run_id != previous else f"{run_id}.{uuid.uuid4().hex[:4]}"
-
-
 class Recorder:
     """Records file, run header and TensorBoard writer of one worker in one log dir.
 
@@ -104,6 +101,7 @@ class Recorder:
         self.worker = worker
         self.run_id: str | None = None
         self.run_offset = 0  # the byte where the current run's lines begin
+        self._runs_started = 0  # runs this recorder began: numbers the later ones' ids
         self._skip_warned = False  # a record that could not be written was reported
         self._header: dict | None = None
         self._users = 0
@@ -152,9 +150,11 @@ class Recorder:
         if problem is not None and not cls._explained_keras3_multiworker:
             cls._explained_keras3_multiworker = True  # once per process, not per callback
             warnings.warn(problem, UserWarning, stacklevel=4)
-        recorder = cls.acquire(log_dir, worker_index(model.distribute_strategy)[0])
+        worker, workers = worker_index(model.distribute_strategy)
+        recorder = cls.acquire(log_dir, worker)
         try:
-            recorder.start_run(describe_run(model, global_batch))
+            header = describe_run(model, global_batch)
+            recorder.start_run(header, job_id_for(model.distribute_strategy, workers))
         except BaseException:
             recorder.release()
             raise
@@ -184,13 +184,15 @@ class Recorder:
         except Exception as error:  # buffered bytes the full disk still refuses
             self._stop_recording(error)
 
-    def start_run(self, header: dict) -> str:
+    def start_run(self, header: dict, job: JobId | None = None) -> str:
         """Writes a header unless the current run already has the same identity.
 
         Two fits in a row on the same model continue one run; a fit with another
         strategy, replica count or batch starts a new one. Callbacks of one fit share
         the run: a field one of them does not know (None, e.g. the global batch) does
         not start a new run, and one it adds is recorded by repeating the header.
+        ``job`` says where a new run's id comes from (``job_identity.job_id_for``; by
+        default ``KERAS_DP_RUN_ID`` or a fresh id) and adds how to the header.
         """
         if self._header is not None:
             known = {key: header.get(key) for key in _RUN_IDENTITY}
@@ -203,12 +205,14 @@ class Recorder:
                     self._header = {**self._header, **additions}
                     self._append(self._header)  # readers keep a run's last header
                 return self.run_id
-        self.run_id = new_run_id(previous=self.run_id)
+        job = job or environment_job_id()
+        self.run_id = next_run_id(job, self._runs_started, previous=self.run_id)
+        self._runs_started += 1
         self._templates = {}  # their head holds the run id
         # Where this run's lines begin, for readers of this run alone (RunAdvisor). A
-        # run id given by a launcher may have begun in an earlier process (a restart):
-        # then from the start.
-        given = self.run_id == os.environ.get(RUN_ID_ENV)
+        # run id given by a launcher or scheduler may have begun in an earlier process
+        # (a restart): then from the start.
+        given = job.source in GIVEN_SOURCES and self.run_id == job.job_id
         self.run_offset = 0 if given else self._records_end()
         self._header = {
             "type": "header",
@@ -217,6 +221,7 @@ class Recorder:
             "worker": self.worker,
             "time": time.time(),
             **header,
+            **job.header_fields(),
         }
         self._append(self._header)
         return self.run_id

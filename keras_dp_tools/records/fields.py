@@ -47,6 +47,11 @@ HEADER_FIELDS: dict[str, pa.DataType] = {
     "keras_dp_tools_version": pa.string(),
     "embedding_layers": pa.int64(),
     "embedding_names": pa.list_(pa.string()),  # "<layer> (<vocabulary>x<dim>)"
+    # How the run id was chosen (capture.job_identity): env, slurm, kubernetes, agreed,
+    # local; the cluster's fingerprint (null for one worker); the agreement's cost.
+    "run_id_source": pa.string(),
+    "cluster": pa.string(),
+    "run_id_agreement_ms": pa.float64(),
 }
 STEP_FIELDS: dict[str, pa.DataType] = {  # one record per executed train function call
     "epoch": pa.int64(),

@@ -10,12 +10,13 @@ anything.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
 from keras_dp_tools.analysis import frames as report_frames
+from keras_dp_tools.analysis import jobs as job_analysis
 from keras_dp_tools.analysis import summary as run_summaries
 from keras_dp_tools.analysis import utilization
 from keras_dp_tools.analysis.workers import RESTART_COLUMNS, WORKER_COLUMNS, WORKER_STEP_COLUMNS
@@ -89,6 +90,11 @@ class Report:
             entered a step last (the straggler view).
         restarts: one row per restart of a worker under the same run id (e.g. after
             ``BackupAndRestore``): where it resumed and how many steps it ran again.
+        jobs: findings about the log dir's jobs (``keras_dp_tools.analysis.jobs``):
+            runs that look like one job's workers recorded under separate ids (see
+            ``load``'s ``merge_runs``), runs merged, workers missing or from another
+            job. ``job_findings()`` adds the workers' clocks; ``advice()`` and
+            ``text()`` include them all.
 
     Example:
 
@@ -126,6 +132,7 @@ class Report:
         # load passes a function: the worker view is computed on first access.
         self._workers = workers if callable(workers) else frame(workers, WORKER_COLUMNS)
         self.restarts = frame(restarts, RESTART_COLUMNS)
+        self.jobs: list[Finding] = []  # load sets them (analysis.jobs)
 
     @property
     def workers(self) -> pd.DataFrame:
@@ -146,21 +153,53 @@ class Report:
         )
 
     @classmethod
-    def load(cls, sources: str | os.PathLike | Iterable[str | os.PathLike]) -> Report:
+    def load(
+        cls,
+        sources: str | os.PathLike | Iterable[str | os.PathLike],
+        merge_runs: str | Sequence[Sequence[str]] | None = None,
+    ) -> Report:
         """Loads every records file under one or more log dirs (searched recursively)
         or ``.jsonl`` paths, merging runs and workers.
 
+        Example:
+
+        ```python
+        report = kdt.Report.load("runs/job", merge_runs="detected")
+        print(report.text())
+        ```
+
+        Args:
+            sources: log dirs or records files.
+            merge_runs: workers of one job recorded under separate run ids (records
+                written before the workers agreed on one, or where they could not)
+                load as separate runs, and ``jobs``/``text()`` say so. ``"detected"``
+                merges the runs that look like one job's workers
+                (``keras_dp_tools.analysis.jobs.split_runs``: same cluster, disjoint
+                workers, overlapping times); groups of run ids, e.g.
+                ``[["run-a", "run-b"]]``, merge those. A merged run keeps the id of
+                its lowest worker's run.
+
         Raises:
             FileNotFoundError: a path does not exist, or holds no records.
+            ValueError: ``merge_runs`` is none of the above, or names unknown runs.
         """
-        return cls.from_files((path, 0) for path in find_record_files(sources))
+        files = ((path, 0) for path in find_record_files(sources))
+        return cls.from_files(files, merge_runs=merge_runs)
 
     @classmethod
-    def from_files(cls, files: Iterable[tuple[str | os.PathLike, int]]) -> Report:
+    def from_files(
+        cls,
+        files: Iterable[tuple[str | os.PathLike, int]],
+        merge_runs: str | Sequence[Sequence[str]] | None = None,
+    ) -> Report:
         """A Report of the given records files, each read from a byte offset (the first
         line of a run, ``Recorder.run_offset``: ``RunAdvisor`` reads its run's records
-        without the runs before it)."""
-        return cls(**report_frames.load_frames(files))
+        without the runs before it); ``merge_runs`` as in ``load``."""
+        frames = job_analysis.load_job_frames(files, merge_runs)
+        jobs = frames.pop("jobs")
+        report = cls(**frames)
+        report.jobs = jobs
+        return report
 
     def gpu_by_epoch(self) -> pd.DataFrame:
         """Per run, worker, epoch and GPU: mean utilization over the epoch's steps, mean
@@ -224,8 +263,15 @@ class Report:
 
     def advice(self) -> list[Finding]:
         """Findings with their evidence and a concrete fix, worst first
-        (``keras_dp_tools.analysis.advice``; each a ``kdt.Finding``)."""
-        return run_summaries.run_advice(self)
+        (``keras_dp_tools.analysis.advice``, and the jobs' of ``job_findings()``; each a
+        ``kdt.Finding``)."""
+        return job_analysis.advice_with_jobs(self)
+
+    def job_findings(self) -> list[Finding]:
+        """What does not fit in the log dir's jobs: runs that look split or were
+        merged, workers missing or from another job, clocks far apart
+        (``keras_dp_tools.analysis.jobs``)."""
+        return job_analysis.job_findings(self)
 
     def to_csv(self, directory: str | os.PathLike) -> list[Path]:
         """Writes every frame (and the summary) as ``<directory>/<name>.csv``."""

@@ -27,7 +27,8 @@ def report_text(report) -> str:
     numbers = summary.select_dtypes("number").columns
     summary[numbers] = summary[numbers].round(3)
     summary["start"] = summary["start"].dt.floor("s")
-    parts = ["Summary (warm-up and profiled steps left out of step times):"]
+    parts = job_text(report.job_findings())
+    parts.append("Summary (warm-up and profiled steps left out of step times):")
     with pd.option_context("display.width", 160, "display.max_columns", 30):
         parts.append(summary.T.to_string())
         if report.steps["replicas"].nunique() > 1:
@@ -37,6 +38,14 @@ def report_text(report) -> str:
     parts += ["", "Advice:" if advice else "Advice: nothing stands out in the numbers."]
     parts += [str(finding) for finding in advice]
     return "\n".join(parts)
+
+
+def job_text(findings) -> list[str]:
+    """One line per finding about the log dir's jobs (``Report.job_findings()``), first:
+    they say how to read the rest; their evidence and fix are in the advice."""
+    if not findings:
+        return []
+    return ["Runs and workers:", *(f"- {finding.message}." for finding in findings), ""]
 
 
 def no_steps_text(runs: pd.DataFrame) -> str:

@@ -146,6 +146,16 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.add_argument("log_dir", type=Path, help="a log dir (searched recursively)")
     report.add_argument("--html", type=Path, default=None, help="also write this HTML page")
+    report.add_argument(
+        "--merge-runs",
+        action="append",
+        default=None,
+        metavar="detected|RUN,RUN[,...]",
+        help="merge runs that are one job's workers recorded under separate run ids "
+        "(records of workers that did not agree on one): 'detected' merges those the "
+        "report finds (same cluster, disjoint workers, overlapping times; the text names "
+        "them), or give the run ids of one job, comma-separated (repeat for more jobs)",
+    )
     add_format_option(
         report,
         "text: the summary, scaling table and advice for people (default); json: an "
@@ -271,8 +281,24 @@ def run_demo_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def merge_runs_option(values: list[str] | None):
+    """``--merge-runs`` as ``Report.load``'s ``merge_runs``: None, ``"detected"``, or
+    groups of run ids."""
+    if not values:
+        return None
+    if values == ["detected"]:
+        return "detected"
+    groups = [[run.strip() for run in value.split(",") if run.strip()] for value in values]
+    if any(len(group) < 2 for group in groups):
+        raise ValueError(
+            "--merge-runs takes 'detected' alone, or two or more run ids separated by "
+            f"commas per use (one job each), received {values!r}."
+        )
+    return groups
+
+
 def run_report_command(args: argparse.Namespace) -> int:
-    report = keras_dp_tools.Report.load(args.log_dir)
+    report = keras_dp_tools.Report.load(args.log_dir, merge_runs=merge_runs_option(args.merge_runs))
     if args.format == "json":
         print(json.dumps(_report_data(report), indent=2))
     elif args.format == "csv":  # as Report.to_csv writes summary.csv

@@ -1,4 +1,5 @@
-"""Starting the CLI in a fresh process, and reading a local server's JSON answers."""
+"""Starting the CLI or the workers of a job in fresh processes, and reading a local
+server's JSON answers."""
 
 from __future__ import annotations
 
@@ -50,3 +51,39 @@ def get_json(url: str, timeout: float = 30):
         if response.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
         return json.loads(body)
+
+
+def run_workers_by_hand(
+    script, *args: str, workers: int = 2, env: dict | None = None, timeout: float = 300
+) -> list[subprocess.CompletedProcess]:
+    """Starts ``python SCRIPT ARGS`` once per worker, as TensorFlow's multi-worker
+    tutorial does (and Slurm, Kubernetes or a shell loop would): each process with its
+    own ``TF_CONFIG`` on free loopback ports and nothing else shared, no
+    ``KERAS_DP_RUN_ID``. Waits for all; returns their results, worker 0 first. A worker
+    still running at ``timeout`` is killed (its result says so, returncode -9)."""
+    from keras_dp_tools.tools.launch import free_ports, tf_config
+
+    addresses = [f"localhost:{port}" for port in free_ports(workers)]
+    base = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONFAULTHANDLER": "1", **(env or {})}
+    base.pop("KERAS_DP_RUN_ID", None)
+    processes = [
+        subprocess.Popen(
+            [sys.executable, str(script), *args],
+            env={**base, "TF_CONFIG": tf_config(addresses, index)},
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for index in range(workers)
+    ]
+    results = []
+    for process in processes:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            stdout, stderr = process.communicate()
+        ended = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+        results.append(ended)
+    return results

@@ -1,0 +1,385 @@
+"""One job, one run: workers started by hand agree on their run id; the report finds and
+merges workers of one job recorded under separate ids, and says what does not fit.
+
+The slow tests start real tf_keras workers the way TensorFlow's multi-worker tutorial
+does (each its own TF_CONFIG, nothing else shared); the cases of bad input are copies
+of their records, edited as a leftover file, a skewed clock or a missing worker would
+leave them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import warnings
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+
+import keras_dp_tools as kdt
+from keras_dp_tools.analysis import jobs
+from keras_dp_tools.capture import job_identity
+from keras_dp_tools.capture.job_identity import (
+    JobId,
+    cluster_fingerprint,
+    given_job_id,
+    job_id_for,
+    next_run_id,
+)
+from keras_dp_tools.records.writer import records_dir
+from tests.helpers import REPO
+from tests.helpers.processes import run_cli, run_workers_by_hand
+
+JOB = REPO / "tests" / "jobs" / "train_job.py"
+# Worker 1 sleeps 40 ms before each step; worker 0 profiles steps 3-7.
+STRAGGLER = ("--slow-worker", "1", "--slow-ms", "40", "--profile-start-step", "3")
+TINY = ("--epochs", "1", "--steps-per-epoch", "16")
+
+
+# -- choosing the id: pure rules on given environments ---------------------------------
+
+
+def test_the_run_id_env_overrides_everything_also_for_one_worker():
+    environ = {"KERAS_DP_RUN_ID": "exp-1", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0"}
+    assert given_job_id(environ, "node1", workers=2) == ("exp-1", "env")
+    assert given_job_id({"KERAS_DP_RUN_ID": "exp-1"}, "node1", workers=1) == ("exp-1", "env")
+
+
+def test_slurm_gives_job_and_step_and_only_to_multi_worker_jobs():
+    step = {"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "3"}
+    assert given_job_id(step, "node7", workers=2) == ("slurm-4242.3", "slurm")
+    # The batch script itself (no srun step): the job alone.
+    assert given_job_id({"SLURM_JOB_ID": "4242"}, "node7", workers=4) == ("slurm-4242", "slurm")
+    # One worker (e.g. a sweep's runs inside one allocation) keeps an id of its own.
+    assert given_job_id(step, "node7", workers=1) is None
+
+
+def test_a_kubernetes_indexed_job_is_named_from_the_pod_hostname():
+    environ = {"JOB_COMPLETION_INDEX": "12"}
+    assert given_job_id(environ, "bert-train-12", workers=16) == ("k8s-bert-train", "kubernetes")
+    # A hostname Kubernetes did not derive from the index: no rule applies.
+    assert given_job_id(environ, "bert-train-3", workers=16) is None
+    assert given_job_id(environ, "12", workers=16) is None
+    # A name at the DNS label limit may have been cut short: not trusted.
+    assert given_job_id(environ, "x" * 60 + "-12", workers=16) is None
+    assert given_job_id({}, "bert-train-12", workers=16) is None
+
+
+def test_the_cluster_fingerprint_is_the_same_for_every_worker_and_differs_by_address():
+    cluster = {"worker": ["localhost:2001", "localhost:2002"]}
+    shuffled = {"worker": ["localhost:2002", "localhost:2001"]}
+    assert cluster_fingerprint(cluster) == cluster_fingerprint(shuffled)
+    assert cluster_fingerprint(cluster) != cluster_fingerprint(
+        {"worker": ["localhost:2001", "localhost:2003"]}
+    )
+    assert cluster_fingerprint({"worker": ["localhost:2001"]}) is None
+    assert cluster_fingerprint(None) is None
+
+
+def test_later_runs_of_a_shared_id_are_numbered_the_same_on_every_worker():
+    job = JobId("job-9", "agreed", "abc")
+    worker_runs = [[next_run_id(job, started) for started in range(3)] for _ in range(2)]
+    assert worker_runs[0] == worker_runs[1] == ["job-9", "job-9.2", "job-9.3"]
+    local = JobId(None, "local")
+    assert next_run_id(local, 0) != next_run_id(local, 0)  # fresh ids, never shared
+
+
+def test_a_failed_agreement_warns_once_and_falls_back_to_a_local_id(monkeypatch):
+    # A multi-worker cluster spec in a process without TensorFlow's coordination
+    # service: the store refuses (FailedPrecondition), as it would on a cluster where
+    # it is off. The fit must carry on with an id of its own.
+    monkeypatch.delenv("KERAS_DP_RUN_ID", raising=False)
+    monkeypatch.setattr(job_identity._Agreement, "warned", False)
+    monkeypatch.setattr(job_identity._Agreement, "outcomes", {})
+    spec = {"worker": ["localhost:1", "localhost:2"]}
+    resolver = SimpleNamespace(
+        task_type="worker",
+        cluster_spec=lambda: SimpleNamespace(as_dict=lambda: spec),
+    )
+    strategy = SimpleNamespace(cluster_resolver=resolver)
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        first = job_id_for(strategy, workers=2, environ={})
+        second = job_id_for(strategy, workers=2, environ={})
+
+    assert first == second == JobId(None, "local", cluster_fingerprint(spec))
+    ours = [w for w in caught if issubclass(w.category, kdt.MeasurementWarning)]
+    assert len(ours) == 1, [str(w.message) for w in caught]
+    assert "Coordination service" in str(ours[0].message)
+    assert "merge_runs='detected'" in str(ours[0].message)
+
+
+# -- real workers started by hand --------------------------------------------------------
+
+
+def start_job(log_dir: Path, workers: int, *args: str) -> Path:
+    results = run_workers_by_hand(
+        JOB, str(log_dir), *args, workers=workers, env={"PYTHONPATH": str(REPO)}
+    )
+    for index, result in enumerate(results):
+        assert result.returncode == 0, f"worker {index}: {result.stderr[-3000:]}"
+    return log_dir
+
+
+@pytest.fixture(scope="module")
+def two_workers(tmp_path_factory) -> Path:
+    return start_job(tmp_path_factory.mktemp("two") / "logs", 2, *STRAGGLER, *TINY)
+
+
+@pytest.fixture(scope="module")
+def three_workers(tmp_path_factory) -> Path:
+    return start_job(tmp_path_factory.mktemp("three") / "logs", 3, *STRAGGLER, *TINY)
+
+
+def check_one_job_with_a_straggler(report: kdt.Report, workers: int) -> None:
+    """What issue 26 found wrong on hand-started workers, checked right."""
+    assert report.runs["run"].nunique() == 1, report.runs.to_string()
+    assert sorted(report.runs["worker"]) == list(range(workers))
+    steps = report.steps
+    profiled = steps[(steps["worker"] == 0) & steps["trace_step_ms"].notna()]
+    assert len(profiled) >= 3, report.windows.to_string()
+    # Worker 0 waited ~40 ms for worker 1 in each step: waiting, not transfer.
+    assert profiled["sync_wait_ms"].median() >= 25
+    own = steps[(steps["worker"] == 1) & steps["step"].isin(profiled["step"])]
+    assert profiled["transfer_ms"].median() <= 1.5 * own["step_ms"].median() + 2.0
+    assert "Worker 1 is a straggler" in [item.title for item in report.advice()], report.text()
+    assert not [item for item in report.job_findings() if item.code != "merged-runs"]
+
+
+@pytest.mark.slow
+def test_two_workers_started_by_hand_record_one_run_and_what_if_works(two_workers):
+    report = kdt.Report.load(two_workers)
+
+    check_one_job_with_a_straggler(report, workers=2)
+    assert set(report.runs["run_id_source"]) == {"agreed"}
+    assert report.runs["cluster"].nunique() == 1
+    table = kdt.what_if(two_workers, workers=4)
+    assert table["run"].tolist() == report.runs["run"].unique().tolist()
+    assert table["step_ms"].iloc[0] > 0
+
+
+@pytest.mark.slow
+def test_three_workers_started_by_hand_record_one_run_and_what_if_works(three_workers):
+    report = kdt.Report.load(three_workers)
+
+    check_one_job_with_a_straggler(report, workers=3)
+    workers = report.workers.set_index("worker")
+    assert workers.loc[[0, 2], "median_worker_wait_ms"].min() >= 25  # both waited for 1
+    assert len(kdt.what_if(three_workers)) == 1
+
+
+@pytest.mark.slow
+def test_the_agreement_costs_each_worker_under_50_ms_once(two_workers, three_workers):
+    runs = pd.concat([kdt.Report.load(d).runs for d in (two_workers, three_workers)])
+    cost = runs["run_id_agreement_ms"]
+    print(f"run id agreement per worker (ms): {cost.round(2).tolist()}")
+    assert cost.notna().all() and len(cost) == 5
+    # Measured once per process (one header per worker); 1-35 ms seen on this 2-core
+    # machine shared with other test runs. The goal is 50 ms; the bound keeps margin.
+    assert cost.median() < 50, cost.tolist()
+    assert cost.max() < 100, cost.tolist()
+
+
+# -- the report on records of workers that did not agree ---------------------------------
+
+
+def edit_records(log_dir: Path, worker: int, edit) -> None:
+    """Rewrites one worker's records file, ``edit(record)`` on each record."""
+    path = records_dir(log_dir) / f"worker-{worker}.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    path.write_text("".join(json.dumps(edit(record) or record) + "\n" for record in records))
+
+
+def copy_job(source: Path, target: Path) -> Path:
+    shutil.copytree(source, target)
+    return target
+
+
+def rename_run(run: str, drop_cluster: bool = False, shift_s: float = 0.0):
+    def edit(record):
+        record["run"] = run
+        if drop_cluster:
+            record.pop("cluster", None)
+        for field in ("time", "analysis_end"):
+            if record.get(field) is not None:
+                record[field] += shift_s
+        return record
+
+    return edit
+
+
+def cross_worker_numbers(report: kdt.Report) -> pd.DataFrame:
+    columns = ["worker", "step", "sync_wait_ms", "transfer_ms", "worker_wait_ms", "last_worker"]
+    return report.steps[columns].reset_index(drop=True)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("drop_cluster", [False, True], ids=["fingerprint", "older-records"])
+def test_runs_split_per_worker_are_named_and_merging_gives_the_agreed_numbers(
+    two_workers, tmp_path, drop_cluster
+):
+    split = copy_job(two_workers, tmp_path / "split")
+    edit_records(split, 1, rename_run("worker-1-alone", drop_cluster=drop_cluster))
+    if drop_cluster:
+        edit_records(split, 0, lambda record: record.pop("cluster", None) and None)
+    agreed = kdt.Report.load(two_workers)
+    run = agreed.runs["run"].iloc[0]
+
+    apart = kdt.Report.load(split)
+    merged = kdt.Report.load(split, merge_runs="detected")
+
+    # As found: two runs, and one line that names them, their workers and the merge.
+    assert apart.runs["run"].nunique() == 2
+    line = f"Runs {run} (worker 0) and worker-1-alone (worker 1) look like one job's workers"
+    assert line in apart.text()
+    split_finding = [item for item in apart.advice() if item.code == "split-runs"]
+    assert "merge_runs='detected'" in split_finding[0].fix
+    assert apart.steps.loc[apart.steps["worker"] == 0, "sync_wait_ms"].max() < 5  # the bug
+    # Merged: the agreed run's cross-worker numbers, to the last digit.
+    assert merged.runs["run"].unique().tolist() == [run]
+    pd.testing.assert_frame_equal(cross_worker_numbers(merged), cross_worker_numbers(agreed))
+    assert f"Runs {run}, worker-1-alone were merged into run {run}" in merged.text()
+    # The same merge named by hand, and from the command line.
+    by_hand = kdt.Report.load(split, merge_runs=[[run, "worker-1-alone"]])
+    pd.testing.assert_frame_equal(cross_worker_numbers(by_hand), cross_worker_numbers(agreed))
+    printed = run_cli("report", str(split), "--merge-runs", f"{run},worker-1-alone")
+    assert printed.returncode == 0, printed.stderr[-2000:]
+    assert "Worker 1 is a straggler" in printed.stdout
+    # what_if on the log dir merges what it detects, and says so.
+    with pytest.warns(UserWarning, match="merged into run"):
+        assert kdt.what_if(split)["run"].tolist() == [run]
+
+
+@pytest.mark.slow
+def test_two_jobs_one_after_the_other_stay_two_runs(two_workers, tmp_path):
+    # A second real job's records: the first job's, under another id, 5 s after it
+    # ended; in both layouts: each job one run, and each worker a run of its own (as
+    # records without agreement would be). Same cluster addresses, so only time parts
+    # them.
+    log_dir = copy_job(two_workers, tmp_path / "logs" / "first")
+    agreed = kdt.Report.load(log_dir)
+    ended = agreed.steps["time"].max() + agreed.steps["step_ms"].max() / 1e3
+    later = ended + 5.0 - agreed.runs["time"].min()
+    second = copy_job(two_workers, tmp_path / "logs" / "second")
+    for worker in (0, 1):
+        edit_records(second, worker, rename_run("second-job", shift_s=later))
+
+    report = kdt.Report.load(tmp_path / "logs")
+    assert report.runs["run"].nunique() == 2
+    assert report.job_findings() == [], report.text()
+
+    for job_dir, name in ((log_dir, "first"), (second, "second")):
+        edit_records(job_dir, 1, rename_run(f"{name}-w1", drop_cluster=True))
+        edit_records(job_dir, 0, rename_run(f"{name}-w0", drop_cluster=True))
+    spans = jobs.run_spans(jobs.report_frames.records_by_type(
+        (path, 0) for path in sorted((tmp_path / "logs").glob("*/keras_dp/worker-*.jsonl"))
+    ))  # fmt: skip
+    assert jobs.split_runs(spans) == [["first-w0", "first-w1"], ["second-w0", "second-w1"]]
+
+
+@pytest.mark.slow
+def test_a_worker_file_left_over_from_another_job_is_named_and_kept(two_workers, tmp_path):
+    log_dir = copy_job(two_workers, tmp_path / "logs")
+    run = kdt.Report.load(log_dir).runs["run"].iloc[0]
+    # worker-1.jsonl of an earlier job on other ports, 3 hours before.
+    edit_records(log_dir, 1, rename_run("earlier-job", shift_s=-3 * 3600))
+    edit_records(
+        log_dir,
+        1,
+        lambda record: record.update(cluster="0123456789ab") if "cluster" in record else None,
+    )
+
+    report = kdt.Report.load(log_dir)
+
+    text = report.text()
+    line = f"Run {run}: worker 1 of 2 recorded nothing here"
+    assert line in text, text
+    finding = [item for item in report.advice() if item.code == "missing-worker"]
+    assert len(finding) == 1, text  # one line: the earlier job's run gets none of its own
+    assert (
+        "records here are run earlier-job, another job (cluster 0123456789ab" in finding[0].evidence
+    )
+    assert "started 3.0 h before" in finding[0].evidence
+    assert "split-runs" not in [item.code for item in report.advice()]
+    assert sorted(report.runs["run"]) == sorted([run, "earlier-job"])  # nothing lost
+    assert len(report.steps) == len(kdt.Report.load(two_workers).steps)
+
+
+@pytest.mark.slow
+def test_one_run_id_reused_by_two_clusters_is_said(two_workers, tmp_path):
+    log_dir = copy_job(two_workers, tmp_path / "logs")
+    edit_records(
+        log_dir,
+        1,
+        lambda record: record.update(cluster="0123456789ab") if "cluster" in record else None,
+    )
+
+    findings = [item for item in kdt.Report.load(log_dir).advice() if item.code == "mixed-jobs"]
+
+    assert len(findings) == 1
+    assert "worker 1 in cluster 0123456789ab" in findings[0].message
+
+
+@pytest.mark.slow
+def test_a_clock_5_s_ahead_is_aligned_detected_and_said(two_workers, tmp_path):
+    split = copy_job(two_workers, tmp_path / "split")
+    edit_records(split, 1, rename_run("worker-1-alone", shift_s=5.0))
+    agreed = kdt.Report.load(two_workers)
+
+    merged = kdt.Report.load(split, merge_runs="detected")
+
+    assert merged.runs["run"].nunique() == 1  # the +5 s still overlaps
+    ours, theirs = cross_worker_numbers(merged), cross_worker_numbers(agreed)
+    # Aligned at the step ends: the same waits (to float rounding of the shifted times).
+    pd.testing.assert_frame_equal(ours, theirs, check_exact=False, atol=1e-3)
+    offset = merged.workers.set_index("worker").loc[1, "clock_offset_ms"]
+    before = agreed.workers.set_index("worker").loc[1, "clock_offset_ms"]
+    assert offset - before == pytest.approx(5000.0, abs=1.0)
+    assert (
+        "Run " in merged.text()
+        and "worker 1's clock is 5.00 s ahead of worker 0's" in merged.text()
+    )
+    assert [item.code for item in agreed.job_findings()] == []  # one host: nothing to say
+
+
+@pytest.mark.slow
+def test_a_missing_worker_of_three_is_named(three_workers, tmp_path):
+    log_dir = copy_job(three_workers, tmp_path / "logs")
+    (records_dir(log_dir) / "worker-1.jsonl").unlink()
+    run = kdt.Report.load(three_workers).runs["run"].iloc[0]
+
+    report = kdt.Report.load(log_dir)
+
+    assert f"Run {run}: worker 1 of 3 recorded nothing here." in report.text()
+    finding = [item for item in report.advice() if item.code == "missing-worker"]
+    assert "the log dir holds workers 0 and 2 of it" in finding[0].evidence
+    assert sorted(report.runs["worker"]) == [0, 2]
+
+
+# -- the same rules on made-up records (no training) -------------------------------------
+
+
+def test_made_up_workers_of_one_job_are_found_and_a_parameter_server_run_is_not_short(
+    tmp_path,
+):
+    from tests.helpers.recorded_runs import write_run
+
+    multi = {"workers": 2, "strategy": "CollectiveAllReduceStrategy"}
+    write_run(tmp_path / "job", "w0-run", 0, steps=12, start=1000.0, header_fields=multi)
+    write_run(tmp_path / "job", "w1-run", 1, steps=12, start=1000.2, header_fields=multi)
+    # Parameter servers: only the coordinator runs callbacks, whatever the cluster size.
+    servers = {"workers": 3, "strategy": "ParameterServerStrategyV2"}
+    write_run(tmp_path / "ps", "ps-run", 0, steps=12, start=5000.0, header_fields=servers)
+
+    report = kdt.Report.load(tmp_path)
+
+    assert [item.code for item in report.job_findings()] == ["split-runs"]
+    assert "w0-run (worker 0) and w1-run (worker 1)" in report.job_findings()[0].message
+    merged = kdt.Report.load(tmp_path, merge_runs="detected")
+    assert sorted(merged.runs["run"].unique()) == ["ps-run", "w0-run"]
+    assert merged.runs.set_index("worker").loc[1, "recorded_run"] == "w1-run"
+    with pytest.raises(ValueError, match="records do not hold; the runs are"):
+        kdt.Report.load(tmp_path, merge_runs=[["w0-run", "nope"]])
