@@ -162,6 +162,33 @@ def test_a_profiler_on_one_worker_leaves_its_steps_and_the_next_out_of_the_summa
     assert summary["measured_steps"] == 10 + 11 - 3
 
 
+def test_what_if_starts_from_the_jobs_step_time_not_the_workers_pooled(tmp_path):
+    lockstep_run(tmp_path, window=(15, 17))
+    # Worker 0's profiled window, as its profiler records it: in the trace, 10 ms of
+    # compute and 40 ms of all-reduce (it waited for worker 1), all of it exposed.
+    writer = RecordWriter(worker_records_path(tmp_path, 0))
+    for step in (15, 16):
+        writer.write(
+            {"type": "step_breakdown", "run": "job", "worker": 0, "time": 100.0}
+            | {"window": 0, "step": step, "steps": 1, "step_ms": 50.0}
+            | {"compute_ms": 10.0, "allreduce_ms": 40.0, "exposed_allreduce_ms": 40.0}
+            | {"sync_wait_ms": 38.0, "transfer_ms": 2.0, "allreduce_bytes": 4096}
+        )
+    writer.close()
+    report = kdt.Report.load(tmp_path)
+
+    # (Its 2 ms of transfer went to waiting for worker 1: the link is given.)
+    table = kdt.what_if(report, bandwidth_gbps=1.0)
+
+    # The job stepped every 2 + 40 + 10 ms; the workers' own times in the call (50 ms on
+    # worker 0, 10 ms on worker 1) pooled would have said 30.
+    cadence_ms = GAP_MS + SLEEP_MS + OWN_MS
+    assert table.loc[0, "measured_step_ms"] == pytest.approx(cadence_ms)
+    # As measured, the prediction is the measured step: the 2 ms outside compute and
+    # the exposed all-reduce count as host overhead.
+    assert table.loc[0, "other_ms"] == pytest.approx(cadence_ms - 10.0 - 40.0)
+
+
 def test_after_a_restart_each_step_has_the_time_of_the_attempt_that_ran_it_last(tmp_path):
     # Attempt 0 runs steps 0-11 with no slow worker (12 ms steps) and stops; attempt 1
     # resumes from a checkpoint at step 8 with worker 1 slow (52 ms steps) up to step 19.

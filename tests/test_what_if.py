@@ -42,9 +42,11 @@ def _report(
             "run": run,
             "worker": step % workers,
             "step": step,
+            "steps": 1,
             "replicas": replicas,
             "global_batch": global_batch,
             "step_ms": step_ms,
+            "examples_per_s": global_batch / step_ms * 1e3,
             "warmup": step == 0,
             "profiled": profiled,
         }

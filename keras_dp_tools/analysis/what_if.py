@@ -24,6 +24,7 @@ from types import SimpleNamespace
 
 import pandas as pd
 
+from keras_dp_tools.analysis.workers import measured_step_times
 from keras_dp_tools.common.validation import require_positive_int, require_positive_number
 from keras_dp_tools.common.warn import warn
 
@@ -53,7 +54,6 @@ def ring_factor(replicas: int) -> float:
 def _measured(steps: pd.DataFrame) -> dict:
     """A run's medians: unprofiled step time, profiled breakdown, sizes."""
     warm = steps[~steps["warmup"].fillna(False).astype(bool)]
-    timed = warm[~warm["profiled"].fillna(False).astype(bool)]
     profiled = warm.dropna(subset=["compute_ms", "allreduce_ms"])
     run = steps["run"].iloc[0]
     if profiled.empty:
@@ -78,10 +78,20 @@ def _measured(steps: pd.DataFrame) -> dict:
         "replicas": replicas,
         "workers": int(steps["worker"].nunique()),
         "global_batch": int(global_batch.iloc[0]) if len(global_batch) else None,
-        "step_ms": float((timed if len(timed) else warm)["step_ms"].median()),
+        "step_ms": float(_measured_step_ms(steps)),
         "allreduce_bytes": float(allreduce_bytes.median()),
         **{name: float(value) for name, value in medians.items()},
     }
+
+
+def _measured_step_ms(steps: pd.DataFrame) -> float:
+    """The run's median step time as the summary reads it: the job's step time in a
+    multi-worker run (a worker's own time in the train call is short on the worker the
+    others wait for); the steps a profiler disturbed only where no other was measured."""
+    measured = measured_step_times(steps)
+    if measured.empty:
+        measured = measured_step_times(steps, disturbed=True)
+    return measured["step_ms"].median()
 
 
 def _shares_cpu(runs, run_id) -> bool:
