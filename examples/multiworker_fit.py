@@ -2,13 +2,14 @@
 
 Keras 3 fit fails under MultiWorkerMirroredStrategy (keras-team/keras#20585), so this
 uses legacy tf_keras (`pip install "keras_dp_tools[multiworker]"`). The launcher starts
-one process per worker, each with its TF_CONFIG, all under one run id:
+one process per worker, each with its TF_CONFIG:
 
     keras-dp launch --workers 2 -- python examples/multiworker_fit.py LOG_DIR
 
-Or by hand, one process per worker with its index (what the launcher does for you):
+Or by hand, one process per worker with its index (what the launcher does for you);
+the workers agree on one run id when fit begins (docs/records.md, "Run ids"):
 
-    export KERAS_DP_RUN_ID=mw1 WORKERS=localhost:23456,localhost:23457
+    export WORKERS=localhost:23456,localhost:23457
     python examples/multiworker_fit.py 0 LOG_DIR $WORKERS &
     python examples/multiworker_fit.py 1 LOG_DIR $WORKERS
 
