@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test lint format clean bench gpu-check
+.PHONY: demo test docs lint format clean bench gpu-check
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,11 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# The docs site (MkDocs Material, API reference from the docstrings) -> site/. --strict:
+# a warning (a broken link, an unreadable docstring) fails, as in tests/test_docs_site.py.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 # Interleaved A/B benchmarks (about 10 minutes) -> benchmarks/RESULTS.md.
 bench: $(STAMP)
@@ -46,4 +51,4 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf $(VENV) runs build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) runs site build *.egg-info .pytest_cache .ruff_cache
