@@ -133,7 +133,7 @@ def run_once(out: Path, variant: str, index: int, keep_cores: bool, timeout: flo
         "windows": _window_statuses(log_dir),
     }
     record["complete_params_threads"] = {
-        worker: dict(kinds) for worker, kinds in complete_params_threads(log_dir).items()
+        _worker(capture): dict(kinds) for capture, kinds in complete_params_threads(log_dir).items()
     }
     if crashed or status != 0:
         worker = crashed[0] if crashed else None
@@ -250,7 +250,8 @@ def summarise(out: Path) -> None:
             if "complete_params_threads" not in r:  # a run recorded before this count
                 folder = out / variant / f"run-{r['run']:03d}" / "logs"
                 r["complete_params_threads"] = complete_params_threads(folder)
-            for worker, kinds in r["complete_params_threads"].items():
+            for capture, kinds in r["complete_params_threads"].items():
+                worker = _worker(capture)
                 exposure.setdefault(worker, Counter()).update(kinds)
         for worker, kinds in sorted(exposure.items()):
             print(f"  worker {worker}: CompleteParams events by thread kind {dict(kinds)}")
@@ -265,13 +266,20 @@ def summarise(out: Path) -> None:
             )
 
 
+def _worker(capture: str) -> str:
+    """The worker of a capture: ``complete_params_threads`` names the DataParallelProfiler's
+    by worker, a server capture by its file, ``<host>_<port>``; the ``server`` variant's
+    workers listen on an even port (worker 0) and the next one."""
+    host, _, port = capture.rpartition("_")
+    return str(int(port) % 2) if host and port.isdigit() else capture
+
+
 def _lost_merges(threads: dict[str, dict[str, int]]) -> int | None:
     """Worker 0's CompleteParams events less worker 1's, where both have a capture."""
-    captures = sorted(threads)
-    if len(captures) != 2:
+    counts = {_worker(capture): sum(kinds.values()) for capture, kinds in threads.items()}
+    if set(counts) != {"0", "1"}:
         return None
-    first, second = (sum(threads[name].values()) for name in captures)
-    return first - second
+    return counts["0"] - counts["1"]
 
 
 def main() -> None:
