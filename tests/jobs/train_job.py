@@ -2,7 +2,10 @@
 
 Injects faults for real: ``--kill-at-step`` sends SIGKILL to its own process after that
 step's records are written, ``--slow-ms`` sleeps before every step on ``--slow-worker``.
-Under ``TF_CONFIG`` it trains with MultiWorkerMirroredStrategy (tf_keras).
+Under ``TF_CONFIG`` it trains with MultiWorkerMirroredStrategy (tf_keras);
+``--all-workers`` profiles every worker. ``--stop-barrier`` and ``--profiler-options``
+are the variants of the profiler's start and stop that benchmarks/profiler_crash.py
+compares (docs/multiworker.md).
 """
 
 import argparse
