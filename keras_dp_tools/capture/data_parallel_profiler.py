@@ -112,9 +112,9 @@ class DataParallelProfiler(DataParallelCallback):
         tensorboard: also write TensorBoard scalars.
         all_workers: under a multi-worker strategy, profile every worker. By default
             only worker 0 does: with TensorFlow 2.21, stopping the profiler on another
-            worker crashed it (SIGABRT "free(): invalid pointer", SIGSEGV, SIGBUS) in 5
-            of 76 two-worker runs here and lost trace events in about half of the
-            others, and a measurement must not kill training. The cause is in
+            worker crashed it (SIGABRT "free(): invalid pointer", SIGSEGV, SIGBUS) in 16
+            of 155 two-worker runs here, whatever we tried, and lost trace events in
+            about half of the others; a measurement must not kill training. The cause is in
             TensorFlow's profiler (a stale pointer when it merges activities that start
             and end on different threads, which only the other workers' collectives
             record); worker 0 never crashed. docs/multiworker.md has the details.
