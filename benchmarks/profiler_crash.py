@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import resource
@@ -39,7 +38,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
-from tests.helpers.split_events import complete_params_threads  # noqa: E402 (shared)
+from tests.helpers.processes import worker_env  # noqa: E402 (shared with the tests)
+from tests.helpers.split_events import complete_params_threads  # noqa: E402
 
 JOB = REPO / "tests" / "jobs" / "train_job.py"
 MULTIHOST_JOB = REPO / "tests" / "jobs" / "multihost_capture.py"
@@ -89,13 +89,7 @@ def run_once(out: Path, variant: str, index: int, keep_cores: bool, timeout: flo
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
     log_dir = folder / "logs"
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(REPO),
-        "PYTHONFAULTHANDLER": "1",
-        "TF_CPP_MIN_LOG_LEVEL": "2",
-    }
-    env.pop("KERAS_DP_RUN_ID", None)
+    env = worker_env(PYTHONPATH=str(REPO))
     command = [sys.executable, "-m", "keras_dp_tools", "launch", "--workers", "2"]
     command += ["--grace", "5", "--log-dir", str(log_dir), "--"]
     if VARIANTS[variant] is None:

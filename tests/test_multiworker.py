@@ -13,6 +13,7 @@ import pytest
 import keras_dp_tools as kdt
 from keras_dp_tools.tools.launch import free_ports
 from tests.helpers import REPO
+from tests.helpers.processes import worker_env
 from tests.helpers.split_events import COLLECTIVE_THREADS, complete_params_threads, cross_thread
 
 JOB = str(REPO / "tests" / "jobs" / "train_job.py")
@@ -22,9 +23,9 @@ def launch_job(log_dir, *job_args, launch_args=(), timeout=300):
     command = [sys.executable, "-m", "keras_dp_tools", "launch", "--workers", "2"]
     command += [*launch_args, "--log-dir", str(log_dir), "--"]
     command += [sys.executable, JOB, str(log_dir), *job_args]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONFAULTHANDLER": "1"}
-    env.pop("KERAS_DP_RUN_ID", None)
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        command, env=worker_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 @pytest.mark.slow

@@ -29,6 +29,15 @@ def run_module(module: str, *args: str, env: dict | None = None, timeout: float 
     )
 
 
+def worker_env(**extra: str) -> dict:
+    """This process's environment for TensorFlow workers started under ``keras-dp
+    launch``: TensorFlow's info logs off, Python stacks of all threads on a fatal signal
+    (a crash inside TensorFlow), and no inherited run id (the launcher makes one)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONFAULTHANDLER": "1", **extra}
+    env.pop("KERAS_DP_RUN_ID", None)
+    return env
+
+
 def get_json(url: str, timeout: float = 30):
     """A JSON answer of a local server (TensorBoard's profile plugin gzips its own)."""
     with urllib.request.urlopen(url, timeout=timeout) as response:
