@@ -1,4 +1,5 @@
-"""Two real tf_keras workers on localhost (keras-dp launch): a straggler, a SIGKILL.
+"""Two real tf_keras workers on localhost (keras-dp launch): a straggler, a SIGKILL,
+every worker profiled.
 
 Each test starts 2 TensorFlow processes; they are kept tiny and few.
 """
@@ -12,6 +13,7 @@ import pytest
 import keras_dp_tools as kdt
 from keras_dp_tools.tools.launch import free_ports
 from tests.helpers.processes import TRAIN_JOB, launch_job
+from tests.helpers.split_events import COLLECTIVE_THREADS, complete_params_threads, cross_thread
 
 
 @pytest.mark.slow
@@ -44,6 +46,56 @@ def test_a_worker_40_ms_slow_per_step_is_named_and_its_wait_is_not_transfer(tmp_
     assert set(report.runs["run_id_source"]) == {"env"}  # the launcher's one id
     assert kdt.what_if(tmp_path)["run"].tolist() == report.runs["run"].unique().tolist()
     print(report.text())
+
+
+def known_profiler_crash(result) -> bool:
+    """Worker 1 died of a signal inside TensorFlow's profiler stop: the TensorFlow 2.21
+    bug of docs/multiworker.md (about one run in fifteen), not ours."""
+    worker_1 = "\n".join(line for line in result.stdout.splitlines() if "[worker 1]" in line)
+    killed = any(f"worker 1 was killed by {name}" in result.stdout for name in SIGNALS)
+    return killed and "profiler_v2.py" in worker_1 and " in stop" in worker_1
+
+
+SIGNALS = ("SIGABRT", "SIGSEGV", "SIGBUS")
+
+
+@pytest.mark.slow
+def test_all_workers_profiles_each_worker_and_the_report_reads_both(tmp_path):
+    # Up to three tries: only a crash with TensorFlow's known signature earns another.
+    for attempt in range(3):
+        log_dir = tmp_path / f"try-{attempt}"
+        result = launch_job(
+            log_dir,
+            *("--all-workers", "--profile-start-step", "3"),
+            *("--epochs", "1", "--steps-per-epoch", "10"),
+        )
+        if not known_profiler_crash(result):
+            break
+    assert result.returncode == 0, result.stdout[-4000:]
+
+    report = kdt.Report.load(log_dir)
+    windows = report.windows.set_index("worker")
+    assert windows["status"].to_dict() == {0: "analysed", 1: "analysed"}, windows.to_string()
+    assert windows.loc[1, "trace"].startswith("train/worker-1/plugins/profile/")
+    steps = report.steps
+    for worker in (0, 1):
+        # Each worker analysed its own window: steps 3-7, from its own trace.
+        profiled = steps[(steps["worker"] == worker) & steps["compute_ms"].notna()]
+        assert profiled["step"].tolist() == [3, 4, 5, 6, 7], worker
+        # The trace's step agrees with the worker's own host clock (StepTimer).
+        gap = (profiled["trace_step_ms"] - profiled["step_ms"]).abs()
+        assert (gap <= 0.3 * profiled["step_ms"] + 2.0).all(), profiled.to_string()
+        assert (profiled["allreduce_ms"] > 0).all()
+    assert sorted(report.replicas["worker"].unique()) == [0, 1]
+    # Only the worker that opted into the risk warns.
+    lines = result.stdout.splitlines()
+    warning = "DataParallelProfiler profiles worker 1 (all_workers=True)"
+    assert any(warning in line for line in lines if line.startswith("[worker 1]"))
+    assert not any("(all_workers=True): with" in line for line in lines if "[worker 0]" in line)
+    # What makes worker 0 safe to profile: it leads the collective group, so TensorFlow
+    # resolves its collectives on the thread that started them (no cross-thread events).
+    threads = complete_params_threads(log_dir)
+    assert threads["0"][COLLECTIVE_THREADS] > 0 and cross_thread(threads["0"]) == 0, threads
 
 
 @pytest.mark.slow

@@ -111,9 +111,14 @@ class DataParallelProfiler(DataParallelCallback):
         max_windows: most windows to capture over the callback's life (disk use).
         tensorboard: also write TensorBoard scalars.
         all_workers: under a multi-worker strategy, profile every worker. By default
-            only worker 0 does: with TensorFlow 2.21, stopping the profiler crashed
-            another worker's process ("free(): invalid pointer") in about one run in
-            seven of our two-worker tests, and a measurement must not kill training.
+            only worker 0 does: with TensorFlow 2.21, stopping the profiler on another
+            worker crashed it (SIGABRT "free(): invalid pointer", SIGSEGV, SIGBUS) in 16
+            of 155 two-worker runs here, whatever we tried, and lost trace events in
+            about half of the others; a measurement must not kill training. The cause is in
+            TensorFlow's profiler (a stale pointer when it merges activities that start
+            and end on different threads, which only the other workers' collectives
+            record); worker 0 never crashed. docs/multiworker.md has the details.
+            With ``all_workers=True`` the other workers warn once.
     """
 
     def __init__(
@@ -180,6 +185,14 @@ class DataParallelProfiler(DataParallelCallback):
                 start_step=self.start_step,
                 status="skipped",
                 reason=reason,
+            )
+        if worker > 0 and self.all_workers and self._next_start is not None:
+            self._warn_once(
+                "all_workers",
+                f"DataParallelProfiler profiles worker {worker} (all_workers=True): with "
+                "TensorFlow 2.21, stopping the profiler on a worker other than 0 can crash "
+                "its process or lose trace events (a TensorFlow bug; see "
+                "docs/multiworker.md). all_workers=False profiles worker 0 only.",
             )
         self._steps.start(self.model)
         # tf_keras marks every step itself; our markers nest inside its own in windows.
@@ -282,7 +295,7 @@ class DataParallelProfiler(DataParallelCallback):
         directory = profile_dir(self.log_dir, self._run_facts.worker)
         before = _captures(directory)
         try:
-            tf.profiler.experimental.start(str(directory))
+            self._start_profiler(directory)
         except (tf.errors.AlreadyExistsError, tf.errors.UnavailableError) as error:
             reason = f"another profiler session is active ({error.message})"
             self._schedule_next(step)
@@ -317,13 +330,11 @@ class DataParallelProfiler(DataParallelCallback):
         logger.info("profiling %d steps from step %d into %s", self.window, step, directory)
 
     def _close_window(self) -> None:
-        import tensorflow as tf
-
         window, self._window = self._window, None
         _open_windows.discard(self)
         stop_started = time.perf_counter()
         _wait_for_a_free_capture_name(window["directory"])
-        tf.profiler.experimental.stop()
+        self._stop_profiler()
         stop_ms = 1000 * (time.perf_counter() - stop_started)
         first_step = window["start_step"]
         self._schedule_next(first_step)
@@ -352,6 +363,18 @@ class DataParallelProfiler(DataParallelCallback):
             record["analysis_end"] = time.time()
 
         self._pending.append((record, self._runner.submit(trace, facts, analysis_ended)))
+
+    # The profiler session's start and stop, one place each (benchmarks/profiler_crash.py
+    # tries variants of them through tests/jobs/train_job.py).
+    def _start_profiler(self, directory: Path) -> None:
+        import tensorflow as tf
+
+        tf.profiler.experimental.start(str(directory))
+
+    def _stop_profiler(self) -> None:
+        import tensorflow as tf
+
+        tf.profiler.experimental.stop()
 
     def _collect(self, wait: bool) -> None:
         """Writes the results of finished analyses (all of them if ``wait``)."""

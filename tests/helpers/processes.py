@@ -33,15 +33,24 @@ def run_module(module: str, *args: str, env: dict | None = None, timeout: float 
     )
 
 
+def worker_env(**extra: str) -> dict:
+    """This process's environment for TensorFlow workers started under ``keras-dp
+    launch``: TensorFlow's info logs off, Python stacks of all threads on a fatal signal
+    (a crash inside TensorFlow), and no inherited run id (the launcher makes one)."""
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONFAULTHANDLER": "1", **extra}
+    env.pop("KERAS_DP_RUN_ID", None)
+    return env
+
+
 def launch_job(log_dir, *job_args, launch_args=(), timeout=300):
     """Runs ``tests/jobs/train_job.py LOG_DIR JOB_ARGS`` on 2 workers under
     ``keras-dp launch LAUNCH_ARGS --log-dir LOG_DIR`` (a fresh run id)."""
     command = [sys.executable, "-m", "keras_dp_tools", "launch", "--workers", "2"]
     command += [*launch_args, "--log-dir", str(log_dir), "--"]
     command += [sys.executable, TRAIN_JOB, str(log_dir), *job_args]
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONFAULTHANDLER": "1"}
-    env.pop("KERAS_DP_RUN_ID", None)
-    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        command, env=worker_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def get_json(url: str, timeout: float = 30):

@@ -2,7 +2,10 @@
 
 Injects faults for real: ``--kill-at-step`` sends SIGKILL to its own process after that
 step's records are written, ``--slow-ms`` sleeps before every step on ``--slow-worker``.
-Under ``TF_CONFIG`` it trains with MultiWorkerMirroredStrategy (tf_keras).
+Under ``TF_CONFIG`` it trains with MultiWorkerMirroredStrategy (tf_keras);
+``--all-workers`` profiles every worker. ``--stop-barrier`` and ``--profiler-options``
+are the variants of the profiler's start and stop that benchmarks/profiler_crash.py
+compares (docs/multiworker.md).
 """
 
 import argparse
@@ -29,6 +32,26 @@ parser.add_argument("--slow-worker", type=int, default=None)
 parser.add_argument("--slow-ms", type=float, default=0.0)
 parser.add_argument("--profile-start-step", type=int, default=None)
 parser.add_argument("--profile-every", type=int, default=None)
+parser.add_argument("--profile-window", type=int, default=5, help="steps per profiler window")
+parser.add_argument(
+    "--all-workers",
+    action="store_true",
+    help="under TF_CONFIG, every worker profiles (DataParallelProfiler(all_workers=True))",
+)
+parser.add_argument(
+    "--stop-barrier",
+    action="store_true",
+    help="experiment: a tiny all-reduce of all workers right before the profiler stops",
+)
+parser.add_argument(
+    "--profiler-options",
+    default=None,
+    help="experiment: HOST,PYTHON,DEVICE tracer levels for tf.profiler.experimental.start",
+)
+parser.add_argument(
+    "--validation-steps", type=int, default=0, help="evaluate this many batches each epoch"
+)
+parser.add_argument("--monitor", action="store_true", help="GpuMonitor too (kdt.callbacks')")
 parser.add_argument("--backup", default=None)
 parser.add_argument("--mirrored", type=int, default=0, help="MirroredStrategy over N CPUs")
 args = parser.parse_args()
@@ -79,6 +102,25 @@ class Kill(keras.callbacks.Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
+class ExperimentProfiler(kdt.DataParallelProfiler):
+    """The profiler with the variants benchmarks/profiler_crash.py compares."""
+
+    def _start_profiler(self, directory):
+        if args.profiler_options is None:
+            return super()._start_profiler(directory)
+        host, python, device = (int(level) for level in args.profiler_options.split(","))
+        options = tf.profiler.experimental.ProfilerOptions(
+            host_tracer_level=host, python_tracer_level=python, device_tracer_level=device
+        )
+        tf.profiler.experimental.start(str(directory), options=options)
+
+    def _stop_profiler(self):
+        if args.stop_barrier:
+            ones = strategy.run(lambda: tf.constant(1.0))
+            strategy.reduce(tf.distribute.ReduceOp.SUM, ones, axis=None)
+        super()._stop_profiler()
+
+
 global_batch = 8 * strategy.num_replicas_in_sync
 with strategy.scope():
     model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16), keras.layers.Dense(1)])
@@ -91,19 +133,30 @@ options = tf.data.Options()
 options.experimental_distribute.auto_shard_policy = tf.data.experimental.AutoShardPolicy.OFF
 dataset = dataset.with_options(options)
 
-ours = kdt.callbacks(
-    args.log_dir,
-    global_batch=global_batch,
-    profile=args.profile_start_step is not None,
-    profile_start_step=args.profile_start_step or 0,
-    profile_every=args.profile_every,
-    monitor=False,
-)
+ours = kdt.callbacks(args.log_dir, global_batch=global_batch, profile=False, monitor=args.monitor)
+if args.profile_start_step is not None:
+    # Where kdt.callbacks puts it (after the step timer, before the advisor); the
+    # library's default for all_workers unless --all-workers says otherwise.
+    profiler = ExperimentProfiler(
+        args.log_dir,
+        start_step=args.profile_start_step,
+        window=args.profile_window,
+        every=args.profile_every,
+        **({"all_workers": True} if args.all_workers else {}),
+    )
+    ours.insert(1, profiler)
 profilers = [callback for callback in ours if isinstance(callback, kdt.DataParallelProfiler)]
 # The slowdown runs before our step timer starts a step; the kill after it recorded one.
 callbacks = [Slow(), *ours, Kill()]
 if args.backup:
     callbacks.insert(0, keras.callbacks.BackupAndRestore(args.backup))
-model.fit(dataset, epochs=args.epochs, verbose=0, callbacks=callbacks)
+validation = dict(validation_data=dataset, validation_steps=args.validation_steps)
+model.fit(
+    dataset,
+    epochs=args.epochs,
+    verbose=0,
+    callbacks=callbacks,
+    **(validation if args.validation_steps else {}),
+)
 print(f"worker {worker} done", flush=True)
 sys.exit(0)
