@@ -431,7 +431,8 @@ def _workers(report) -> list[Finding]:
         "compute": "Check that worker's devices: clocks and temperature, other processes, "
         "a slower GPU model than its peers.",
         "unknown": "The slowness is inside its train call (input or compute): profile that "
-        "worker too (DataParallelProfiler(all_workers=True)).",
+        "worker too (DataParallelProfiler(all_workers=True); with TensorFlow 2.21 that may "
+        "crash it, docs/multiworker.md: rehearse on a short run first).",
     }
     worker = found["worker"]
     evidence = (
