@@ -60,11 +60,15 @@ class AdvisorFrames:
     def for_run(self, run: str) -> AdvisorFrames:
         """The rows of one run id."""
         return AdvisorFrames(
-            **{
-                name: frame[frame["run"] == run].reset_index(drop=True)
-                for name, frame in _frames_of(self).items()
-            }
+            **{name: _rows_of_run(frame, run) for name, frame in _frames_of(self).items()}
         )
+
+
+def _rows_of_run(frame: pd.DataFrame, run: str) -> pd.DataFrame:
+    """The rows of one run; the frame itself when it holds that run alone (a copy of
+    millions of steps costs seconds)."""
+    mine = frame["run"] == run
+    return (frame if mine.all() else frame[mine]).reset_index(drop=True)
 
 
 _NAMES = [field.name for field in fields(AdvisorFrames)]
@@ -311,7 +315,8 @@ def _batching(report) -> list[Finding]:
 
 def _steps(report) -> list[Finding]:
     steps = report.steps
-    steps = steps[~steps["warmup"].fillna(False).astype(bool) & ~steps["profiled"].astype(bool)]
+    steady = ~steps["warmup"].fillna(False).astype(bool) & ~steps["profiled"].astype(bool)
+    steps = steps.loc[steady, ["step_ms"]]  # the column alone: not a copy of every one
     if len(steps) < 10:
         return []
     median, p90 = steps["step_ms"].median(), steps["step_ms"].quantile(0.9)
@@ -409,7 +414,10 @@ def _workers(report) -> list[Finding]:
     found = straggler(report.workers, report.steps)
     if found is None:
         return []
-    steps = report.steps[~report.steps["warmup"].astype("boolean").fillna(False)]
+    steps = report.steps
+    steps = steps.loc[
+        ~steps["warmup"].astype("boolean").fillna(False), ["step", "step_ms", "worker_wait_ms"]
+    ]
     share = found["others_wait_ms"] / steps["step_ms"].median()
     timed = steps.dropna(subset=["worker_wait_ms"])["step"].nunique()
     # The wait must stand out of the clocks' disagreement, over enough steps.

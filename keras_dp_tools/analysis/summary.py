@@ -17,8 +17,11 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     runs, steps = frames.runs, frames.steps
     if steps.empty:
         return pd.DataFrame(columns=["start", "workers", "replicas", "steps"])
-    steps = steps[~steps["warmup"].fillna(False).astype(bool)]
-    steps = steps[~steps["redone"].astype(bool)]  # a restart ran them again: count once
+    # A restart ran redone steps again: count them once. The breakdown columns the
+    # summary does not read stay behind: the rows are copied once, not every column.
+    counted = ~steps["warmup"].fillna(False).astype(bool) & ~steps["redone"].astype(bool)
+    unread = set(schema.BREAKDOWN_FIELDS) - {*schema.HEADLINE_COLUMNS, *schema.STEP_COLUMNS[:4]}
+    steps = steps.loc[counted, [name for name in steps.columns if name not in unread]]
     grouped = steps.groupby("run", sort=False)
     measured = steps[~steps["profiled"]]
     timed = measured.groupby("run", sort=False)
