@@ -563,7 +563,7 @@ def cluster_markdown(cluster: dict) -> list[str]:
     ]
     for part in CLUSTER_PARTS[1:]:
         lines.append(f"| `{part}` | {parts[part]['wall_s']:.2f} s | {parts[part]['cpu_s']:.2f} s |")
-    return lines
+    return [*lines, "", "`workers` is computed on first use: here by the summary's advice."]
 
 
 CLUSTER_GOAL_TEXT = (
