@@ -345,6 +345,13 @@ def with_breakdown(
 
 def _taken(column: pd.Series, positions: np.ndarray, index: pd.Index) -> pd.Series:
     """``column``'s values at ``positions`` (-1: empty) as a series on ``index``."""
+    # A float column: NaN, then the values at their rows (a take with a fill cost
+    # ~0.3 s a column at 6.4 million rows).
+    if isinstance(column.dtype, np.dtype) and column.dtype.kind == "f":
+        values = np.full(len(positions), np.nan, dtype=column.dtype)
+        found = positions >= 0
+        values[found] = column.to_numpy()[positions[found]]
+        return pd.Series(values, index=index, name=column.name, copy=False)
     return pd.Series(column.array.take(positions, allow_fill=True), index=index, name=column.name)
 
 
