@@ -424,6 +424,153 @@ def bench_load(sizes: list[int], folder: Path, rounds: int) -> list[dict]:
     return rows
 
 
+# -- Report.load at cluster scale -------------------------------------------------------
+
+CLUSTER_GOAL = {"seconds": 10.0, "peak_rss_mb": 2000.0}  # issue 26: 64 workers x 100,000 steps
+
+_CLUSTER_CHILD = """
+import json, os, sys, time
+sys.path.insert(0, sys.argv[2])
+from keras_dp_tools.report.facade import Report
+import keras_dp_tools.analysis.summary, keras_dp_tools.analysis.advice, pyarrow.parquet
+
+def status_kib(field):
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+
+with open("/proc/self/clear_refs", "w") as clear:  # imports done: peak RSS = RSS now
+    clear.write("5")
+measured = {"start_rss_mb": status_kib("VmRSS") / 1024, "load_average": os.getloadavg()[0]}
+
+def clock(name, call):
+    wall, cpu = time.perf_counter(), time.process_time()
+    result = call()
+    measured[name] = {"wall_s": time.perf_counter() - wall, "cpu_s": time.process_time() - cpu}
+    return result
+
+report = clock("load", lambda: Report.load(sys.argv[1]))
+summary = clock("summary", report.summary)
+advice = clock("advice", report.advice)
+workers = clock("workers", lambda: report.workers)
+measured["peak_rss_mb"] = status_kib("VmHWM") / 1024
+measured["summary_steps"] = int(summary["steps"].iloc[0])
+measured["worker_rows"] = len(workers)
+measured["straggler_share"] = float(workers["last_to_enter_share"].max())
+measured["advice_codes"] = [finding.code for finding in advice]
+print(json.dumps(measured))
+"""
+
+
+def measure_cluster_load(log_dir: Path, root: Path = ROOT) -> dict:
+    """``Report.load`` + ``summary()`` + ``advice()`` + ``workers`` of ``log_dir`` in a
+    fresh process that has imported everything first: wall and CPU time of each, and
+    the process's peak RSS (VmHWM, reset after the imports)."""
+    output = subprocess.run(
+        [sys.executable, "-c", _CLUSTER_CHILD, str(log_dir), str(root)],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    measured = json.loads(output.strip().splitlines()[-1])
+    for key in TIMES:
+        measured["total_" + key] = sum(measured[n][key] for n in CLUSTER_PARTS)
+    return measured
+
+
+CLUSTER_PARTS = ("load", "summary", "advice", "workers")
+TIMES = ("wall_s", "cpu_s")
+
+
+def bench_cluster(folder: Path, workers: int, steps: int, rounds: int) -> dict:
+    """A multi-worker run's records (``tests/helpers/cluster_records``: the callbacks'
+    own bytes; generating them is not timed), loaded in fresh processes: first from
+    the JSON Lines (which writes the columnar cache), then ``rounds`` times cached."""
+    from keras_dp_tools.records.reader import records_cache_path
+    from tests.helpers.cluster_records import write_cluster_run
+
+    log_dir = folder / f"cluster_{workers}x{steps}"
+    windows = tuple((step, step + 5) for step in (100, steps * 2 // 5, steps * 4 // 5))
+    paths = write_cluster_run(log_dir, workers=workers, steps=steps, windows=windows)
+    first = measure_cluster_load(log_dir)
+    print(f"cluster first load: {first}", flush=True)
+    cached = []
+    for _ in range(rounds):
+        cached.append(measure_cluster_load(log_dir))
+        print(f"cluster cached load: {cached[-1]}", flush=True)
+    median = {
+        key: statistics.median(run[key] for run in cached)
+        for key in ("total_wall_s", "total_cpu_s", "peak_rss_mb")
+    }
+    return {
+        "workers": workers,
+        "steps": steps,
+        "records_mb": sum(path.stat().st_size for path in paths) / 1e6,
+        "cache_mb": sum(records_cache_path(path).stat().st_size for path in paths) / 1e6,
+        "first": first,
+        "cached": cached,
+        "median": median,
+        "parts": {
+            part: {
+                key: statistics.median(run[part][key] for run in cached)
+                for key in ("wall_s", "cpu_s")
+            }
+            for part in CLUSTER_PARTS
+        },
+    }
+
+
+def cluster_markdown(cluster: dict) -> list[str]:
+    """The "Report.load at cluster scale" section."""
+    goal_s, goal_mb = CLUSTER_GOAL["seconds"], CLUSTER_GOAL["peak_rss_mb"]
+    first, median, parts = cluster["first"], cluster["median"], cluster["parts"]
+
+    def verdict(value, goal):
+        if (cluster["workers"], cluster["steps"]) != (64, 100_000):
+            return "n/a (another size)"
+        return "met" if value < goal else "**missed**"
+
+    loads = [run["load_average"] for run in [first, *cluster["cached"]]]
+    lines = [
+        f"## `Report.load` at cluster scale (goal: {CLUSTER_GOAL_TEXT})",
+        "",
+        f"{cluster['workers']} workers x {cluster['steps']:,} steps of a multi-worker run "
+        f"({cluster['records_mb']:.0f} MB of JSON Lines written in the callbacks' bytes by "
+        "`tests/helpers/cluster_records.py`: headers, clock offsets, a straggler, warm-up, "
+        "epochs, 3 profiler windows with their breakdown rows, CPU readings; columnar cache "
+        f"{cluster['cache_mb']:.0f} MB). Each load runs in a fresh process that imported "
+        "everything first; peak RSS is the process's VmHWM (reset after the imports). "
+        "CPU time is what the shared machine's neighbours do not inflate. Load average "
+        f"(1 min) at the loads: {min(loads):.2f}-{max(loads):.2f}.",
+        "",
+        "| load | wall | CPU | peak RSS | goal: time | goal: memory |",
+        "|---|---|---|---|---|---|",
+        f"| first (JSON Lines -> cache) + summary + advice + workers | "
+        f"{first['total_wall_s']:.1f} s | {first['total_cpu_s']:.1f} s | "
+        f"{first['peak_rss_mb']:,.0f} MB | | |",
+        f"| cached + summary + advice + workers (median of {len(cluster['cached'])}) | "
+        f"{median['total_wall_s']:.1f} s | {median['total_cpu_s']:.1f} s | "
+        f"{median['peak_rss_mb']:,.0f} MB | {verdict(median['total_wall_s'], goal_s)} "
+        f"(CPU: {verdict(median['total_cpu_s'], goal_s)}) | "
+        f"{verdict(median['peak_rss_mb'], goal_mb)} |",
+        "",
+        "| part (cached, median) | wall | CPU |",
+        "|---|---|---|",
+        f"| `Report.load` (first: {first['load']['wall_s']:.1f} s wall, "
+        f"{first['load']['cpu_s']:.1f} s CPU) | {parts['load']['wall_s']:.2f} s | "
+        f"{parts['load']['cpu_s']:.2f} s |",
+    ]
+    for part in CLUSTER_PARTS[1:]:
+        lines.append(f"| `{part}` | {parts[part]['wall_s']:.2f} s | {parts[part]['cpu_s']:.2f} s |")
+    return [*lines, "", "`workers` is computed on first use: here by the summary's advice."]
+
+
+CLUSTER_GOAL_TEXT = (
+    "64 workers x 100,000 steps: load + summary + advice + workers < 10 s, peak RSS < 2 GB"
+)
+
+
 # -- training overhead -----------------------------------------------------------------
 
 
@@ -847,6 +994,7 @@ def markdown(results: dict, smoke: bool) -> str:
     ]
     for r in results["report_load"]:
         lines.append(f"| {r['rows']:,} | {r['seconds']:.2f} s |")
+    lines += ["", *cluster_markdown(results["cluster"])]
     notes = results.get("notes")
     if notes:
         lines += ["", "## Notes", "", notes]
@@ -865,7 +1013,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=["training", "synthetic", "gpu"],
+        choices=["training", "synthetic", "gpu", "cluster"],
         help="run one section and replace only it (and the notes) in the existing output",
     )
     parser.add_argument(
@@ -883,6 +1031,12 @@ def main(argv=None) -> int:
         rerun = "Rerun alone (`bench.py --only synthetic`); the sections above are from the last"
         section = [*synthetic_markdown(rows), "", rerun + " `make bench`."]
         return write_section(args, section, smoke)
+    # 6,000 steps a worker: files over the cache's threshold even in a smoke run.
+    cluster_size = (4, 6000, 1) if smoke else (64, 100_000, 3)
+    if args.only == "cluster":
+        with tempfile.TemporaryDirectory(prefix="kdp_bench_") as scratch:
+            cluster = bench_cluster(Path(scratch), *cluster_size)
+        return write_section(args, cluster_markdown(cluster), smoke)
     gpu_events, gpu_rounds = (2000, 1) if smoke else (500_000, 4)
     if args.only == "gpu":
         with tempfile.TemporaryDirectory(prefix="kdp_bench_") as scratch:
@@ -934,6 +1088,7 @@ def main(argv=None) -> int:
         results["gpu"] = bench_gpu(folder, gpu_events, gpu_rounds, args.gpu_baseline)
         load_sizes = [1000] if smoke else [10_000, 100_000, 1_000_000]
         results["report_load"] = bench_load(load_sizes, folder, 1 if smoke else 3)
+        results["cluster"] = bench_cluster(folder, *cluster_size)
     if args.notes.exists() and not smoke:
         results["notes"] = args.notes.read_text().strip()
     text = markdown(results, smoke)
@@ -949,7 +1104,10 @@ def write_section(args, section: list[str], smoke: bool) -> int:
     heading = section[0].split("(")[0]
     body = "\n".join(section) + "\n"
     start = text.find(heading)
-    if start < 0:
+    if start < 0 and "\n## Notes\n" in text:  # a new section goes before the notes
+        notes = text.index("\n## Notes\n")
+        text = text[:notes] + "\n" + body + text[notes:]
+    elif start < 0:
         text = text.rstrip("\n") + "\n\n" + body
     else:
         end = text.find("\n## ", start + 1)

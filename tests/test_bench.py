@@ -27,6 +27,8 @@ def test_bench_smoke_run_writes_the_results_table(tmp_path):
         "XProf's `input_pipeline_analyzer`",
         "Synthetic traces",
         "`Report.load`",
+        "`Report.load` at cluster scale",
     ):
         assert section in table
     assert "| tiny |" in table and "| 2,000 |" in table and "| 1,000 |" in table
+    assert "4 workers x 6,000 steps" in table and "first (JSON Lines -> cache)" in table

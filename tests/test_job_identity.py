@@ -86,10 +86,11 @@ def test_later_runs_of_a_shared_id_are_numbered_the_same_on_every_worker():
     assert next_run_id(local, 0) != next_run_id(local, 0)  # fresh ids, never shared
 
 
-def test_a_failed_agreement_warns_once_and_falls_back_to_a_local_id(monkeypatch):
+def test_a_failed_agreement_warns_once_and_falls_back_to_a_local_id(monkeypatch, tf):
     # A multi-worker cluster spec in a process without TensorFlow's coordination
     # service: the store refuses (FailedPrecondition), as it would on a cluster where
-    # it is off. The fit must carry on with an id of its own.
+    # it is off. The fit must carry on with an id of its own. (``tf``: the session's
+    # devices are set up before the store starts TensorFlow's context.)
     monkeypatch.delenv("KERAS_DP_RUN_ID", raising=False)
     monkeypatch.setattr(job_identity._Agreement, "warned", False)
     monkeypatch.setattr(job_identity._Agreement, "outcomes", {})

@@ -61,11 +61,15 @@ class AdvisorFrames:
     def for_run(self, run: str) -> AdvisorFrames:
         """The rows of one run id."""
         return AdvisorFrames(
-            **{
-                name: frame[frame["run"] == run].reset_index(drop=True)
-                for name, frame in _frames_of(self).items()
-            }
+            **{name: _rows_of_run(frame, run) for name, frame in _frames_of(self).items()}
         )
+
+
+def _rows_of_run(frame: pd.DataFrame, run: str) -> pd.DataFrame:
+    """The rows of one run; the frame itself when it holds that run alone (a copy of
+    millions of steps costs seconds)."""
+    mine = frame["run"] == run
+    return (frame if mine.all() else frame[mine]).reset_index(drop=True)
 
 
 _NAMES = [field.name for field in fields(AdvisorFrames)]

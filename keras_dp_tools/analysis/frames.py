@@ -120,16 +120,20 @@ _STEP_INTEGERS = ("worker", "epoch", "step", "steps")
 
 def load_frames(files: Iterable[tuple[str | os.PathLike, int]]) -> dict:
     """``report_frames`` of the records files, each read from a byte offset."""
-    return report_frames(records_by_type(files))
+    return _report_frames(records_by_type(files))  # its own records: freed once used
 
 
 def records_by_type(files: Iterable[tuple[str | os.PathLike, int]]) -> dict[str, pd.DataFrame]:
     """The records of the files (each read from its byte offset: the first line of a
-    run), one frame per record type, each row with the ``source`` file it came from."""
+    run), one frame per record type, each row but the steps' with the ``source`` file
+    it came from (no frame shows a step's source; 64 workers x 100,000 steps would
+    hold 6.4 million copies of it)."""
     by_type: dict[str, list[pd.DataFrame]] = {}
     for path, start in files:
         for record_type, frame in read_records_by_type(path, start).items():
-            by_type.setdefault(record_type, []).append(frame.assign(source=str(path)))
+            if record_type != "step":
+                frame = frame.assign(source=str(path))
+            by_type.setdefault(record_type, []).append(frame)
     return {
         record_type: pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
         for record_type, frames in by_type.items()
@@ -140,6 +144,12 @@ def report_frames(records: Mapping[str, pd.DataFrame]) -> dict:
     """The frames of ``Report`` (its constructor's arguments) from the records by type.
     ``workers`` is a function: the worker view (a median per attempt over every step)
     is computed when first asked for."""
+    return _report_frames(dict(records))
+
+
+def _report_frames(records: dict[str, pd.DataFrame]) -> dict:
+    """``report_frames``, dropping the step records from ``records`` once the steps
+    are built (at 64 workers x 100,000 steps, they hold 0.7 GB)."""
     gpu = of_type(records, "gpu_sample", schema.GPU_SAMPLE_COLUMNS)
     gpu = gpu.sort_values(["run", "worker", "time"])
     windows = windows_frame(records)
@@ -147,10 +157,15 @@ def report_frames(records: Mapping[str, pd.DataFrame]) -> dict:
         of_type(records, "header", ["run", "worker", "time", "pid", "hostname"])
     )
     runs = runs_frame(records)
-    steps = with_gpu_utilization(mark_profiled(steps_frame(records, runs), windows), gpu)
+    # Every step-wide pass below runs on the step records' dozen columns; the
+    # breakdown's ~35 columns join last, on the rows that have one (at 64 workers x
+    # 100,000 steps, each pass over a wide frame cost seconds and gigabytes).
+    steps, breakdown = timed_steps(records, runs)
+    records.pop("step", None)
+    steps = with_gpu_utilization(mark_profiled(steps, windows), gpu)
     steps = worker_analysis.assign_attempts(steps, starts)
     sync = worker_analysis.cross_worker_sync(steps)
-    steps = worker_analysis.with_worker_wait(steps, sync)
+    steps = with_breakdown(steps, breakdown, sync)
     steps = worker_analysis.with_job_step_ms(steps)
     fit_ends = of_type(records, "fit_end", ["run", "worker", "time", "step", "status"])
     exits = of_type(records, "worker_exit", ["run", "worker", "time", "exit_code", "reason"])
@@ -204,8 +219,24 @@ def runs_frame(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
 def mark_profiled(steps: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     """Flags steps that ran inside a captured profiler window, or while its analysis
     ran in the background."""
-    profiled = pd.Series(False, index=steps.index)
     captured = windows[windows["status"] != "skipped"]
+    blocks = _worker_blocks(steps)
+    if blocks is not None:  # each window looks at its worker's rows only
+        profiled = np.zeros(len(steps), dtype=bool)
+        step = steps["step"].to_numpy(dtype="float64", na_value=np.nan)
+        time = steps["time"].to_numpy(dtype="float64", na_value=np.nan)
+        for window_row in captured.itertuples():
+            lo, hi = blocks.get((window_row.run, window_row.worker), (0, 0))
+            inside = (step[lo:hi] >= window_row.start_step) & (
+                step[lo:hi] <= window_row.end_step - 1
+            )
+            if pd.notna(window_row.analysis_end):
+                inside |= (time[lo:hi] >= window_row.time) & (
+                    time[lo:hi] <= window_row.analysis_end
+                )
+            profiled[lo:hi] |= inside
+        return steps.assign(profiled=profiled)
+    profiled = pd.Series(False, index=steps.index)
     for window_row in captured.itertuples():
         mine = (steps["run"] == window_row.run) & (steps["worker"] == window_row.worker)
         inside = steps["step"].between(window_row.start_step, window_row.end_step - 1)
@@ -227,9 +258,16 @@ def with_gpu_utilization(steps: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame
     return steps.merge(mean, on=["run", "worker", "step"], how="left")
 
 
-def steps_frame(records: Mapping[str, pd.DataFrame], runs: pd.DataFrame) -> pd.DataFrame:
-    """One row per worker and step record, with the breakdown of the profiled ones and
-    the run header's replicas and global batch, sorted by run, worker and step."""
+def timed_steps(
+    records: Mapping[str, pd.DataFrame], runs: pd.DataFrame
+) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The steps' own columns (``TIMED_STEP_COLUMNS``, the run header's replicas and
+    global batch included), one row per worker and step record, sorted by run, worker
+    and step; and the profiler's breakdown of the steps that have one
+    (``BREAKDOWN_COLUMNS``), which ``with_breakdown`` adds. ``_breakdown`` holds each
+    step's row there (-1: none). A step_breakdown record without its step record (a run
+    profiled without StepTimer) still lists its step."""
+    keys = ["run", "worker", "step"]
     steps = of_type(
         records, "step", [c for c in TIMED_STEP_COLUMNS if c not in ("replicas", "global_batch")]
     )
@@ -238,33 +276,170 @@ def steps_frame(records: Mapping[str, pd.DataFrame], runs: pd.DataFrame) -> pd.D
         "step_breakdown",
         ["run", "worker", "step", "time", "steps", "step_ms", *BREAKDOWN_COLUMNS[1:]],
     ).rename(columns={"step_ms": "trace_step_ms", "time": "breakdown_time", "steps": "trace_steps"})
-    if not breakdown.empty:  # outer: a run profiled without StepTimer still lists its steps
-        steps = steps.merge(breakdown, on=["run", "worker", "step"], how="outer")
-        steps["time"] = steps["time"].fillna(steps.pop("breakdown_time"))
-        steps["steps"] = steps["steps"].fillna(steps.pop("trace_steps"))
+    own = list(steps.columns)
+    if breakdown.empty:
+        steps = steps.assign(_breakdown=-1)
+    else:  # outer: a run profiled without StepTimer still lists its steps
+        # Only the step records of a profiled step number take part in the merge.
+        candidate = steps["step"].isin(breakdown["step"]).to_numpy()
+        merged = steps[candidate].merge(breakdown, on=keys, how="outer")
+        merged["time"] = merged["time"].fillna(merged.pop("breakdown_time"))
+        merged["steps"] = merged["steps"].fillna(merged.pop("trace_steps"))
+        merged["_breakdown"] = np.arange(len(merged))
+        breakdown = merged.drop(columns=[c for c in own if c not in keys])
+        merged = merged[[*own, "_breakdown"]]
+        rest = steps[~candidate].assign(_breakdown=-1)
+        steps = pd.concat([rest, merged], ignore_index=True) if len(rest) else merged
+    if not _in_step_order(steps):  # one worker writes its steps in order
+        order = _step_order(steps)
+        steps = steps.sort_values(keys, kind="stable") if order is None else steps.take(order)
+    steps = steps.reset_index(drop=True)
     steps = _with_header_fields(steps, runs[["run", "worker", "replicas", "global_batch"]])
     for column in _STEP_INTEGERS:
         if not steps[column].hasnans:
             steps[column] = steps[column].astype("int64")
-    # Only now the breakdown columns no record filled (all of them in a run without a
-    # profiler): the merge and the sort need not carry them.
-    steps = steps.reindex(columns=TIMED_STEP_COLUMNS + BREAKDOWN_COLUMNS)
-    if not _in_step_order(steps):  # one worker writes its steps in order: mostly no sort
-        steps = steps.sort_values(["run", "worker", "step"], kind="stable")
-    return steps.reset_index(drop=True)
+    return steps[[*TIMED_STEP_COLUMNS, "_breakdown"]], breakdown
+
+
+def with_breakdown(
+    steps: pd.DataFrame, breakdown: pd.DataFrame, sync: pd.DataFrame
+) -> pd.DataFrame:
+    """``timed_steps``' steps with the breakdown's columns after their own (empty where
+    a step has none) and each step's wait for other workers (``cross_worker_sync``):
+    ``workers.with_worker_wait`` on the steps with a breakdown (where it also moves
+    that wait from ``transfer_ms`` to ``sync_wait_ms``), a join for the others."""
+    rows = steps["_breakdown"].to_numpy()
+    steps = steps.drop(columns="_breakdown")
+    later = [name for name in steps.columns if name not in TIMED_STEP_COLUMNS]
+    order = [*TIMED_STEP_COLUMNS, *BREAKDOWN_COLUMNS, *later]
+    at_sync = None if sync.empty else _positions(steps, sync, ["run", "worker", "step"])
+
+    def plain() -> pd.DataFrame:  # every column of every step, then the wait
+        wide = steps.reindex(columns=order)
+        if not breakdown.empty:
+            for name in BREAKDOWN_COLUMNS:
+                wide[name] = _taken(breakdown[name], rows, wide.index)
+        return worker_analysis.with_worker_wait(wide, sync)
+
+    if breakdown.empty or (at_sync is None and not sync.empty):
+        return plain()
+    profiled = np.flatnonzero(rows >= 0)
+    some = pd.concat(
+        [
+            steps.iloc[profiled].reset_index(drop=True),
+            breakdown[BREAKDOWN_COLUMNS].iloc[rows[profiled]].reset_index(drop=True),
+        ],
+        axis=1,
+    )[order]
+    near = sync if sync.empty else sync[sync["step"].isin(some["step"])]
+    some = worker_analysis.with_worker_wait(some, near)
+    position = np.full(len(steps), -1)
+    position[profiled] = np.arange(len(profiled))
+    columns = {name: steps[name] for name in TIMED_STEP_COLUMNS}
+    columns.update({name: _taken(some[name], position, steps.index) for name in BREAKDOWN_COLUMNS})
+    columns.update({name: steps[name] for name in later})
+    # copy=False: the columns are fresh (or the narrow frame's, which is dropped), and
+    # stacking ~50 columns of millions of rows into one block took seconds.
+    if sync.empty:  # the wait's columns, empty, as with_worker_wait gives them
+        return worker_analysis.with_worker_wait(pd.DataFrame(columns, copy=False), sync)
+    added = [name for name in some.columns if name not in order]
+    if set(added) - set(sync.columns):  # with_worker_wait adds more than the join has
+        return plain()
+    for name in added:  # typed as with_worker_wait types them
+        columns[name] = _taken(sync[name], at_sync, steps.index).astype(some[name].dtype)
+    return pd.DataFrame(columns, copy=False)
+
+
+def _taken(column: pd.Series, positions: np.ndarray, index: pd.Index) -> pd.Series:
+    """``column``'s values at ``positions`` (-1: empty) as a series on ``index``."""
+    # A float column: NaN, then the values at their rows (a take with a fill cost
+    # ~0.3 s a column at 6.4 million rows).
+    if isinstance(column.dtype, np.dtype) and column.dtype.kind == "f":
+        values = np.full(len(positions), np.nan, dtype=column.dtype)
+        found = positions >= 0
+        values[found] = column.to_numpy()[positions[found]]
+        return pd.Series(values, index=index, name=column.name, copy=False)
+    return pd.Series(column.array.take(positions, allow_fill=True), index=index, name=column.name)
 
 
 def _with_header_fields(steps: pd.DataFrame, headers: pd.DataFrame) -> pd.DataFrame:
-    """Each step with its run header's fields: a left merge on run and worker, or (the
-    same, without hashing every step's keys) a copy where one header covers them all."""
+    """Each step with its run header's fields: a left merge on run and worker, found
+    without hashing every step's keys where it can be."""
     keys = ["run", "worker"]
-    if len(headers) == 1:
-        run, worker = headers[keys].iloc[0]
-        covered = (steps["run"].eq(run) & steps["worker"].eq(worker)).fillna(False).all()
-        if covered:
-            fields = headers.drop(columns=keys).take(np.zeros(len(steps), dtype=np.intp))
-            return steps.assign(**fields.set_axis(steps.index))
-    return steps.merge(headers, on=keys, how="left")
+    at = _positions(steps, headers, keys)
+    if at is None:
+        return steps.merge(headers, on=keys, how="left")
+    fields = {name: _taken(headers[name], at, steps.index) for name in headers if name not in keys}
+    return steps.assign(**fields)
+
+
+def _codes(values: pd.Series) -> tuple[np.ndarray, pd.Index]:
+    """Integer codes of the values, in the order the values sort (run ids)."""
+    codes, uniques = pd.factorize(values, sort=True)
+    return codes, pd.Index(uniques)
+
+
+def _positions(left: pd.DataFrame, right: pd.DataFrame, keys: list[str]) -> np.ndarray | None:
+    """For each row of ``left``, the position of the row of ``right`` with the same
+    ``keys`` (-1: none), as a left merge finds it without hashing every key; None where
+    a key is empty somewhere, ``right``'s are not unique or do not fit one int64."""
+    packed_left = np.zeros(len(left), dtype=np.int64)
+    packed_right = np.zeros(len(right), dtype=np.int64)
+    span = 1
+    for name in keys:
+        if left[name].hasnans or right[name].hasnans:
+            return None
+        if name == "run":
+            values, uniques = _codes(left[name])
+            other_values = uniques.get_indexer(right[name])
+            other_values[other_values < 0] = len(uniques)  # runs left does not have
+            size = len(uniques) + 1
+        else:
+            values = left[name].to_numpy(dtype="int64")
+            other_values = right[name].to_numpy(dtype="int64")
+            low = min(values.min(initial=0), other_values.min(initial=0))
+            values, other_values = values - low, other_values - low
+            size = int(max(values.max(initial=0), other_values.max(initial=0))) + 1
+        span *= size
+        if span >= 2**62:
+            return None
+        packed_left = packed_left * size + values
+        packed_right = packed_right * size + other_values
+    order = np.argsort(packed_right, kind="stable")
+    ranked = packed_right[order]
+    if (ranked[1:] == ranked[:-1]).any():
+        return None
+    if not len(ranked):
+        return np.full(len(left), -1)
+    found = np.minimum(np.searchsorted(ranked, packed_left), len(ranked) - 1)
+    return np.where(ranked[found] == packed_left, order[found], -1)
+
+
+def _step_order(steps: pd.DataFrame) -> np.ndarray | None:
+    """The permutation that sorts the rows by run, worker and step (stable), or None
+    where a key is empty."""
+    keys = steps[["run", "worker", "step"]]
+    if keys.isna().to_numpy().any():
+        return None
+    run = _codes(keys["run"])[0]
+    worker, step = (keys[name].to_numpy(dtype="int64") for name in ("worker", "step"))
+    return np.lexsort((step, worker, run))
+
+
+def _worker_blocks(steps: pd.DataFrame) -> dict[tuple, tuple[int, int]] | None:
+    """Where each run's worker's rows are, ``(run, worker) -> (first, end)``, where
+    each one's rows are contiguous (sorted steps); else None."""
+    if steps.empty or steps["run"].hasnans or steps["worker"].hasnans:
+        return None
+    run, uniques = _codes(steps["run"])
+    worker = steps["worker"].to_numpy(dtype="int64")
+    starts = np.flatnonzero(np.diff(run, prepend=-1) | np.diff(worker, prepend=worker[0] - 1))
+    ends = np.append(starts[1:], len(steps))
+    blocks = {
+        (uniques[run[first]], int(worker[first])): (int(first), int(end))
+        for first, end in zip(starts, ends, strict=True)
+    }
+    return blocks if len(blocks) == len(starts) else None
 
 
 def _in_step_order(steps: pd.DataFrame) -> bool:

@@ -25,8 +25,11 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
         return pd.DataFrame(columns=["start", "workers", "replicas", "steps"])
     multi_worker = multi_worker_runs(steps)
     measured = measured_step_times(steps)
-    steps = steps[~steps["warmup"].fillna(False).astype(bool)]
-    steps = steps[~steps["redone"].astype(bool)]  # a restart ran them again: count once
+    # A restart ran redone steps again: count them once. The breakdown columns the
+    # summary does not read stay behind: the rows are copied once, not every column.
+    counted = ~steps["warmup"].fillna(False).astype(bool) & ~steps["redone"].astype(bool)
+    unread = set(schema.BREAKDOWN_FIELDS) - {*schema.HEADLINE_COLUMNS, *schema.STEP_COLUMNS[:4]}
+    steps = steps.loc[counted, [name for name in steps.columns if name not in unread]]
     grouped = steps.groupby("run", sort=False)
     timed = measured.groupby("run", sort=False)
     analysed = steps[steps["trace_step_ms"].notna()]

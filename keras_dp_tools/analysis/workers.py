@@ -588,6 +588,8 @@ def straggler(view: pd.DataFrame, steps: pd.DataFrame) -> dict | None:
             f"against {other_gap:.1f} ms on the others"
         )
         return result
+    parts = [part for part in ("input_ms", "compute_ms") if part in steps]
+    steps = steps[["run", "worker", *parts]]  # not a copy of every column, twice
     mine = steps[(steps["run"] == slow["run"]) & (steps["worker"] == slow["worker"])]
     theirs = steps[(steps["run"] == slow["run"]) & (steps["worker"] != slow["worker"])]
     for part in ("input_ms", "compute_ms"):
