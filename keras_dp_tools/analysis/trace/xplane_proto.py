@@ -33,3 +33,34 @@ def xplane_pb2():
 
 
 _STANDALONE = "keras_dp_tools._xplane_pb2"
+
+
+def raw_line_class():
+    """A message class with ``XLine``'s fields, but its ``events`` (field 4) as
+    ``repeated bytes``: parsing a serialised line into it (in C) hands back each event's
+    serialised bytes, which ``xevents`` decodes with numpy, without a Python step per
+    event. Fields keep their numbers and wire types, so protobuf merges repeated and
+    unknown fields exactly as it does for ``XLine``."""
+    global _RAW_LINE
+    if _RAW_LINE is None:
+        from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+        line = descriptor_pb2.DescriptorProto()
+        xplane_pb2().XLine.DESCRIPTOR.CopyToProto(line)
+        line.name = "XLineRawEvents"
+        for field in line.field:
+            if field.number == 4:  # events: XEvent messages, length-delimited as bytes are
+                field.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
+                field.ClearField("type_name")
+        file = descriptor_pb2.FileDescriptorProto(
+            name="keras_dp_tools/xline_raw_events.proto", package="keras_dp_tools", syntax="proto3"
+        )
+        file.message_type.add().CopyFrom(line)
+        pool = descriptor_pool.DescriptorPool()
+        pool.Add(file)
+        descriptor = pool.FindMessageTypeByName("keras_dp_tools.XLineRawEvents")
+        _RAW_LINE = message_factory.GetMessageClass(descriptor)
+    return _RAW_LINE
+
+
+_RAW_LINE = None

@@ -15,7 +15,8 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_dp_tools.analysis.trace.xevents import WireError, read_varint, skip_field, walk_fields
+from keras_dp_tools.analysis.trace.xevents import WireError, read_varint, skip_field
+from keras_dp_tools.analysis.trace.xplane_proto import raw_line_class
 from keras_dp_tools.analysis.trace.xplane_proto import xplane_pb2 as _xplane_pb2
 
 # The step marker and capture path (keras_dp_tools.records.contract), shared with capture.
@@ -98,8 +99,7 @@ def stream_xspace(path: str | os.PathLike):
 
 
 # Field numbers in xplane.proto.
-_SPACE_PLANES, _PLANE_LINES, _LINE_EVENTS = 1, 3, 4
-_EVENTS_TAG = _LINE_EVENTS << 3 | 2  # length-delimited: one byte, as the field number < 16
+_SPACE_PLANES, _PLANE_LINES = 1, 3
 _GROUP_BYTES = 1 << 18  # events parsed at once (~15k small events)
 
 
@@ -130,7 +130,6 @@ class StreamedPlane:
 
     @property
     def lines(self) -> Iterator:
-        line_class = _xplane_pb2().XLine
         try:
             with open(self._path, "rb") as file:
                 for start, stop in self._lines:
@@ -138,14 +137,50 @@ class StreamedPlane:
                     data = file.read(stop - start)
                     if len(data) != stop - start:
                         raise WireError("the file ends inside a line")
-                    yield from _line_pieces(line_class, data)
+                    yield from _line_pieces(data, self._path)
         except (WireError, _decode_error()) as error:
             raise ValueError(f"{self._path} is not an XSpace profile ({error}).") from None
 
 
+class LinePiece:
+    """An ``XLine`` of a streamed plane (or a run of its events): its fields read as
+    ``XLine``'s, its events parsed as messages only when ``events`` is first read. Its
+    serialised bytes (``SerializeToString``) are those read from the file, so a reader
+    that decodes the events from the wire format (``xevents``) never parses them."""
+
+    __slots__ = ("_data", "_events", "_line", "_path")
+
+    def __init__(self, data: bytes, line, path: Path):
+        self._data, self._line, self._path, self._events = data, line, path, None
+
+    def __getattr__(self, name):  # every field but the events: parsed already
+        return getattr(self._line, name)
+
+    @property
+    def events(self):
+        if self._events is None:
+            try:
+                self._events = _xplane_pb2().XLine.FromString(self._data).events
+            except _decode_error() as error:
+                raise ValueError(f"{self._path} is not an XSpace profile ({error}).") from None
+        return self._events
+
+    def event_count(self) -> int:
+        """How many events the piece holds (without parsing them)."""
+        return len(self._line.events)
+
+    def SerializeToString(self) -> bytes:
+        return self._data
+
+
+def event_count(line) -> int:
+    """How many events an ``XLine`` (or a ``LinePiece``, without parsing them) holds."""
+    return line.event_count() if isinstance(line, LinePiece) else len(line.events)
+
+
 def line_timestamps(plane) -> list[int]:
     """``timestamp_ns`` of each line of a plane that holds events. A streamed plane's
-    lines are walked, not parsed: the walk skips each event by its length."""
+    lines are parsed with their events as bytes (``raw_line_class``), not as messages."""
     if not isinstance(plane, StreamedPlane):
         return [line.timestamp_ns for line in plane.lines if len(line.events)]
     timestamps = []
@@ -161,21 +196,12 @@ def line_timestamps(plane) -> list[int]:
     return timestamps
 
 
-_TIMESTAMP_TAG = 3 << 3  # XLine.timestamp_ns, a varint
-
-
 def _line_timestamp(data: bytes) -> int | None:
     """The ``timestamp_ns`` of the line serialised in ``data`` (the last such field
-    wins, as protobuf merges; none: 0), None if the line holds no events."""
-    events, _, others = walk_fields(data, _EVENTS_TAG, first_only=True)
-    if not events:
-        return None
-    timestamp = 0
-    for start, _ in others:
-        tag, value = read_varint(data, start)
-        if tag == _TIMESTAMP_TAG:
-            timestamp = read_varint(data, value)[0]
-    return timestamp - ((timestamp >> 63) << 64)  # int64: two's complement
+    wins, as protobuf merges; none: 0), None if the line holds no events. Its events
+    are cut out as bytes (``raw_line_class``), not parsed."""
+    line = raw_line_class().FromString(data)
+    return line.timestamp_ns if len(line.events) else None
 
 
 def _streamed_plane(path: Path, file, start: int, stop: int) -> StreamedPlane:
@@ -211,27 +237,29 @@ def _file_fields(file, start: int, stop: int) -> Iterator[tuple[int, int, int, i
         position = end
 
 
-def _line_pieces(line_class, data: bytes) -> Iterator:
-    """The line serialised in ``data`` as XLine messages of runs of its events, each
-    with all of the line's other fields (which may follow the events)."""
-    if len(data) <= _GROUP_BYTES:  # one piece: nothing to walk
-        yield line_class.FromString(data)
+def _line_pieces(data: bytes, path: Path) -> Iterator[LinePiece]:
+    """The line serialised in ``data`` as ``LinePiece`` s of runs of its events, each
+    with all of the line's other fields (which may follow the events), merged as
+    protobuf merges them. The events are cut out as bytes (``raw_line_class``, in C)."""
+    raw_class = raw_line_class()
+    line = raw_class.FromString(data)
+    if len(data) <= _GROUP_BYTES:  # one piece: nothing to cut
+        yield LinePiece(data, line, path)
         return
-    _, ends, others = walk_fields(data, _EVENTS_TAG)
-    head = b"".join(data[start:stop] for start, stop in others)
-    ends = np.frombuffer(ends, np.int64)
-    # The events fill the gaps between the other fields: each gap in runs of at least
-    # _GROUP_BYTES, cut where an event ends.
-    bounds = [0, *(position for field in others for position in field), len(data)]
-    pieces = 0
-    for run, gap_end in zip(bounds[::2], bounds[1::2], strict=True):
-        while run < gap_end:
-            cut = int(np.searchsorted(ends, run + _GROUP_BYTES))
-            stop = min(int(ends[cut]) if cut < len(ends) else gap_end, gap_end)
-            yield line_class.FromString(head + data[run:stop])
-            pieces, run = pieces + 1, stop
-    if not pieces:
-        yield line_class.FromString(head)
+    events = list(line.events)
+    line.ClearField("events")
+    head = line.SerializeToString()
+    # Where each event ends in the line (its tag and length prefix counted roughly).
+    ends = np.cumsum(np.fromiter(map(len, events), np.int64, len(events)) + 3)
+    first, run = 0, 0
+    while first < len(events):
+        last = min(int(np.searchsorted(ends, run + _GROUP_BYTES)), len(events) - 1)
+        piece = raw_class.FromString(head)
+        piece.events.extend(events[first : last + 1])
+        yield LinePiece(piece.SerializeToString(), piece, path)
+        first, run = last + 1, int(ends[last])
+    if not events:
+        yield LinePiece(head, line, path)
 
 
 def _stat_value(stat, stat_names: Mapping[int, str]):
