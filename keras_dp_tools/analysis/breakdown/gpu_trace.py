@@ -39,6 +39,7 @@ from keras_dp_tools.analysis.trace.xspace import (
     gpu_planes,
     named_stats,
     plane_events,
+    whole_lines,
 )
 from keras_dp_tools.records.contract import gpu_ordinal
 
@@ -404,7 +405,7 @@ class _PlaneReader:
 def read_device_events(plane, origin_ps: int) -> DeviceEvents:
     """The kernels and copies on a GPU plane's ``Stream #`` lines, read once, as arrays
     (times in picoseconds from ``origin_ps``)."""
-    return _PlaneReader(plane, origin_ps).read(plane.lines)
+    return _PlaneReader(plane, origin_ps).read(whole_lines(plane))
 
 
 def read_launches(

@@ -33,6 +33,7 @@ from keras_dp_tools.analysis.trace.xspace import (
     line_timestamps,
     named_stats,
     step_markers,
+    whole_lines,
 )
 
 # Kinds as small integers, for the span columns.
@@ -160,7 +161,8 @@ def read_host(space, devices, columns: SpanColumns, inputs_only: bool):
         launch_ids = np.array([k for k, v in special.items() if v[0][0] == _LAUNCH], np.int64)
         marker_ids = np.array([k for k, v in special.items() if v[0][0] == _MARKER], np.int64)
         correlation = gpu_trace.PlaneCorrelation.of(plane, launch_ids.tolist())
-        for line in plane.lines:
+        # A GPU trace's lines are decoded from their bytes (xevents): read whole.
+        for line in whole_lines(plane) if len(launch_ids) else plane.lines:
             if not event_count(line):
                 continue
             line_name = line.display_name or line.name

@@ -16,8 +16,8 @@ several members on the wire, protobuf keeps the last (and so do we).
 
 from __future__ import annotations
 
+from array import array
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
@@ -152,24 +152,83 @@ def _read_events(lines: list[bytes], stats_of) -> tuple[EventTable, np.ndarray]:
 
 
 def _event_records(lines: list[bytes]) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
-    """The events of serialised lines, each event's bytes one after the other: those
-    bytes, where each event starts and ends in them, and the index of its line.
-    protobuf's parser (in C) cuts the events out, read as ``repeated bytes``."""
+    """The events of serialised lines, the lines' other fields left out: those bytes
+    (length-prefixed events one after the other), where each event starts and ends in
+    them, and the index of its line. protobuf's parser and writer (in C) cut the events
+    out, read as ``repeated bytes``; no Python object is held per event."""
     from google.protobuf.message import DecodeError
 
     raw_line = raw_line_class()
-    try:
-        events = [raw_line.FromString(line).events for line in lines]
-    except DecodeError as error:
-        raise WireError(f"not an XLine message ({error})") from None
-    counts = [len(line_events) for line_events in events]
-    flat = list(chain.from_iterable(events))
-    lengths = np.fromiter(map(len, flat), np.int64, len(flat))
-    stops = np.cumsum(lengths)
-    starts = stops - lengths
+    pieces, lengths, counts = [], [], []
+    for line in lines:
+        try:
+            message = raw_line.FromString(line)
+        except DecodeError as error:
+            raise WireError(f"not an XLine message ({error})") from None
+        events = message.events
+        lengths.append(np.fromiter(map(len, events), np.int64, len(events)))
+        counts.append(len(events))
+        for field, _ in message.ListFields():
+            if field.name != "events":
+                message.ClearField(field.name)
+        message.DiscardUnknownFields()
+        pieces.append(message.SerializeToString())  # tag, length, event; tag, ...
+    length = np.concatenate(lengths) if lengths else np.empty(0, np.int64)
+    # Each event's prefix: its tag (one byte, field 4) and its length as a varint.
+    prefix = 2 + sum((length >= 1 << (7 * k)).astype(np.int64) for k in range(1, 10))
+    stops = np.cumsum(prefix + length)
+    starts = stops - length
     line_of = np.repeat(np.arange(len(lines)), counts)
-    flat.append(_PADDING)  # varint reads may look past the last event's end
-    return b"".join(flat), starts, stops, line_of
+    pieces.append(_PADDING)  # varint reads may look past the last event's end
+    return b"".join(pieces), starts, stops, line_of
+
+
+def walk_fields(raw: bytes, tag: int, first_only: bool = False):
+    """One walk over the fields of the message serialised in ``raw`` (the only step
+    taken per event in Python): where the value of each length-delimited field of
+    ``tag`` starts and ends (two ``array('q')``; with ``first_only`` only the first's,
+    enough to say whether there is one), and (start, end) of each other field, its tag
+    included. Groups are skipped whole, as protobuf skips unknown fields.
+
+    Raises:
+        WireError: ``raw`` is not a message.
+    """
+    starts, ends, others = array("q"), array("q"), []
+    add_start, add_end = starts.append, ends.append
+    position, end = 0, len(raw)
+    while position < end:
+        run = position
+        try:  # runs of fields of ``tag`` shorter than 128 bytes (events): kept short
+            if first_only:
+                while raw[position] == tag and raw[position + 1] < 0x80:
+                    position += 2 + raw[position + 1]
+            else:
+                while raw[position] == tag and raw[position + 1] < 0x80:
+                    value = position + 2
+                    position = value + raw[position + 1]
+                    add_start(value)
+                    add_end(position)
+        except IndexError:  # the run reached the end (or ran past it: checked below)
+            pass
+        if first_only and position > run and not starts:
+            add_start(run + 2)
+            add_end(run + 2 + raw[run + 1])
+        if position >= end:
+            break
+        field = position
+        key, position = read_varint(raw, position)
+        if key == tag:
+            length, value = read_varint(raw, position)
+            position = value + length
+            if not (first_only and starts):
+                add_start(value)
+                add_end(position)
+        else:
+            position = skip_field(raw, position, key)
+            others.append((field, position))
+    if position != end:
+        raise WireError("a field runs past its message")
+    return starts, ends, others
 
 
 def skip_field(raw: bytes, position: int, key: int) -> int:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
-from keras_dp_tools.analysis.trace.xevents import WireError, read_varint, skip_field
+from keras_dp_tools.analysis.trace.xevents import WireError, read_varint, skip_field, walk_fields
 from keras_dp_tools.analysis.trace.xplane_proto import raw_line_class
 from keras_dp_tools.analysis.trace.xplane_proto import xplane_pb2 as _xplane_pb2
 
@@ -99,7 +99,8 @@ def stream_xspace(path: str | os.PathLike):
 
 
 # Field numbers in xplane.proto.
-_SPACE_PLANES, _PLANE_LINES = 1, 3
+_SPACE_PLANES, _PLANE_LINES, _LINE_EVENTS = 1, 3, 4
+_EVENTS_TAG = _LINE_EVENTS << 3 | 2  # length-delimited: one byte, as the field number < 16
 _GROUP_BYTES = 1 << 18  # events parsed at once (~15k small events)
 
 
@@ -130,6 +131,15 @@ class StreamedPlane:
 
     @property
     def lines(self) -> Iterator:
+        return self._each_line(_line_pieces)
+
+    def whole_lines(self) -> Iterator[LinePiece]:
+        """The plane's lines whole (never cut), for readers that decode the events
+        from their bytes (``xevents``) and never parse them as messages."""
+        return self._each_line(lambda data, path: [_whole_line(data, path)])
+
+    def _each_line(self, read) -> Iterator:
+        """``read(data, path)``'s pieces of each line, read from the file in turn."""
         try:
             with open(self._path, "rb") as file:
                 for start, stop in self._lines:
@@ -137,9 +147,14 @@ class StreamedPlane:
                     data = file.read(stop - start)
                     if len(data) != stop - start:
                         raise WireError("the file ends inside a line")
-                    yield from _line_pieces(data, self._path)
+                    yield from read(data, self._path)
         except (WireError, _decode_error()) as error:
             raise ValueError(f"{self._path} is not an XSpace profile ({error}).") from None
+
+
+def whole_lines(plane) -> Iterator:
+    """A plane's lines, a streamed plane's whole (``StreamedPlane.whole_lines``)."""
+    return plane.whole_lines() if isinstance(plane, StreamedPlane) else iter(plane.lines)
 
 
 class LinePiece:
@@ -148,10 +163,11 @@ class LinePiece:
     serialised bytes (``SerializeToString``) are those read from the file, so a reader
     that decodes the events from the wire format (``xevents``) never parses them."""
 
-    __slots__ = ("_data", "_events", "_line", "_path")
+    __slots__ = ("_count", "_data", "_events", "_line", "_path")
 
-    def __init__(self, data: bytes, line, path: Path):
+    def __init__(self, data: bytes, line, count: int, path: Path):
         self._data, self._line, self._path, self._events = data, line, path, None
+        self._count = count
 
     def __getattr__(self, name):  # every field but the events: parsed already
         return getattr(self._line, name)
@@ -167,7 +183,7 @@ class LinePiece:
 
     def event_count(self) -> int:
         """How many events the piece holds (without parsing them)."""
-        return len(self._line.events)
+        return self._count
 
     def SerializeToString(self) -> bytes:
         return self._data
@@ -180,7 +196,7 @@ def event_count(line) -> int:
 
 def line_timestamps(plane) -> list[int]:
     """``timestamp_ns`` of each line of a plane that holds events. A streamed plane's
-    lines are parsed with their events as bytes (``raw_line_class``), not as messages."""
+    lines are walked, not parsed: the walk skips each event by its length."""
     if not isinstance(plane, StreamedPlane):
         return [line.timestamp_ns for line in plane.lines if len(line.events)]
     timestamps = []
@@ -196,12 +212,21 @@ def line_timestamps(plane) -> list[int]:
     return timestamps
 
 
+_TIMESTAMP_TAG = 3 << 3  # XLine.timestamp_ns, a varint
+
+
 def _line_timestamp(data: bytes) -> int | None:
     """The ``timestamp_ns`` of the line serialised in ``data`` (the last such field
-    wins, as protobuf merges; none: 0), None if the line holds no events. Its events
-    are cut out as bytes (``raw_line_class``), not parsed."""
-    line = raw_line_class().FromString(data)
-    return line.timestamp_ns if len(line.events) else None
+    wins, as protobuf merges; none: 0), None if the line holds no events."""
+    events, _, others = walk_fields(data, _EVENTS_TAG, first_only=True)
+    if not events:
+        return None
+    timestamp = 0
+    for start, _ in others:
+        tag, value = read_varint(data, start)
+        if tag == _TIMESTAMP_TAG:
+            timestamp = read_varint(data, value)[0]
+    return timestamp - ((timestamp >> 63) << 64)  # int64: two's complement
 
 
 def _streamed_plane(path: Path, file, start: int, stop: int) -> StreamedPlane:
@@ -239,27 +264,35 @@ def _file_fields(file, start: int, stop: int) -> Iterator[tuple[int, int, int, i
 
 def _line_pieces(data: bytes, path: Path) -> Iterator[LinePiece]:
     """The line serialised in ``data`` as ``LinePiece`` s of runs of its events, each
-    with all of the line's other fields (which may follow the events), merged as
-    protobuf merges them. The events are cut out as bytes (``raw_line_class``, in C)."""
+    with all of the line's other fields (which may follow the events)."""
     raw_class = raw_line_class()
-    line = raw_class.FromString(data)
-    if len(data) <= _GROUP_BYTES:  # one piece: nothing to cut
-        yield LinePiece(data, line, path)
+    if len(data) <= _GROUP_BYTES:  # one piece: nothing to walk
+        yield _whole_line(data, path)
         return
-    events = list(line.events)
-    line.ClearField("events")
-    head = line.SerializeToString()
-    # Where each event ends in the line (its tag and length prefix counted roughly).
-    ends = np.cumsum(np.fromiter(map(len, events), np.int64, len(events)) + 3)
-    first, run = 0, 0
-    while first < len(events):
-        last = min(int(np.searchsorted(ends, run + _GROUP_BYTES)), len(events) - 1)
-        piece = raw_class.FromString(head)
-        piece.events.extend(events[first : last + 1])
-        yield LinePiece(piece.SerializeToString(), piece, path)
-        first, run = last + 1, int(ends[last])
-    if not events:
-        yield LinePiece(head, line, path)
+    _, ends, others = walk_fields(data, _EVENTS_TAG)
+    head = b"".join(data[start:stop] for start, stop in others)
+    header = raw_class.FromString(head)
+    ends = np.frombuffer(ends, np.int64)
+    # The events fill the gaps between the other fields: each gap in runs of at least
+    # _GROUP_BYTES, cut where an event ends.
+    bounds = [0, *(position for field in others for position in field), len(data)]
+    pieces = 0
+    for run, gap_end in zip(bounds[::2], bounds[1::2], strict=True):
+        while run < gap_end:
+            cut = int(np.searchsorted(ends, run + _GROUP_BYTES))
+            stop = min(int(ends[cut]) if cut < len(ends) else gap_end, gap_end)
+            count = int(np.searchsorted(ends, stop, "right") - np.searchsorted(ends, run, "right"))
+            yield LinePiece(head + data[run:stop], header, count, path)
+            pieces, run = pieces + 1, stop
+    if not pieces:
+        yield LinePiece(head, header, 0, path)
+
+
+def _whole_line(data: bytes, path: Path) -> LinePiece:
+    """The line serialised in ``data``, whole, its events read as bytes (``raw_line_class``:
+    in C, ~4x the line's size while it is held)."""
+    line = raw_line_class().FromString(data)
+    return LinePiece(data, line, len(line.events), path)
 
 
 def _stat_value(stat, stat_names: Mapping[int, str]):
