@@ -27,6 +27,8 @@ def test_bench_smoke_run_writes_the_results_table(tmp_path):
         "XProf's `input_pipeline_analyzer`",
         "Synthetic traces",
         "`Report.load`",
+        "One window of a 512-GPU job",
     ):
         assert section in table
     assert "| tiny |" in table and "| 2,000 |" in table and "| 1,000 |" in table
+    assert "| 2 | " in table and "| 0 | 4 | 1 in 4 of 4 steps |" in table  # 2 workers, none failed

@@ -3,8 +3,9 @@ become the job's view of that step.
 
 Each worker analyses its own trace (``Breakdown.steps``: its replicas' times averaged).
 In synchronous data parallelism a step ends for all workers when the slowest worker's
-gradients are in, so the job's step is the slowest worker's; the others spend the
-difference waiting in the all-reduce (their ``sync_wait_ms``).
+gradients are in: the job's step is the longest, and the slowest worker is the one with
+the most work of its own (compute and input) -- the others spend the difference waiting
+in the all-reduce, which one worker's trace cannot tell from the transfer itself.
 """
 
 from __future__ import annotations
@@ -32,14 +33,15 @@ class JobSteps:
 
     Attributes:
         steps: one row per step: ``step``; ``workers`` (how many profiled it);
-            ``step_ms`` (the slowest worker's: the job's step), ``slowest_worker``
-            (-1: no worker measured the step), ``fastest_step_ms``, ``median_step_ms``,
-            ``spread_ms`` (slowest - fastest); the slowest worker's ``compute_ms``,
-            ``transfer_ms``, ``sync_wait_ms``, ``input_ms``; and ``max_sync_wait_ms``
-            over workers.
+            ``step_ms`` (the longest worker's: the job's step); ``slowest_worker``
+            (the most ``own_ms``; -1: no worker measured the step) and its ``own_ms``,
+            ``compute_ms``, ``transfer_ms``, ``sync_wait_ms``, ``input_ms``;
+            ``spread_ms`` (its ``own_ms`` - the least of any worker) and
+            ``max_sync_wait_ms`` over workers.
         workers: one row per step and worker: ``step``, ``worker``, the worker's
-            ``WORKER_COLUMNS``, ``behind_ms`` (how much shorter its step was than the
-            job's: time it waited for the slowest) and ``slowest`` (bool).
+            ``WORKER_COLUMNS``, ``own_ms`` (compute + input: its own work),
+            ``behind_ms`` (the slowest worker's ``own_ms`` - its own: about how long it
+            waited for the slowest) and ``slowest`` (bool).
     """
 
     steps: pd.DataFrame
@@ -49,8 +51,9 @@ class JobSteps:
 def merge_worker_steps(steps_by_worker: Mapping[int, pd.DataFrame]) -> JobSteps:
     """Merges each worker's step rows (``Breakdown.steps`` of its trace of one window)
     into the job's view of every step (``JobSteps``). A step missing from a worker's
-    rows counts only the workers that have it; a worker's row without a measured
-    ``step_ms`` (an untrue marker) is kept but is never the slowest.
+    rows counts only the workers that have it; a worker's row without measured times
+    (an untrue marker) is kept but is never the slowest. Of workers with equal
+    ``own_ms``, the lowest index is the slowest.
 
     Args:
         steps_by_worker: by worker index, its ``Breakdown.steps`` frame (at least
@@ -63,45 +66,40 @@ def merge_worker_steps(steps_by_worker: Mapping[int, pd.DataFrame]) -> JobSteps:
         >>> import pandas as pd
         >>> from keras_dp_tools.analysis.job_steps import merge_worker_steps
         >>> job = merge_worker_steps({
-        ...     0: pd.DataFrame({"step": [5], "step_ms": [100.0], "sync_wait_ms": [30.0]}),
-        ...     1: pd.DataFrame({"step": [5], "step_ms": [130.0], "sync_wait_ms": [0.0]}),
+        ...     0: pd.DataFrame({"step": [5], "step_ms": [100.0], "compute_ms": [60.0]}),
+        ...     1: pd.DataFrame({"step": [5], "step_ms": [101.0], "compute_ms": [90.0]}),
         ... })
         >>> row = job.steps.iloc[0]
         >>> int(row["workers"]), float(row["step_ms"]), int(row["slowest_worker"])
-        (2, 130.0, 1)
+        (2, 101.0, 1)
+        >>> job.workers["behind_ms"].tolist()
+        [30.0, 0.0]
     """
     parts = []
     for worker, steps in steps_by_worker.items():
         part = pd.DataFrame({"step": steps["step"].astype("int64"), "worker": int(worker)})
         for name in WORKER_COLUMNS:
-            part[name] = steps[name].astype(float) if name in steps else np.nan
+            part[name] = steps[name].astype(float).to_numpy() if name in steps else np.nan
         parts.append(part)
     columns = ["step", "worker", *WORKER_COLUMNS]
     workers = pd.concat(parts, ignore_index=True) if parts else pd.DataFrame(columns=columns)
+    workers = workers.astype({"step": "int64", "worker": "int64"})
     workers = workers.sort_values(["step", "worker"], kind="stable", ignore_index=True)
+    own = workers[["compute_ms", "input_ms"]].sum(axis=1, min_count=1)
+    workers["own_ms"] = own.where(workers["step_ms"].notna())
     grouped = workers.groupby("step", sort=True)
-    job_ms = grouped["step_ms"].transform("max")
-    workers["behind_ms"] = job_ms - workers["step_ms"]
-    # The slowest: the first worker (lowest index) whose step is the job's.
-    slowest = workers["step_ms"].eq(job_ms) & workers["step_ms"].notna()
-    slowest &= ~slowest.groupby(workers["step"]).cumsum().gt(1)
+    most = grouped["own_ms"].transform("max")
+    workers["behind_ms"] = most - workers["own_ms"]
+    slowest = workers["own_ms"].eq(most)  # NaN never equals
+    slowest &= slowest.groupby(workers["step"]).cumsum().eq(1)  # the first of a tie
     workers["slowest"] = slowest
     steps = pd.DataFrame(
-        {
-            "workers": grouped["worker"].nunique(),
-            "step_ms": grouped["step_ms"].max(),
-            "fastest_step_ms": grouped["step_ms"].min(),
-            "median_step_ms": grouped["step_ms"].median(),
-        }
+        {"workers": grouped["worker"].nunique(), "step_ms": grouped["step_ms"].max()}
     )
-    steps["spread_ms"] = steps["step_ms"] - steps["fastest_step_ms"]
     chosen = workers[slowest].set_index("step")
     steps["slowest_worker"] = chosen["worker"].reindex(steps.index).fillna(-1).astype("int64")
-    for name in ("compute_ms", "transfer_ms", "sync_wait_ms", "input_ms"):
+    for name in ("own_ms", "compute_ms", "transfer_ms", "sync_wait_ms", "input_ms"):
         steps[name] = chosen[name].reindex(steps.index)
+    steps["spread_ms"] = steps["own_ms"] - grouped["own_ms"].min()
     steps["max_sync_wait_ms"] = grouped["sync_wait_ms"].max()
-    steps = steps.reset_index()
-    order = ["step", "workers", "step_ms", "slowest_worker", "fastest_step_ms"]
-    order += ["median_step_ms", "spread_ms", "compute_ms", "transfer_ms", "sync_wait_ms"]
-    order += ["input_ms", "max_sync_wait_ms"]
-    return JobSteps(steps[order], workers)
+    return JobSteps(steps.reset_index(), workers)

@@ -130,7 +130,7 @@ def analyze_in_child(trace: Path, facts: RunFacts, nice: int = 0, xprof: bool | 
 
 
 def main(argv: list[str] | None = None) -> None:
-    """The child process: reads the request ``(trace, facts, nice, xprof)`` pickled at
+    """The child process: reads the request ``(trace, facts, nice[, xprof])`` pickled at
     ``argv[0]``, analyses the trace with ``release_memory=True`` (the process does
     nothing else) and pickles ``(Breakdown or the error, XProf warnings)`` to
     ``argv[1]``. With ``--queue FOLDER``: one of ``analyze_windows``' processes."""
@@ -139,10 +139,10 @@ def main(argv: list[str] | None = None) -> None:
         _serve_queue(Path(answer))
         return
     with open(request, "rb") as file:
-        trace, facts, nice, xprof = pickle.load(file)
+        trace, facts, nice, *xprof = pickle.load(file)  # xprof: optional (None)
     with contextlib.suppress(AttributeError, OSError):  # no os.nice, or not allowed
         os.nice(nice)
-    answered = _analyze_here(trace, facts, xprof)
+    answered = _analyze_here(trace, facts, *xprof)
     with open(answer, "wb") as file:
         pickle.dump(answered, file)
 
