@@ -137,3 +137,19 @@ def test_worker_rows_merge_into_the_jobs_steps():
     assert workers.loc[10, "behind_ms"].tolist() == [13.0, 35.0, 0.0]
     assert workers["slowest"].sum() == 3
     assert np.isnan(workers.loc[(11, 0), "behind_ms"]) and not workers.loc[(11, 0), "slowest"]
+
+
+def test_the_summary_counts_a_step_once_however_many_workers_profiled_it(tmp_path):
+    """Worker 0 profiled steps 10-12 (compute 8 ms of 10), workers 1-3 step 10 alone
+    (compute 2 ms). Per step, the mean of its rows: step 10 (8 + 3 x 2) / 4 = 3.5,
+    steps 11 and 12: 8; the median over the three steps is 8 (the median of the six
+    rows, each step once per worker, would be 5)."""
+    import keras_dp_tools as kdt
+    from tests.helpers.recorded_runs import BALANCED, write_run
+
+    write_run(tmp_path / "w0", worker=0, profiled=range(10, 13), breakdown=BALANCED)
+    for worker in (1, 2, 3):
+        light = {**BALANCED, "compute_ms": 2.0}
+        write_run(tmp_path / f"w{worker}", worker=worker, profiled=range(10, 11), breakdown=light)
+    summary = kdt.Report.load(tmp_path).summary()
+    assert summary["compute_ms"].tolist() == pytest.approx([8.0])
