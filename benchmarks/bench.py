@@ -478,7 +478,9 @@ def cluster_markdown(c: dict) -> list[str]:
         "",
         f"Goal {verdict}. Load average {c['load_before']:.2f} before, "
         f"{c['load_after']:.2f} after ({c['cores']} cores; shared machine: rerun when "
-        "quiet).",
+        f"quiet). CPU per trace {c['cpu_s'] / c['workers']:.2f} s (the processes' "
+        f"start-up included): on {c['jobs']} cores of its own, "
+        f"{c['cpu_s'] / c['jobs']:.0f} s.",
     ]
 
 
@@ -1089,7 +1091,10 @@ def write_section(args, section: list[str], smoke: bool) -> int:
     heading = section[0].split("(")[0]
     body = "\n".join(section) + "\n"
     start = text.find(heading)
-    if start < 0:
+    if start < 0 and "\n## Notes\n" in text:  # a new section: before the notes
+        notes = text.index("\n## Notes\n")
+        text = text[:notes].rstrip("\n") + "\n\n" + body + text[notes:]
+    elif start < 0:
         text = text.rstrip("\n") + "\n\n" + body
     else:
         end = text.find("\n## ", start + 1)

@@ -317,10 +317,11 @@ class _PlaneReader:
         for line in lines:
             if not is_stream_line(line):
                 continue
-            batch.append(line.SerializeToString())
+            # A whole line of a streamed plane has its events parsed as bytes already.
+            batch.append(line if hasattr(line, "event_bytes") else line.SerializeToString())
             bases.append(line.timestamp_ns * 1000 - self.origin_ps)
             names.append(line.display_name or line.name)
-            size += len(batch[-1])
+            size += len(line.SerializeToString())  # a LinePiece's: the bytes read
             if size >= _BATCH_BYTES:
                 parts.append(self._batch(batch, bases, names))
                 batch, bases, names, size = [], [], [], 0

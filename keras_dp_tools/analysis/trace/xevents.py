@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
@@ -74,19 +75,18 @@ class EventTable:
 
 
 def read_line_events(line, stats_of: np.ndarray | None = None) -> EventTable:
-    """The events of ``line`` (an ``XLine`` message) as an ``EventTable``; see
-    ``read_events`` for ``stats_of``."""
-    return read_events([line.SerializeToString()], stats_of)[0]
+    """The events of ``line`` (an ``XLine`` message, or an ``xspace.LinePiece``) as an
+    ``EventTable``; see ``read_events`` for ``stats_of``."""
+    return read_events([line if hasattr(line, "event_bytes") else _serialised(line)], stats_of)[0]
 
 
-def read_events(
-    lines: list[bytes], stats_of: np.ndarray | None = None
-) -> tuple[EventTable, np.ndarray]:
+def read_events(lines: list, stats_of: np.ndarray | None = None) -> tuple[EventTable, np.ndarray]:
     """The events of several serialised lines at once (fewer, larger numpy calls), and
     the index in ``lines`` of each event's line.
 
     Args:
-        lines: serialised ``XLine`` messages.
+        lines: serialised ``XLine`` messages, or ``xspace.LinePiece`` s read whole
+            (``whole_lines``: their events are parsed as bytes already).
         stats_of: event metadata ids whose events' stats are read (the table holds no
             stats of the others: decoding stats is most of the work); None: all.
 
@@ -96,7 +96,14 @@ def read_events(
     try:
         return _read_events(lines, stats_of)
     except WireError:  # a field numpy does not decode (a group): protobuf skips it
-        return _read_events([_known_fields(line) for line in lines], stats_of)
+        serialised = [
+            line if isinstance(line, bytes) else line.SerializeToString() for line in lines
+        ]
+        return _read_events([_known_fields(line) for line in serialised], stats_of)
+
+
+def _serialised(line) -> bytes:
+    return line if isinstance(line, bytes) else line.SerializeToString()
 
 
 def _known_fields(line: bytes) -> bytes:
@@ -151,36 +158,32 @@ def _read_events(lines: list[bytes], stats_of) -> tuple[EventTable, np.ndarray]:
     return table, line_of
 
 
-def _event_records(lines: list[bytes]) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
-    """The events of serialised lines, the lines' other fields left out: those bytes
-    (length-prefixed events one after the other), where each event starts and ends in
-    them, and the index of its line. protobuf's parser and writer (in C) cut the events
-    out, read as ``repeated bytes``; no Python object is held per event."""
+def _event_records(lines: list) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
+    """The events of lines (serialised, or whole ``xspace.LinePiece`` s, whose events are
+    parsed as bytes already), the lines' other fields left out: those bytes, where each
+    event starts and ends in them, and the index of its line. protobuf's parser (in C)
+    cuts the events out, read as ``repeated bytes``."""
     from google.protobuf.message import DecodeError
 
     raw_line = raw_line_class()
-    pieces, lengths, counts = [], [], []
+    events = []
     for line in lines:
         try:
-            message = raw_line.FromString(line)
+            events.append(
+                line.event_bytes()
+                if hasattr(line, "event_bytes")
+                else raw_line.FromString(line).events
+            )
         except DecodeError as error:
             raise WireError(f"not an XLine message ({error})") from None
-        events = message.events
-        lengths.append(np.fromiter(map(len, events), np.int64, len(events)))
-        counts.append(len(events))
-        for field, _ in message.ListFields():
-            if field.name != "events":
-                message.ClearField(field.name)
-        message.DiscardUnknownFields()
-        pieces.append(message.SerializeToString())  # tag, length, event; tag, ...
-    length = np.concatenate(lengths) if lengths else np.empty(0, np.int64)
-    # Each event's prefix: its tag (one byte, field 4) and its length as a varint.
-    prefix = 2 + sum((length >= 1 << (7 * k)).astype(np.int64) for k in range(1, 10))
-    stops = np.cumsum(prefix + length)
-    starts = stops - length
+    counts = [len(line_events) for line_events in events]
+    flat = list(chain.from_iterable(events))
+    lengths = np.fromiter(map(len, flat), np.int64, len(flat))
+    stops = np.cumsum(lengths)
+    starts = stops - lengths
     line_of = np.repeat(np.arange(len(lines)), counts)
-    pieces.append(_PADDING)  # varint reads may look past the last event's end
-    return b"".join(pieces), starts, stops, line_of
+    flat.append(_PADDING)  # varint reads may look past the last event's end
+    return b"".join(flat), starts, stops, line_of
 
 
 def walk_fields(raw: bytes, tag: int, first_only: bool = False):
