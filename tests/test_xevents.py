@@ -49,6 +49,7 @@ UNKNOWN_FIELDS = {
     "fixed64": tag(10, 1) + bytes(8),
     "fixed32": tag(11, 5) + bytes(4),
     "bytes": length_delimited(12, b"xyz"),
+    "two-byte tag": bytes([20 << 3 & 0x7F | 0x80, 20 >> 4]) + b"\x05",  # field 20, a varint
     "group": tag(15, 3) + tag(1, 0) + b"\x01" + tag(2, 3) + tag(2, 4) + tag(15, 4),
 }
 

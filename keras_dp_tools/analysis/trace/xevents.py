@@ -66,12 +66,16 @@ class EventTable:
     ref_value: np.ndarray
     has_ref: np.ndarray
     _data: bytes
-    _text: dict[int, tuple[int, int]]
+    _text: tuple[np.ndarray, np.ndarray, np.ndarray]  # stat (ascending), start, end
 
     def text(self, stat: int) -> str | None:
-        """The ``str_value`` of stat ``stat``, None if it has none."""
-        span = self._text.get(stat)
-        return None if span is None else self._data[span[0] : span[1]].decode()
+        """The ``str_value`` of stat ``stat``, None if it has none (looked up when asked:
+        most strings, such as CUPTI's ``context_id``, are never read)."""
+        owner, begin, end = self._text
+        at = int(np.searchsorted(owner, stat, side="right")) - 1  # the last one wins
+        if at < 0 or owner[at] != stat:
+            return None
+        return self._data[int(begin[at]) : int(end[at])].decode()
 
 
 def read_line_events(line, stats_of: np.ndarray | None = None) -> EventTable:
@@ -153,7 +157,7 @@ def _read_events(lines: list[bytes], stats_of) -> tuple[EventTable, np.ndarray]:
         stats[_STAT_REF].view(np.int64),
         present[_STAT_REF],
         raw,
-        dict(zip(owner.tolist(), zip(begin.tolist(), end.tolist(), strict=True), strict=True)),
+        (owner, begin, end),
     )
     return table, line_of
 
@@ -313,40 +317,47 @@ def _fields(data, starts, stops, varint_fields, nested_fields, oneof=None):
             field, wire, at = (byte >> 3).astype(np.int64), byte & 7, position + 1
         else:
             tag, at = _varints(data, position)
-            field, wire = (tag >> np.uint64(3)).astype(np.int64), tag & np.uint64(7)
-        if not _WIRE_KNOWN[np.minimum(wire, 7)].all():
+            field = (tag >> np.uint64(3)).astype(np.int64)
+            wire = (tag & np.uint64(7)).astype(np.int64)
+        wires = np.bincount(np.minimum(wire, 7), minlength=8)
+        if wires[[3, 4, 6, 7]].any():
             raise WireError("not an XEvent / XStat message")
         after = at + 4  # fixed32 (wire type 5); the others below
-        is_varint = np.flatnonzero(wire == _VARINT)
+        is_varint = _which(wire, _VARINT, wires)
+        varint_live, varint_field = live[is_varint], field[is_varint]
         value, after[is_varint] = _varints(data, at[is_varint])
-        varint_field = field[is_varint]
+        numbers = _counts(varint_field)
         for number in varint_fields:
-            chosen = np.flatnonzero(varint_field == number)
-            owners = live[is_varint[chosen]]
+            chosen = _which(varint_field, number, numbers)
+            owners = varint_live[chosen]
             values[number][owners] = value[chosen]
             present[number][owners] = True
             if oneof.get(number) == _VARINT:
                 last_member[owners] = number
-        is_bytes = np.flatnonzero(wire == _BYTES)
+        is_bytes = _which(wire, _BYTES, wires)
+        bytes_live, bytes_field = live[is_bytes], field[is_bytes]
         length, begin = _varints(data, at[is_bytes])
         end = begin + length.astype(np.int64)
         after[is_bytes] = end
-        bytes_field = field[is_bytes]
+        numbers = _counts(bytes_field)
         for number in nested_fields:
-            chosen = np.flatnonzero(bytes_field == number)
-            owners = live[is_bytes[chosen]]
+            chosen = _which(bytes_field, number, numbers)
+            owners = bytes_live[chosen]
             found[number].append((owners, begin[chosen], end[chosen]))
             if oneof.get(number) == _BYTES:
                 last_member[owners] = number
-        is_fixed64 = np.flatnonzero(wire == _FIXED64)
+        is_fixed64 = _which(wire, _FIXED64, wires)
         after[is_fixed64] += 4
         for number, kind in others:
             subset = {_VARINT: is_varint, _FIXED64: is_fixed64, _BYTES: is_bytes}[kind]
-            last_member[live[subset[field[subset] == number]]] = number
+            last_member[live[subset][field[subset] == number]] = number
         if (after > stop).any():
             raise WireError("not an XEvent / XStat message")
         going = after < stop
-        live, position, stop = live[going], after[going], stop[going]
+        if going.all():
+            position = after
+        else:
+            live, position, stop = live[going], after[going], stop[going]
     nested = {}
     for number, parts in found.items():
         owner, begin, end = (
@@ -360,6 +371,21 @@ def _fields(data, starts, stops, varint_fields, nested_fields, oneof=None):
     return values, present, nested, last_member
 
 
-# Wire types a field may have: varint, fixed64, length-delimited, fixed32 (groups are
-# skipped before: see ``read_events``).
-_WIRE_KNOWN = np.array([True, True, True, False, False, True, False, False])
+_ALL = slice(None)  # as an index: every element, without a copy
+_NONE = np.empty(0, np.int64)
+
+
+def _counts(keys: np.ndarray) -> np.ndarray | None:
+    """How many of ``keys`` (field numbers) are each number, if all are small."""
+    return np.bincount(keys, minlength=16) if len(keys) and keys.max() < 64 else None
+
+
+def _which(keys: np.ndarray, key: int, counts: np.ndarray | None):
+    """Where ``keys == key``, as an index: ``_ALL`` if everywhere, ``_NONE`` if nowhere
+    (most field positions hold one field in every message: no search, no copy)."""
+    if counts is not None and key < len(counts):
+        if counts[key] == len(keys):
+            return _ALL
+        if counts[key] == 0:
+            return _NONE
+    return np.flatnonzero(keys == key)
