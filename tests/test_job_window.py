@@ -153,3 +153,23 @@ def test_the_summary_counts_a_step_once_however_many_workers_profiled_it(tmp_pat
         write_run(tmp_path / f"w{worker}", worker=worker, profiled=range(10, 11), breakdown=light)
     summary = kdt.Report.load(tmp_path).summary()
     assert summary["compute_ms"].tolist() == pytest.approx([8.0])
+
+
+def test_the_docs_example_merges_a_jobs_window(tmp_path):
+    """docs/breakdown.md's example, on three workers' two_gpu_run traces, worker 1's with
+    a kernel more on GPU 0 in step 2 (0.8 ms: 0.4 ms more compute on average)."""
+    from tests.helpers.gpu_traces import GpuTrace, two_gpu_run
+    from tests.test_docs_examples import python_block, run_example
+
+    for worker in range(3):
+        trace = two_gpu_run(GpuTrace)
+        if worker == 1:
+            trace.kernel(0, 13, "void more(float*)", 18.0, 18.8, 130, launched_at=10.25)
+        trace.space  # noqa: B018 (sorts the lines)
+        path = tmp_path / "runs" / "job" / f"worker-{worker}" / "host.xplane.pb"
+        path.parent.mkdir(parents=True)
+        path.write_bytes(trace.space.SerializeToString())
+    code = python_block("docs/breakdown.md", "### Every worker's trace of a window")
+    rows = [line.split() for line in run_example(code, tmp_path).strip().splitlines()[1:]]
+    # step, step_ms, slowest_worker, spread_ms: step 1 alike (worker 0 first of a tie).
+    assert rows == [["1", "11.0", "0", "0.0"], ["2", "10.0", "1", "0.4"]]
