@@ -170,12 +170,13 @@ def measure_in_child(trace: Path, mode: str = "rss", root: Path = ROOT) -> dict:
     everything first: with ``mode="rss"`` the growth of the peak RSS during the
     analysis (Linux: the peak is reset after the imports); with ``"tracemalloc"``
     the peak of Python's own allocations (numpy included; not the protobuf arena)."""
-    output = subprocess.run(
-        [sys.executable, "-c", _MEASURE_CHILD, str(trace), str(root), mode],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    return child_json(_MEASURE_CHILD, trace, root, mode)
+
+
+def child_json(script: str, *args) -> dict:
+    """What a fresh Python process running ``script`` with ``args`` printed last (JSON)."""
+    command = [sys.executable, "-c", script, *map(str, args)]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
 
@@ -418,25 +419,19 @@ def bench_cluster(folder: Path, workers: int, events: int, jobs: int = 2) -> dic
     (built first, in parallel, untimed), then analysed in ``jobs`` processes
     (``analysis.runner.analyze_windows``) and merged (``job_steps.merge_worker_steps``)
     in a fresh process: wall time, CPU time of it and its children, peak RSS."""
+    import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
     folder.mkdir(parents=True, exist_ok=True)
     straggler = CLUSTER_STRAGGLER % workers
     tasks = [(str(folder), index, events, straggler) for index in range(workers)]
-    import multiprocessing
 
     # Fresh interpreters, not forks of this process (TensorFlow's threads may run here).
     context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(os.cpu_count(), mp_context=context) as pool:
         sizes = list(pool.map(_write_worker_trace, tasks))
     load = os.getloadavg()[0]
-    output = subprocess.run(
-        [sys.executable, "-c", _CLUSTER_CHILD, str(ROOT), str(folder), str(jobs)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    measured = json.loads(output.strip().splitlines()[-1])
+    measured = child_json(_CLUSTER_CHILD, ROOT, folder, jobs)
     measured.update(
         workers=workers,
         events=events,

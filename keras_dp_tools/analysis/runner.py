@@ -302,6 +302,8 @@ def _analyze_in_pool(results: list[AnalyzedWindow], jobs: int, xprof, done) -> l
             if not running:
                 break
             time.sleep(0.05)
+        for child, _ in children:  # they end when no request is left: reaped here
+            child.wait()
         # Taken by a process that died: that trace's failure, said with its last words.
         for child, errors in children:
             for claimed in folder.glob(f"*.{child.pid}{_CLAIMED}"):
