@@ -41,26 +41,40 @@ def raw_line_class():
     serialised bytes, which ``xevents`` decodes with numpy, without a Python step per
     event. Fields keep their numbers and wire types, so protobuf merges repeated and
     unknown fields exactly as it does for ``XLine``."""
-    global _RAW_LINE
-    if _RAW_LINE is None:
+    return _line_variant("XLineRawEvents", repeated=True)
+
+
+def line_header_class():
+    """``XLine``'s fields with ``events`` as one ``optional bytes`` (each event read
+    replaces the last): a line's other fields and whether it has events, parsed in C
+    without keeping the events."""
+    return _line_variant("XLineHeader", repeated=False)
+
+
+def _line_variant(name: str, repeated: bool):
+    if name not in _VARIANTS:
         from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
         line = descriptor_pb2.DescriptorProto()
         xplane_pb2().XLine.DESCRIPTOR.CopyToProto(line)
-        line.name = "XLineRawEvents"
+        line.name = name
         for field in line.field:
             if field.number == 4:  # events: XEvent messages, length-delimited as bytes are
                 field.type = descriptor_pb2.FieldDescriptorProto.TYPE_BYTES
                 field.ClearField("type_name")
+                if not repeated:
+                    field.label = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL
+        # proto2: an optional field says whether it was set (the other fields read the
+        # same: the wire format and the last-one-wins merge are the same).
         file = descriptor_pb2.FileDescriptorProto(
-            name="keras_dp_tools/xline_raw_events.proto", package="keras_dp_tools", syntax="proto3"
+            name=f"keras_dp_tools/{name}.proto", package="keras_dp_tools", syntax="proto2"
         )
         file.message_type.add().CopyFrom(line)
         pool = descriptor_pool.DescriptorPool()
         pool.Add(file)
-        descriptor = pool.FindMessageTypeByName("keras_dp_tools.XLineRawEvents")
-        _RAW_LINE = message_factory.GetMessageClass(descriptor)
-    return _RAW_LINE
+        descriptor = pool.FindMessageTypeByName(f"keras_dp_tools.{name}")
+        _VARIANTS[name] = message_factory.GetMessageClass(descriptor)
+    return _VARIANTS[name]
 
 
-_RAW_LINE = None
+_VARIANTS: dict = {}

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from keras_dp_tools.analysis.trace.xevents import WireError, read_varint, skip_field, walk_fields
-from keras_dp_tools.analysis.trace.xplane_proto import raw_line_class
+from keras_dp_tools.analysis.trace.xplane_proto import line_header_class, raw_line_class
 from keras_dp_tools.analysis.trace.xplane_proto import xplane_pb2 as _xplane_pb2
 
 # The step marker and capture path (keras_dp_tools.records.contract), shared with capture.
@@ -196,7 +196,7 @@ def event_count(line) -> int:
 
 def line_timestamps(plane) -> list[int]:
     """``timestamp_ns`` of each line of a plane that holds events. A streamed plane's
-    lines are walked, not parsed: the walk skips each event by its length."""
+    lines' events are skipped (``line_header_class``), not parsed."""
     if not isinstance(plane, StreamedPlane):
         return [line.timestamp_ns for line in plane.lines if len(line.events)]
     timestamps = []
@@ -212,21 +212,12 @@ def line_timestamps(plane) -> list[int]:
     return timestamps
 
 
-_TIMESTAMP_TAG = 3 << 3  # XLine.timestamp_ns, a varint
-
-
 def _line_timestamp(data: bytes) -> int | None:
     """The ``timestamp_ns`` of the line serialised in ``data`` (the last such field
-    wins, as protobuf merges; none: 0), None if the line holds no events."""
-    events, _, others = walk_fields(data, _EVENTS_TAG, first_only=True)
-    if not events:
-        return None
-    timestamp = 0
-    for start, _ in others:
-        tag, value = read_varint(data, start)
-        if tag == _TIMESTAMP_TAG:
-            timestamp = read_varint(data, value)[0]
-    return timestamp - ((timestamp >> 63) << 64)  # int64: two's complement
+    wins, as protobuf merges; none: 0), None if the line holds no events; parsed (in C)
+    without keeping its events (``line_header_class``)."""
+    line = line_header_class().FromString(data)
+    return line.timestamp_ns if line.HasField("events") else None
 
 
 def _streamed_plane(path: Path, file, start: int, stop: int) -> StreamedPlane:
