@@ -2,6 +2,8 @@
 (``runner.analyze_windows``) and the workers' step rows merged into the job's view of
 each step (``job_steps.merge_worker_steps``)."""
 
+import io
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -173,3 +175,25 @@ def test_the_docs_example_merges_a_jobs_window(tmp_path):
     rows = [line.split() for line in run_example(code, tmp_path).strip().splitlines()[1:]]
     # step, step_ms, slowest_worker, spread_ms: step 1 alike (worker 0 first of a tie).
     assert rows == [["1", "11.0", "0", "0.0"], ["2", "10.0", "1", "0.4"]]
+
+
+def test_keras_dp_analyze_with_jobs_skips_a_torn_trace_and_prints_the_others(
+    worker_traces, tmp_path, capsys
+):
+    """``keras-dp analyze DIR --jobs 2``: every trace's rows (two_gpu_run's steps 1 and
+    2, 11 and 10 ms), each trace's progress, and the torn one skipped, named."""
+    import shutil
+
+    from keras_dp_tools.tools.cli import main
+
+    paths, torn = worker_traces
+    for index, path in enumerate([paths[0], paths[1], torn]):
+        capture = tmp_path / "log" / f"w{index}" / "plugins" / "profile" / "2026_01_01_00_00_00"
+        capture.mkdir(parents=True)
+        shutil.copy(path, capture / "host.xplane.pb")
+    assert main(["analyze", str(tmp_path / "log"), "--jobs", "2", "--csv"]) == 0
+    out, err = capsys.readouterr()
+    rows = pd.read_csv(io.StringIO(out))
+    assert rows.groupby("trace")["step_ms"].apply(list).tolist() == [[11.0, 10.0]] * 2
+    assert err.count("analysing: ") == 3 and "(3/3)" in err
+    assert f"skipped {tmp_path / 'log' / 'w2'}" in err
