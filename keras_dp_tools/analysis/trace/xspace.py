@@ -163,11 +163,11 @@ class LinePiece:
     serialised bytes (``SerializeToString``) are those read from the file, so a reader
     that decodes the events from the wire format (``xevents``) never parses them."""
 
-    __slots__ = ("_count", "_data", "_events", "_line", "_path")
+    __slots__ = ("_count", "_data", "_events", "_line", "_path", "_whole")
 
-    def __init__(self, data: bytes, line, count: int, path: Path):
+    def __init__(self, data: bytes, line, count: int, path: Path, whole: bool = False):
         self._data, self._line, self._path, self._events = data, line, path, None
-        self._count = count
+        self._count, self._whole = count, whole  # whole: ``line`` holds the events
 
     def __getattr__(self, name):  # every field but the events: parsed already
         return getattr(self._line, name)
@@ -184,6 +184,12 @@ class LinePiece:
     def event_count(self) -> int:
         """How many events the piece holds (without parsing them)."""
         return self._count
+
+    def event_bytes(self):
+        """Each event's serialised bytes (``raw_line_class``' ``events``)."""
+        if self._whole:
+            return self._line.events
+        return raw_line_class().FromString(self._data).events
 
     def SerializeToString(self) -> bytes:
         return self._data
@@ -283,7 +289,7 @@ def _whole_line(data: bytes, path: Path) -> LinePiece:
     """The line serialised in ``data``, whole, its events read as bytes (``raw_line_class``:
     in C, ~4x the line's size while it is held)."""
     line = raw_line_class().FromString(data)
-    return LinePiece(data, line, len(line.events), path)
+    return LinePiece(data, line, len(line.events), path, whole=True)
 
 
 def _stat_value(stat, stat_names: Mapping[int, str]):
