@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
@@ -169,12 +170,13 @@ def measure_in_child(trace: Path, mode: str = "rss", root: Path = ROOT) -> dict:
     everything first: with ``mode="rss"`` the growth of the peak RSS during the
     analysis (Linux: the peak is reset after the imports); with ``"tracemalloc"``
     the peak of Python's own allocations (numpy included; not the protobuf arena)."""
-    output = subprocess.run(
-        [sys.executable, "-c", _MEASURE_CHILD, str(trace), str(root), mode],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
+    return child_json(_MEASURE_CHILD, trace, root, mode)
+
+
+def child_json(script: str, *args) -> dict:
+    """What a fresh Python process running ``script`` with ``args`` printed last (JSON)."""
+    command = [sys.executable, "-c", script, *map(str, args)]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     return json.loads(output.strip().splitlines()[-1])
 
 
@@ -203,13 +205,19 @@ def bench_synthetic(sizes: list[int], folder: Path) -> list[dict]:
 # -- synthetic GPU traces ------------------------------------------------------------
 
 
-def synthetic_gpu_trace(path: Path, events: int, gpus: int = 8) -> Path:
+def synthetic_gpu_trace(
+    path: Path, events: int, gpus: int = 8, seed: int | None = None, slower: float = 1.0
+) -> Path:
     """A GPU trace with the schema of TensorFlow's CUPTI collector (as
     tests/helpers/gpu_traces.py builds it): per step and GPU, an H2D input copy, kernels
     on a compute stream (some with a ``tf_op``, the optimizer's running after the marker
     ends), one NCCL all-reduce whose start differs per GPU (sync waits), and a kernel
     without a launch link; every linked device event has its ``cuLaunchKernel`` on the
-    host (same ``correlation_id``). ~``events`` device events (as many launches)."""
+    host (same ``correlation_id``). ~``events`` device events (as many launches).
+
+    One worker of a job: ``seed`` shortens each kernel by 0-500 ns (drawn) and starts
+    the trace's clock elsewhere (another host); ``slower`` stretches the forward kernels
+    (a straggler's: its all-reduces start later)."""
     from tests.helpers.xplane_builder import Ref, SpaceBuilder, Uint
 
     kernels = 56  # + input copy + all-reduce + unlinked kernel = 59 events per GPU-step
@@ -232,6 +240,9 @@ def synthetic_gpu_trace(path: Path, events: int, gpus: int = 8) -> Path:
     compute, copies, nccl = (name for _, name in streams)
     step_ps, per_kernel = 10 * MS, 6 * MS // kernels
     correlation = 0
+    rng = np.random.default_rng(seed) if seed is not None else None
+    clock_ps = 0 if rng is None else int(rng.integers(0, 1000)) * MS  # another host's clock
+    forward_ps = int(per_kernel * slower)
 
     def device_event(plane, line, name, start, duration, linked, op=None):
         nonlocal correlation
@@ -250,24 +261,31 @@ def synthetic_gpu_trace(path: Path, events: int, gpus: int = 8) -> Path:
             host.event_ps(launcher, api, at, 5000, **launch)
 
     for step in range(steps):
-        base = step * step_ps
+        base = clock_ps + step * step_ps
         space.step_ps(step, base, 8 * MS)
+        shorter = rng.integers(0, 500_000, (gpus, kernels)) if rng is not None else None
         for g, plane in enumerate(planes):
             launcher = launchers[g]
             linked = (launcher, base + 1000, "cuMemcpyHtoDAsync_v2")
             device_event(plane, copies, "MemcpyH2D", base, MS // 5, linked)
             for k, name in enumerate(kernel_names):
                 # The last kernels (the optimizer's) run after the marker has ended.
-                start = base + MS // 2 + k * per_kernel + (2 * MS if k >= kernels - 4 else 0)
+                forward = min(k, kernels - 4)  # the optimizer's kernels are not stretched
+                start = base + MS // 2 + forward * forward_ps + (k - forward) * per_kernel
+                start += 2 * MS if k >= kernels - 4 else 0
                 linked = (launcher, base + MS // 10 + k * (MS // 20), "cuLaunchKernel")
                 op = k % 8 if k % 3 == 0 else None
-                device_event(plane, compute, name, start, per_kernel - 2000, linked, op)
+                length = (forward_ps if k < kernels - 4 else per_kernel) - 2000
+                length -= 0 if shorter is None else int(shorter[g, k])
+                device_event(plane, compute, name, start, length, linked, op)
             reduce_start = base + 6 * MS + g * MS // 20
+            if slower > 1:  # its gradients are ready later: the all-reduce starts later
+                reduce_start += int((slower - 1) * 6 * MS)
             plane.event_ps(
                 nccl,
                 "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
                 reduce_start,
-                7 * MS - reduce_start + base,
+                max(7 * MS - reduce_start + base, MS // 2),
                 context_id="$$1",
                 kernel_details=Ref("details"),
                 correlation_id=Uint(10**9 + step * gpus + g),
@@ -349,6 +367,116 @@ def gpu_markdown(gpu: dict) -> list[str]:
         same = "identical" if gpu["same_rows"] else "DIFFERENT"
         lines += ["", f"Time after / before: {fmt(gpu['time_ratio'])}; rows {same}."]
     return lines
+
+
+# -- one window of a multi-worker GPU job --------------------------------------------
+
+CLUSTER_STRAGGLER = 17  # the worker whose forward kernels run 1.3x longer
+
+
+def _write_worker_trace(arguments) -> int:
+    """Writes worker ``index``'s trace (a process of its own: building takes ~10 s)."""
+    folder, index, events, straggler = arguments
+    slower = 1.3 if index == straggler else 1.0
+    path = Path(folder) / f"worker-{index}" / "host.xplane.pb"
+    synthetic_gpu_trace(path, events, seed=index, slower=slower)
+    return path.stat().st_size
+
+
+_JOB_WINDOW_CHILD = """
+import json, os, resource, sys, time
+sys.path.insert(0, sys.argv[1])
+from pathlib import Path
+from keras_dp_tools.analysis.job_steps import merge_worker_steps
+from keras_dp_tools.analysis.runner import analyze_windows
+from keras_dp_tools.records.facts import RunFacts
+
+folder, jobs = Path(sys.argv[2]), int(sys.argv[3])
+traces = sorted(folder.glob("worker-*/host.xplane.pb"), key=lambda p: int(p.parent.name[7:]))
+facts = RunFacts(allreduce_bytes=1 << 20)
+before = os.times()
+start = time.perf_counter()
+done = analyze_windows([(trace, facts) for trace in traces], jobs, xprof=False,
+                       progress=lambda n, total, w: print(f"{n}/{total}", file=sys.stderr))
+job = merge_worker_steps({int(w.trace.parent.name[7:]): w.breakdown.steps
+                          for w in done if w.breakdown is not None})
+seconds = time.perf_counter() - start
+after = os.times()
+cpu = sum(after[:4]) - sum(before[:4])  # this process and its children (the analyses)
+slowest = job.steps["slowest_worker"].value_counts()
+print(json.dumps({
+    "seconds": seconds, "cpu_s": cpu, "failed": sum(w.error is not None for w in done),
+    "steps": len(job.steps), "worker_rows": len(job.workers),
+    "slowest_worker": int(slowest.index[0]), "slowest_steps": int(slowest.iloc[0]),
+    "parent_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    "child_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
+}))
+"""
+
+
+def bench_job_window(folder: Path, workers: int, events: int, jobs: int = 2) -> dict:
+    """One profiler window of a ``workers`` x 8-GPU job: every worker's synthetic trace
+    (built first, in parallel, untimed), then analysed in ``jobs`` processes
+    (``analysis.runner.analyze_windows``) and merged (``job_steps.merge_worker_steps``)
+    in a fresh process: wall time, CPU time of it and its children, peak RSS."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    folder.mkdir(parents=True, exist_ok=True)
+    straggler = CLUSTER_STRAGGLER % workers
+    tasks = [(str(folder), index, events, straggler) for index in range(workers)]
+
+    # Fresh interpreters, not forks of this process (TensorFlow's threads may run here).
+    context = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(os.cpu_count(), mp_context=context) as pool:
+        sizes = list(pool.map(_write_worker_trace, tasks))
+    load = os.getloadavg()[0]
+    measured = child_json(_JOB_WINDOW_CHILD, ROOT, folder, jobs)
+    measured.update(
+        workers=workers,
+        events=events,
+        jobs=jobs,
+        straggler=straggler,
+        trace_mb=statistics.median(sizes) / 1e6,
+        total_gb=sum(sizes) / 1e9,
+        load_before=load,
+        load_after=os.getloadavg()[0],
+        cores=os.cpu_count(),
+    )
+    measured["cpu_over_wall"] = measured["cpu_s"] / measured["seconds"]
+    print(f"cluster trace: {measured}", flush=True)
+    return measured
+
+
+def job_window_markdown(c: dict) -> list[str]:
+    verdict = "met" if c["seconds"] < 60 and not c["failed"] else "NOT met"
+    if c["workers"] < 64:
+        verdict = "not judged (a smaller job)"
+    return [
+        "## One window of a 512-GPU job (goal: 64 workers x 8 GPUs analysed and merged "
+        "< 60 s on 2 cores, using both)",
+        "",
+        f"{c['workers']} synthetic worker traces (the 8-GPU trace below, each with its own "
+        f"seed, clock and kernel times; worker {c['straggler']} a straggler: forward "
+        f"kernels 1.3x), ~{c['events']:,} device events each, {c['trace_mb']:.1f} MB "
+        f"each, {c['total_gb']:.2f} GB in all; built first, untimed. Timed in a fresh "
+        f"process: `analyze_windows(..., jobs={c['jobs']}, xprof=False)` (each trace in "
+        "one of the child processes, with its worker's facts) and `merge_worker_steps`.",
+        "",
+        "| workers | wall time | CPU time (all processes) | CPU / wall | peak RSS: "
+        "an analysis process / the parent | failed | job steps | slowest worker |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {c['workers']} | {c['seconds']:.1f} s | {c['cpu_s']:.1f} s | "
+        f"{c['cpu_over_wall']:.2f} (of {c['jobs']}) | {c['child_rss_mb']:.0f} MB / "
+        f"{c['parent_rss_mb']:.0f} MB | {c['failed']} | {c['steps']} | "
+        f"{c['slowest_worker']} in {c['slowest_steps']} of {c['steps']} steps |",
+        "",
+        f"Goal {verdict}. Load average {c['load_before']:.2f} before, "
+        f"{c['load_after']:.2f} after ({c['cores']} cores; shared machine: rerun when "
+        f"quiet). CPU per trace {c['cpu_s'] / c['workers']:.2f} s (the processes' "
+        f"start-up included): on {c['jobs']} cores of its own, "
+        f"{c['cpu_s'] / c['jobs']:.0f} s.",
+    ]
 
 
 # -- analysis vs XProf -------------------------------------------------------------
@@ -985,6 +1113,8 @@ def markdown(results: dict, smoke: bool) -> str:
     lines += synthetic_markdown(results["synthetic"])
     if "gpu" in results:
         lines += ["", *gpu_markdown(results["gpu"])]
+    if "job_window" in results:
+        lines += ["", *job_window_markdown(results["job_window"])]
     lines += [
         "",
         "## `Report.load` of step records (goal 1M rows < 2 s)",
@@ -1013,7 +1143,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=["training", "synthetic", "gpu", "cluster"],
+        choices=["training", "synthetic", "gpu", "cluster", "cluster-trace"],
         help="run one section and replace only it (and the notes) in the existing output",
     )
     parser.add_argument(
@@ -1038,6 +1168,11 @@ def main(argv=None) -> int:
             cluster = bench_cluster(Path(scratch), *cluster_size)
         return write_section(args, cluster_markdown(cluster), smoke)
     gpu_events, gpu_rounds = (2000, 1) if smoke else (500_000, 4)
+    cluster_workers, cluster_events = (2, 2000) if smoke else (64, 500_000)
+    if args.only == "cluster-trace":
+        with tempfile.TemporaryDirectory(prefix="kdp_bench_") as scratch:
+            window = bench_job_window(Path(scratch) / "cluster", cluster_workers, cluster_events)
+        return write_section(args, job_window_markdown(window), smoke)
     if args.only == "gpu":
         with tempfile.TemporaryDirectory(prefix="kdp_bench_") as scratch:
             gpu = bench_gpu(Path(scratch), gpu_events, gpu_rounds, args.gpu_baseline)
@@ -1086,6 +1221,10 @@ def main(argv=None) -> int:
         sizes = [2000] if smoke else [10_000, 100_000, 1_000_000]
         results["synthetic"] = bench_synthetic(sizes, folder)
         results["gpu"] = bench_gpu(folder, gpu_events, gpu_rounds, args.gpu_baseline)
+        results["job_window"] = bench_job_window(
+            folder / "cluster", cluster_workers, cluster_events
+        )
+        shutil.rmtree(folder / "cluster")  # ~2 GB
         load_sizes = [1000] if smoke else [10_000, 100_000, 1_000_000]
         results["report_load"] = bench_load(load_sizes, folder, 1 if smoke else 3)
         results["cluster"] = bench_cluster(folder, *cluster_size)
@@ -1104,9 +1243,9 @@ def write_section(args, section: list[str], smoke: bool) -> int:
     heading = section[0].split("(")[0]
     body = "\n".join(section) + "\n"
     start = text.find(heading)
-    if start < 0 and "\n## Notes\n" in text:  # a new section goes before the notes
+    if start < 0 and "\n## Notes\n" in text:  # a new section: before the notes
         notes = text.index("\n## Notes\n")
-        text = text[:notes] + "\n" + body + text[notes:]
+        text = text[:notes].rstrip("\n") + "\n\n" + body + text[notes:]
     elif start < 0:
         text = text.rstrip("\n") + "\n\n" + body
     else:

@@ -28,7 +28,9 @@ def test_bench_smoke_run_writes_the_results_table(tmp_path):
         "Synthetic traces",
         "`Report.load`",
         "`Report.load` at cluster scale",
+        "One window of a 512-GPU job",
     ):
         assert section in table
     assert "| tiny |" in table and "| 2,000 |" in table and "| 1,000 |" in table
     assert "4 workers x 6,000 steps" in table and "first (JSON Lines -> cache)" in table
+    assert "| 2 | " in table and "| 0 | 4 | 1 in 4 of 4 steps |" in table  # 2 workers, none failed

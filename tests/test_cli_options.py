@@ -103,14 +103,14 @@ def test_lint_format_csv_is_one_row_per_finding(tmp_path, capsys):
 
 
 def test_analyze_format_json_gives_the_step_rows(builder, tmp_path):
-    from tests.test_breakdown import two_gpu_trace
+    from tests.helpers.gpu_traces import two_gpu_trace
 
     two_gpu_trace(builder).write(tmp_path)
     result = run_cli("analyze", str(tmp_path), "--format", "json")
 
     assert result.returncode == 0, result.stderr[-2000:]
     (step,) = json.loads(result.stdout)
-    # Worked out by hand in two_gpu_trace's docstring (tests/test_breakdown.py).
+    # Worked out by hand in two_gpu_trace's docstring (tests/helpers/gpu_traces.py).
     assert step["step"] == 7 and step["replicas"] == 2
     assert step["exposed_allreduce_ms"] == pytest.approx(2.25)
     assert step["xprof_collectives_ms"] == pytest.approx(1.5)

@@ -4,31 +4,22 @@ the example expects (a lint target, a recorded run, a trace). Every other fenced
 of README.md and docs/*.md says why it is not run (tests/helpers/doc_blocks.py).
 """
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 import keras_dp_tools as kdt
-from tests.helpers.doc_blocks import blocks_run_by_tests, documents, fenced_blocks, python_block
+from tests.helpers.doc_blocks import (
+    blocks_run_by_tests,
+    documents,
+    fenced_blocks,
+    python_block,
+    run_example,
+)
 from tests.helpers.gpu_traces import two_gpu_run
 from tests.helpers.recorded_runs import COMM_HEAVY, write_run
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def run_example(code: str, cwd: Path) -> str:
-    env = {
-        **os.environ,
-        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-    }
-    done = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
-    return done.stdout
 
 
 def test_public_names_example_runs_without_tensorflow(tmp_path):

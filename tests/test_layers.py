@@ -186,3 +186,27 @@ def test_no_layer_reaches_around_the_layers_through_the_package_root():
                     if alias.name != "__version__" and f"keras_dp_tools.{alias.name}" not in MODULES
                 ]
     assert found == []
+
+
+def test_no_test_module_imports_another():
+    """Shared test code lives in tests/helpers: a test module importing another runs its
+    fixtures' side effects twice and ties two files' edits together. Imports inside
+    functions count too."""
+    import ast
+    from pathlib import Path
+
+    tests = Path(__file__).resolve().parent
+    found = []
+    for path in sorted(tests.glob("test_*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = []
+            if isinstance(node, ast.ImportFrom) and node.module:
+                names = [node.module]
+            elif isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            found += [
+                f"{path.name}:{node.lineno} imports {name}"
+                for name in names
+                if name.startswith("tests.test_")
+            ]
+    assert not found, found

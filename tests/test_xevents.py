@@ -49,6 +49,7 @@ UNKNOWN_FIELDS = {
     "fixed64": tag(10, 1) + bytes(8),
     "fixed32": tag(11, 5) + bytes(4),
     "bytes": length_delimited(12, b"xyz"),
+    "two-byte tag": bytes([20 << 3 & 0x7F | 0x80, 20 >> 4]) + b"\x05",  # field 20, a varint
     "group": tag(15, 3) + tag(1, 0) + b"\x01" + tag(2, 3) + tag(2, 4) + tag(15, 4),
 }
 
@@ -145,3 +146,20 @@ def test_a_oneof_given_twice_keeps_its_last_member_as_protobuf_does(xplane_pb2):
     assert [s.WhichOneof("value") for s in parsed.events[0].stats] == ["uint64_value"]
     assert parsed.events[-2].offset_ps == 0 and parsed.events[-1].stats[0].int64_value == 5
     assert_table_matches(read_events([raw])[0], parsed)
+
+
+def test_stats_are_read_for_the_events_asked_for_only(xplane_pb2):
+    """``stats_of``: every event's fields, and the stats (as protobuf parses them) of the
+    events whose metadata id is asked for, in order; none of the others'."""
+    line = xplane_pb2.XLine(id=1, name="python", timestamp_ns=5)
+    for index in range(40):
+        event = line.events.add(metadata_id=index % 4, offset_ps=index * 10, duration_ps=3)
+        for value in range(index % 3):
+            event.stats.add(metadata_id=9, uint64_value=index * 100 + value)
+    table = read_line_events(line, stats_of=[2, 3])
+    assert table.metadata_id.tolist() == [index % 4 for index in range(40)]
+    assert table.offset_ps.tolist() == [index * 10 for index in range(40)]
+    kept = [(i, s) for i, e in enumerate(line.events) if e.metadata_id in (2, 3) for s in e.stats]
+    assert table.event.tolist() == [i for i, _ in kept]
+    assert table.uint64_value.tolist() == [s.uint64_value for _, s in kept]
+    assert len(kept) == 20  # events 2, 3, 6, 7, ... 39: index % 3 stats each

@@ -131,3 +131,27 @@ def test_a_line_with_unknown_fields_and_two_timestamps_streams_as_parsed(tmp_pat
     assert assert_streams_as_parsed(path, monkeypatch, 1) == 6
     assert {piece.timestamp_ns for piece in xspace.stream_xspace(path).planes[0].lines} == {9}
     assert xspace.line_timestamps(xspace.stream_xspace(path).planes[0]) == [9]
+
+
+def test_whole_lines_hold_every_line_as_protobuf_parses_it(tmp_path, monkeypatch, tf):
+    """``StreamedPlane.whole_lines`` (the GPU readers' path): every line whole, however
+    small the pieces of ``lines``, its fields and events those of protobuf's parse;
+    counted without parsing them."""
+    from tests.helpers.gpu_traces import GpuTrace, two_gpu_run
+
+    path = two_gpu_run(GpuTrace).write(tmp_path)
+    parsed = xspace._xplane_pb2().XSpace.FromString(path.read_bytes())
+    monkeypatch.setattr(xspace, "_GROUP_BYTES", 1)  # would cut every line into events
+    line_class = xspace._xplane_pb2().XLine
+    for ours, theirs in zip(xspace.stream_xspace(path).planes, parsed.planes, strict=True):
+        whole = list(ours.whole_lines())
+        assert len(whole) == len(theirs.lines)
+        for line, expected in zip(whole, theirs.lines, strict=True):
+            assert (line.id, line.name, line.timestamp_ns) == (
+                expected.id,
+                expected.name,
+                expected.timestamp_ns,
+            )
+            assert xspace.event_count(line) == len(expected.events)
+            assert line_class.FromString(line.SerializeToString()) == expected
+            assert list(line.events) == list(expected.events)

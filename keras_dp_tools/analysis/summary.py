@@ -34,6 +34,10 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     timed = measured.groupby("run", sort=False)
     analysed = steps[steps["trace_step_ms"].notna()]
 
+    # Each profiled step once, however many workers profiled it: their rows' mean.
+    per_step = analysed.groupby(["run", "step"], sort=False)[list(schema.HEADLINE_COLUMNS)].mean()
+    breakdown = per_step.groupby(level="run", sort=False).median()
+
     def count(frame):  # every worker records every step: count one worker's
         per_worker = frame["steps"].fillna(1).groupby([frame["run"], frame["worker"]]).sum()
         return per_worker.groupby("run").max().reindex(grouped.size().index, fill_value=0)
@@ -53,7 +57,7 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
             "p90_step_ms": timed["step_ms"].quantile(0.9),
             "examples_per_s": timed["examples_per_s"].median(),
             "step_time_from": step_time_from,
-            **{name: grouped[name].median() for name in schema.HEADLINE_COLUMNS},
+            **{name: breakdown[name] for name in schema.HEADLINE_COLUMNS},
             "gpu_util": grouped["gpu_util_mean"].mean(),
         }
     )

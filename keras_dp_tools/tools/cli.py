@@ -103,6 +103,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     analyze.add_argument("--per-replica", action="store_true", help="one row per step and replica")
     analyze.add_argument(
+        "--jobs",
+        type=positive_int,
+        default=None,
+        help="traces analysed at once, each in a process of its own (default: the cores "
+        "this process may use; 1: one after the other, here)",
+    )
+    analyze.add_argument(
         "--allreduce-bytes",
         type=positive_int,
         default=None,
@@ -435,7 +442,8 @@ def run_analyze_command(args: argparse.Namespace) -> int:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import pandas as pd
 
-    from keras_dp_tools.analysis import analyze_window, find_traces
+    from keras_dp_tools.analysis import find_traces
+    from keras_dp_tools.analysis.runner import analyze_windows
     from keras_dp_tools.records.contract import STEP_EVENT_NAME
     from keras_dp_tools.records.facts import RunFacts
 
@@ -443,18 +451,26 @@ def run_analyze_command(args: argparse.Namespace) -> int:
         print(line, file=sys.stderr, flush=True)
     traces = find_traces(args.source)
     recorded = _recorded_facts(args.source)
-    frames = []
-    for number, trace in enumerate(traces, 1):
-        print(f"analysing {trace} ({number}/{len(traces)})", file=sys.stderr, flush=True)
+    windows = []
+    for trace in traces:
         facts = recorded.get(trace.resolve(), RunFacts())
         if args.allreduce_bytes:
             facts = dataclasses.replace(facts, allreduce_bytes=args.allreduce_bytes)
-        try:
-            # release_memory: this process does nothing else meanwhile.
-            breakdown = analyze_window(trace, facts, release_memory=True)
-        except ValueError as error:  # a partial capture (killed while writing) costs only itself
-            print(f"skipped {trace}: {error}", file=sys.stderr, flush=True)
+        windows.append((trace, facts))
+
+    def progress(done: int, total: int, window) -> None:
+        print(f"analysing: {window.trace} done ({done}/{total})", file=sys.stderr, flush=True)
+
+    frames = []
+    for window in analyze_windows(windows, args.jobs, progress=progress):
+        trace, breakdown = window.trace, window.breakdown
+        # A partial capture (killed while writing: ValueError) or a trace that took its
+        # process down (RuntimeError) costs only itself.
+        if isinstance(window.error, (ValueError, RuntimeError)):
+            print(f"skipped {trace}: {window.error}", file=sys.stderr, flush=True)
             continue
+        if window.error is not None:
+            raise window.error
         if breakdown.unmeasured:  # their rows stay, empty, with the reason
             print(f"{trace}: {breakdown.unmeasured}", file=sys.stderr, flush=True)
         frame = breakdown.replicas if args.per_replica else breakdown.steps

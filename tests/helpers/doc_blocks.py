@@ -9,7 +9,10 @@ tests/test_docs_examples.py fails on a block that is neither.
 from __future__ import annotations
 
 import ast
+import os
 import re
+import subprocess
+import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -102,3 +105,17 @@ def blocks_run_by_tests(test_files: list[Path] | None = None) -> dict[tuple[str,
             block = find_python_block(node.args[0].value, node.args[1].value)
             run[(block.document, block.line)] = path.name
     return run
+
+
+def run_example(code: str, cwd: Path) -> str:
+    """Runs a docs example in a fresh interpreter in ``cwd`` (this checkout's package
+    first on the path); fails with its stderr unless it exits 0. Returns its stdout."""
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout

@@ -191,3 +191,40 @@ def two_gpu_run(GpuTrace):
     trace.kernel(0, COMPUTE, GEMM, 25.0, 26.0, 120, launched_at=25.0)
     trace.derived_line(0, "fusion.1", 0.0, 20.0)  # a view of the kernels, not activity
     return trace
+
+
+COMPUTE_STREAM = "Stream #13(Compute)"
+NCCL_STREAM = "Stream #20(Nccl)"
+
+
+def two_gpu_trace(builder):
+    """One 10 ms step on 2 GPUs.
+
+    GPU 0: compute 0.5-4.0 and 6.0-6.5; NCCL all-reduce 3.0-7.0 (starts before GPU 1's).
+    GPU 1: compute 0.5-5.0; NCCL 5.0-7.0; host-to-device copy 0.0-0.3.
+    Host: the input wait (IteratorGetNext) 0.0-0.6, shared by both replicas.
+    Outside the step: a kernel at 12-13 ms.
+    """
+    space = builder().step(7, 0.0, 10.0)
+    space.host().event("tf_data_iterator_get_next/1", "IteratorGetNextOp::DoCompute", 0.0, 0.6)
+    gpu0, gpu1 = space.gpu(0), space.gpu(1)
+    gpu0.event(
+        COMPUTE_STREAM,
+        "volta_sgemm_128x64_nn",
+        0.5,
+        4.0,
+        correlation_id=1,
+        tf_op="sequential/dense/MatMul:MatMul",
+    )
+    gpu0.event(COMPUTE_STREAM, "void relu_kernel", 6.0, 6.5, correlation_id=2)
+    gpu0.event(NCCL_STREAM, ALLREDUCE, 3.0, 7.0, correlation_id=3)
+    gpu0.event(COMPUTE_STREAM, "late_kernel", 12.0, 13.0)
+    gpu1.event(COMPUTE_STREAM, "volta_sgemm_128x64_nn", 0.5, 5.0, correlation_id=11)
+    gpu1.event(NCCL_STREAM, ALLREDUCE, 5.0, 7.0, correlation_id=12)
+    gpu1.event("Stream #14(MemcpyH2D)", "MemcpyHtoD", 0.0, 0.3)
+    for correlation_id, launched in [(1, 0.1), (2, 0.2), (3, 0.3), (11, 0.4), (12, 0.45)]:
+        # The host launches that tie kernels to the step for XProf.
+        space.host().event(
+            "python", "cudaLaunchKernel", launched, launched + 0.01, correlation_id=correlation_id
+        )
+    return space

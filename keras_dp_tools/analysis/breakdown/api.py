@@ -52,6 +52,7 @@ from keras_dp_tools.analysis.breakdown.memory import memory_release
 from keras_dp_tools.analysis.breakdown.replicas import attribute_cpu_replicas, cpu_replica_count
 from keras_dp_tools.analysis.breakdown.rows import replica_frame, step_rows
 from keras_dp_tools.analysis.breakdown.spans import SpanColumns, Spans, sort_by_start
+from keras_dp_tools.analysis.trace.xevents import WireError
 from keras_dp_tools.analysis.trace.xspace import StepMarker, gpu_planes, stream_xspace
 from keras_dp_tools.records.columns import REPLICA_COLUMNS, XPROF_COLUMNS
 from keras_dp_tools.records.facts import RunFacts
@@ -126,7 +127,10 @@ def analyze_window(
     if xprof is None:
         xprof = bool(gpu_planes(space))
     release = memory_release(release_memory)
-    trace = _read_trace(space, facts, release)
+    try:
+        trace = _read_trace(space, facts, release)
+    except WireError as error:  # events the streamed reader decodes itself
+        raise ValueError(f"{trace_path} is not an XSpace profile ({error}).") from None
     del space
     breakdown = _break_down(trace, facts, link_peak_gbps, release)
     breakdown.source = str(trace_path)

@@ -31,13 +31,15 @@ from dataclasses import dataclass
 import numpy as np
 
 from keras_dp_tools.analysis.breakdown.classify import KIND_CODES, Kind, classify_device_event
-from keras_dp_tools.analysis.trace.xevents import EventTable, read_events, read_line_events
+from keras_dp_tools.analysis.trace.xevents import EventTable, read_events
 from keras_dp_tools.analysis.trace.xspace import (
     StepMarker,
     TraceEvent,
+    event_count,
     gpu_planes,
     named_stats,
     plane_events,
+    whole_lines,
 )
 from keras_dp_tools.records.contract import gpu_ordinal
 
@@ -99,7 +101,7 @@ def is_cuda_api_call(name: str) -> bool:
 def is_stream_line(line) -> bool:
     """Whether an ``XLine`` of a GPU plane holds CUPTI activity: a ``Stream #`` line
     with events."""
-    return bool(len(line.events)) and (line.display_name or line.name).startswith(
+    return bool(event_count(line)) and (line.display_name or line.name).startswith(
         STREAM_LINE_PREFIX
     )
 
@@ -315,10 +317,11 @@ class _PlaneReader:
         for line in lines:
             if not is_stream_line(line):
                 continue
-            batch.append(line.SerializeToString())
+            # A whole line of a streamed plane has its events parsed as bytes already.
+            batch.append(line if hasattr(line, "event_bytes") else line.SerializeToString())
             bases.append(line.timestamp_ns * 1000 - self.origin_ps)
             names.append(line.display_name or line.name)
-            size += len(batch[-1])
+            size += len(line.SerializeToString())  # a LinePiece's: the bytes read
             if size >= _BATCH_BYTES:
                 parts.append(self._batch(batch, bases, names))
                 batch, bases, names, size = [], [], [], 0
@@ -403,14 +406,17 @@ class _PlaneReader:
 def read_device_events(plane, origin_ps: int) -> DeviceEvents:
     """The kernels and copies on a GPU plane's ``Stream #`` lines, read once, as arrays
     (times in picoseconds from ``origin_ps``)."""
-    return _PlaneReader(plane, origin_ps).read(plane.lines)
+    return _PlaneReader(plane, origin_ps).read(whole_lines(plane))
 
 
-def read_launches(line, indices: np.ndarray, starts: np.ndarray, correlation: PlaneCorrelation):
+def read_launches(
+    table: EventTable, indices: np.ndarray, starts: np.ndarray, correlation: PlaneCorrelation
+):
     """(correlation ids, starts) of the host CUDA calls at ``indices`` of a line's
-    events (``starts``: every event's start) that carry a ``correlation_id`` (found
-    as ``correlation``, the plane's ``PlaneCorrelation``, says), as arrays."""
-    correlation = correlation.ids(read_line_events(line))[indices]
+    events (``table``: the line's, with at least the launches' stats; ``starts``: every
+    event's start) that carry a ``correlation_id`` (found as ``correlation``, the
+    plane's ``PlaneCorrelation``, says), as arrays."""
+    correlation = correlation.ids(table)[indices]
     linked = correlation >= 0
     return correlation[linked], starts[indices][linked]
 

@@ -23,14 +23,17 @@ from keras_dp_tools.analysis.breakdown.classify import (
     scoped_replica,
 )
 from keras_dp_tools.analysis.breakdown.spans import NO_REPLICA, SpanColumns
+from keras_dp_tools.analysis.trace.xevents import read_line_events
 from keras_dp_tools.analysis.trace.xspace import (
     STEP_EVENT_NAME,
     TraceEvent,
+    event_count,
     gpu_planes,
     host_planes,
     line_timestamps,
     named_stats,
     step_markers,
+    whole_lines,
 )
 
 # Kinds as small integers, for the span columns.
@@ -158,13 +161,18 @@ def read_host(space, devices, columns: SpanColumns, inputs_only: bool):
         launch_ids = np.array([k for k, v in special.items() if v[0][0] == _LAUNCH], np.int64)
         marker_ids = np.array([k for k, v in special.items() if v[0][0] == _MARKER], np.int64)
         correlation = gpu_trace.PlaneCorrelation.of(plane, launch_ids.tolist())
-        for line in plane.lines:
-            if not len(line.events):
+        # A GPU trace's lines are decoded from their bytes (xevents): read whole.
+        for line in whole_lines(plane) if len(launch_ids) else plane.lines:
+            if not event_count(line):
                 continue
             line_name = line.display_name or line.name
             off_python = line_name != "python"  # eager ops and tracing: host overhead
             base = line.timestamp_ns * 1000 - origin
-            events = _event_columns(line.events)
+            if len(launch_ids):  # a GPU trace: read as arrays, with the launches' stats
+                table = read_line_events(line, stats_of=launch_ids)
+                events = np.stack([table.metadata_id, table.offset_ps, table.duration_ps], 1)
+            else:
+                table, events = None, _event_columns(line.events)
             place = f"plane {plane.name}, line {line_name!r}"
             gpu_trace.event_times(base, events[:, 1], events[:, 2], place)  # or raise
             first = base + int(events[:, 1].min())
@@ -179,7 +187,7 @@ def read_host(space, devices, columns: SpanColumns, inputs_only: bool):
             if launched.any():
                 launches.append(
                     gpu_trace.read_launches(
-                        line, np.flatnonzero(launched), base + events[:, 1], correlation
+                        table, np.flatnonzero(launched), base + events[:, 1], correlation
                     )
                 )
             for index in np.flatnonzero(np.isin(metadata_ids, special_ids) & ~launched).tolist():

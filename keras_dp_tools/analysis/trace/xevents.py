@@ -2,11 +2,12 @@
 
 Reading a field of a protobuf message from Python costs about a microsecond per message,
 and an 8-GPU training window holds a million device events and launches. Here a line is
-serialised once (in C), its events' boundaries are found by one walk over their length
-prefixes, and then the fields of all events -- and of all their stats -- are decoded
-together with numpy, one field position at a time (a message has a handful of fields).
+serialised once and parsed again with its events read as ``repeated bytes`` (both in C,
+``xplane_proto.raw_line_class``), and then the fields of all events -- and of all their
+stats -- are decoded together with numpy, one field position at a time (a message has a
+handful of fields).
 
-Field numbers from ``xplane.proto``: ``XLine.events`` 4; ``XEvent`` metadata_id 1,
+Field numbers from ``xplane.proto``: ``XEvent`` metadata_id 1,
 duration_ps 3, stats 4 and its ``data`` oneof: offset_ps 2, num_occurrences 5;
 ``XStat`` metadata_id 1 and its ``value`` oneof: double_value 2, uint64_value 3,
 int64_value 4, str_value 5, bytes_value 6, ref_value 7. A oneof holds one value: of
@@ -17,12 +18,12 @@ from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass
+from itertools import chain
 
 import numpy as np
 
-from keras_dp_tools.analysis.trace.xplane_proto import xplane_pb2
+from keras_dp_tools.analysis.trace.xplane_proto import raw_line_class, xplane_pb2
 
-_LINE_EVENTS = 4
 _EVENT_METADATA, _EVENT_OFFSET, _EVENT_DURATION, _EVENT_STATS = 1, 2, 3, 4
 _STAT_METADATA, _STAT_UINT, _STAT_INT, _STAT_STR, _STAT_REF = 1, 3, 4, 5, 7
 # Wire types: varint, fixed64, length-delimited.
@@ -65,30 +66,48 @@ class EventTable:
     ref_value: np.ndarray
     has_ref: np.ndarray
     _data: bytes
-    _text: dict[int, tuple[int, int]]
+    _text: tuple[np.ndarray, np.ndarray, np.ndarray]  # stat (ascending), start, end
 
     def text(self, stat: int) -> str | None:
-        """The ``str_value`` of stat ``stat``, None if it has none."""
-        span = self._text.get(stat)
-        return None if span is None else self._data[span[0] : span[1]].decode()
+        """The ``str_value`` of stat ``stat``, None if it has none (looked up when asked:
+        most strings, such as CUPTI's ``context_id``, are never read)."""
+        owner, begin, end = self._text
+        at = int(np.searchsorted(owner, stat, side="right")) - 1  # the last one wins
+        if at < 0 or owner[at] != stat:
+            return None
+        return self._data[int(begin[at]) : int(end[at])].decode()
 
 
-def read_line_events(line) -> EventTable:
-    """The events of ``line`` (an ``XLine`` message) as an ``EventTable``."""
-    return read_events([line.SerializeToString()])[0]
+def read_line_events(line, stats_of: np.ndarray | None = None) -> EventTable:
+    """The events of ``line`` (an ``XLine`` message, or an ``xspace.LinePiece``) as an
+    ``EventTable``; see ``read_events`` for ``stats_of``."""
+    return read_events([line if hasattr(line, "event_bytes") else _serialised(line)], stats_of)[0]
 
 
-def read_events(lines: list[bytes]) -> tuple[EventTable, np.ndarray]:
+def read_events(lines: list, stats_of: np.ndarray | None = None) -> tuple[EventTable, np.ndarray]:
     """The events of several serialised lines at once (fewer, larger numpy calls), and
     the index in ``lines`` of each event's line.
+
+    Args:
+        lines: serialised ``XLine`` messages, or ``xspace.LinePiece`` s read whole
+            (``whole_lines``: their events are parsed as bytes already).
+        stats_of: event metadata ids whose events' stats are read (the table holds no
+            stats of the others: decoding stats is most of the work); None: all.
 
     Raises:
         WireError: a line is not an ``XLine`` message.
     """
     try:
-        return _read_events(lines)
+        return _read_events(lines, stats_of)
     except WireError:  # a field numpy does not decode (a group): protobuf skips it
-        return _read_events([_known_fields(line) for line in lines])
+        serialised = [
+            line if isinstance(line, bytes) else line.SerializeToString() for line in lines
+        ]
+        return _read_events([_known_fields(line) for line in serialised], stats_of)
+
+
+def _serialised(line) -> bytes:
+    return line if isinstance(line, bytes) else line.SerializeToString()
 
 
 def _known_fields(line: bytes) -> bytes:
@@ -104,18 +123,18 @@ def _known_fields(line: bytes) -> bytes:
     return message.SerializeToString()
 
 
-def _read_events(lines: list[bytes]) -> tuple[EventTable, np.ndarray]:
-    raw = b"".join(lines)
-    starts, stops = _event_records(raw)
-    bounds = np.cumsum([len(line) for line in lines])
-    line_of = np.searchsorted(bounds, starts, side="right")
-    data = np.frombuffer(raw + _PADDING, np.uint8)
+def _read_events(lines: list[bytes], stats_of) -> tuple[EventTable, np.ndarray]:
+    raw, starts, stops, line_of = _event_records(lines)
+    data = np.frombuffer(raw, np.uint8)  # ends in _PADDING
     fields = (_EVENT_METADATA, _EVENT_OFFSET, _EVENT_DURATION)
     values, _, nested, data_field = _fields(
         data, starts, stops, fields, (_EVENT_STATS,), _EVENT_ONEOF
     )
     values[_EVENT_OFFSET][data_field != _EVENT_OFFSET] = 0  # a later num_occurrences
     event, stat_starts, stat_stops = nested[_EVENT_STATS]
+    if stats_of is not None:
+        wanted = np.isin(values[_EVENT_METADATA].view(np.int64)[event], stats_of)
+        event, stat_starts, stat_stops = event[wanted], stat_starts[wanted], stat_stops[wanted]
     stat_fields = (_STAT_METADATA, _STAT_UINT, _STAT_INT, _STAT_REF)
     stats, present, texts, value_field = _fields(
         data, stat_starts, stat_stops, stat_fields, (_STAT_STR,), _STAT_ONEOF
@@ -138,15 +157,37 @@ def _read_events(lines: list[bytes]) -> tuple[EventTable, np.ndarray]:
         stats[_STAT_REF].view(np.int64),
         present[_STAT_REF],
         raw,
-        dict(zip(owner.tolist(), zip(begin.tolist(), end.tolist(), strict=True), strict=True)),
+        (owner, begin, end),
     )
     return table, line_of
 
 
-def _event_records(raw: bytes) -> tuple[np.ndarray, np.ndarray]:
-    """Where each event of a serialised line starts and ends."""
-    starts, ends, _ = walk_fields(raw, _LINE_EVENTS << 3 | 2)
-    return np.frombuffer(starts, np.int64), np.frombuffer(ends, np.int64)
+def _event_records(lines: list) -> tuple[bytes, np.ndarray, np.ndarray, np.ndarray]:
+    """The events of lines (serialised, or whole ``xspace.LinePiece`` s, whose events are
+    parsed as bytes already), the lines' other fields left out: those bytes, where each
+    event starts and ends in them, and the index of its line. protobuf's parser (in C)
+    cuts the events out, read as ``repeated bytes``."""
+    from google.protobuf.message import DecodeError
+
+    raw_line = raw_line_class()
+    events = []
+    for line in lines:
+        try:
+            events.append(
+                line.event_bytes()
+                if hasattr(line, "event_bytes")
+                else raw_line.FromString(line).events
+            )
+        except DecodeError as error:
+            raise WireError(f"not an XLine message ({error})") from None
+    counts = [len(line_events) for line_events in events]
+    flat = list(chain.from_iterable(events))
+    lengths = np.fromiter(map(len, flat), np.int64, len(flat))
+    stops = np.cumsum(lengths)
+    starts = stops - lengths
+    line_of = np.repeat(np.arange(len(lines)), counts)
+    flat.append(_PADDING)  # varint reads may look past the last event's end
+    return b"".join(flat), starts, stops, line_of
 
 
 def walk_fields(raw: bytes, tag: int, first_only: bool = False):
@@ -232,18 +273,21 @@ def read_varint(raw: bytes, position: int) -> tuple[int, int]:
 
 
 def _varints(data: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The values (uint64) of the varints at ``positions`` and where each ends."""
-    value = np.zeros(len(positions), np.uint64)
-    ends = positions.copy()
-    live = np.arange(len(positions))
-    for shift in range(0, 70, 7):
-        if not len(live):
+    """The values (uint64) of the varints at ``positions`` and where each ends. Most
+    are one byte (tags, lengths, ids): read at once; only the longer ones loop."""
+    byte = data[positions]
+    value = (byte & 0x7F).astype(np.uint64)
+    ends = positions + 1
+    longer = np.flatnonzero(byte >= 0x80)
+    for shift in range(7, 70, 7):
+        if not len(longer):
             return value, ends
-        byte = data[ends[live]]
-        value[live] |= (byte & 0x7F).astype(np.uint64) << np.uint64(shift)
-        ends[live] += 1
-        live = live[byte >= 0x80]
-    if len(live):
+        at = ends[longer]
+        byte = data[at]
+        value[longer] |= (byte & 0x7F).astype(np.uint64) << np.uint64(shift)
+        ends[longer] = at + 1
+        longer = longer[byte >= 0x80]
+    if len(longer):
         raise WireError("varint longer than 10 bytes")
     return value, ends
 
@@ -264,46 +308,84 @@ def _fields(data, starts, stops, varint_fields, nested_fields, oneof=None):
     last_member = np.zeros(count if oneof else 0, np.int64)
     # Members read as something else: found among the fields of their wire type.
     others = [(n, w) for n, w in oneof.items() if n not in varint_fields and n not in found]
-    positions = starts.copy()
-    live = np.flatnonzero(positions < stops)
+    # The messages still being read: which, where their next field starts, where they end.
+    live = np.flatnonzero(starts < stops)
+    position, stop = starts[live], stops[live]
     while len(live):
-        tag, at = _varints(data, positions[live])
-        field, wire = (tag >> np.uint64(3)).astype(np.int64), (tag & np.uint64(7)).astype(np.int64)
-        after = np.empty(len(live), np.int64)
-        is_varint = np.flatnonzero(wire == _VARINT)
+        byte = data[position]
+        if (byte < 0x80).all():  # one-byte tags: field numbers below 16
+            field, wire, at = (byte >> 3).astype(np.int64), byte & 7, position + 1
+        else:
+            tag, at = _varints(data, position)
+            field = (tag >> np.uint64(3)).astype(np.int64)
+            wire = (tag & np.uint64(7)).astype(np.int64)
+        wires = np.bincount(np.minimum(wire, 7), minlength=8)
+        if wires[[3, 4, 6, 7]].any():
+            raise WireError("not an XEvent / XStat message")
+        after = at + 4  # fixed32 (wire type 5); the others below
+        is_varint = _which(wire, _VARINT, wires)
+        varint_live, varint_field = live[is_varint], field[is_varint]
         value, after[is_varint] = _varints(data, at[is_varint])
+        numbers = _counts(varint_field)
         for number in varint_fields:
-            chosen = field[is_varint] == number
-            owners = live[is_varint[chosen]]
+            chosen = _which(varint_field, number, numbers)
+            owners = varint_live[chosen]
             values[number][owners] = value[chosen]
             present[number][owners] = True
             if oneof.get(number) == _VARINT:
                 last_member[owners] = number
-        is_bytes = np.flatnonzero(wire == _BYTES)
+        is_bytes = _which(wire, _BYTES, wires)
+        bytes_live, bytes_field = live[is_bytes], field[is_bytes]
         length, begin = _varints(data, at[is_bytes])
-        after[is_bytes] = begin + length.astype(np.int64)
+        end = begin + length.astype(np.int64)
+        after[is_bytes] = end
+        numbers = _counts(bytes_field)
         for number in nested_fields:
-            chosen = field[is_bytes] == number
-            owners = live[is_bytes[chosen]]
-            found[number].append((owners, begin[chosen], after[is_bytes[chosen]]))
+            chosen = _which(bytes_field, number, numbers)
+            owners = bytes_live[chosen]
+            found[number].append((owners, begin[chosen], end[chosen]))
             if oneof.get(number) == _BYTES:
                 last_member[owners] = number
-        is_fixed64 = np.flatnonzero(wire == _FIXED64)
-        after[is_fixed64] = at[is_fixed64] + 8
-        after[wire == 5] = at[wire == 5] + 4
+        is_fixed64 = _which(wire, _FIXED64, wires)
+        after[is_fixed64] += 4
         for number, kind in others:
             subset = {_VARINT: is_varint, _FIXED64: is_fixed64, _BYTES: is_bytes}[kind]
-            last_member[live[subset[field[subset] == number]]] = number
-        if ((wire > 2) & (wire != 5)).any() or (after > stops[live]).any():
+            last_member[live[subset][field[subset] == number]] = number
+        if (after > stop).any():
             raise WireError("not an XEvent / XStat message")
-        positions[live] = after
-        live = live[after < stops[live]]
+        going = after < stop
+        if going.all():
+            position = after
+        else:
+            live, position, stop = live[going], after[going], stop[going]
     nested = {}
     for number, parts in found.items():
         owner, begin, end = (
             np.concatenate([part[column] for part in parts] or [np.empty(0, np.int64)])
             for column in range(3)
         )
-        order = np.lexsort((begin, owner))  # by message, each in its order
-        nested[number] = owner[order], begin[order], end[order]
+        if len(parts) > 1:  # each part is by message; a message's fields in part order
+            order = np.argsort(owner, kind="stable")
+            owner, begin, end = owner[order], begin[order], end[order]
+        nested[number] = owner, begin, end
     return values, present, nested, last_member
+
+
+_ALL = slice(None)  # as an index: every element, without a copy
+_NONE = np.empty(0, np.int64)
+
+
+def _counts(keys: np.ndarray) -> np.ndarray | None:
+    """How many of ``keys`` (field numbers) are each number, if all are small."""
+    return np.bincount(keys, minlength=16) if len(keys) and keys.max() < 64 else None
+
+
+def _which(keys: np.ndarray, key: int, counts: np.ndarray | None):
+    """Where ``keys == key``, as an index: ``_ALL`` if everywhere, ``_NONE`` if nowhere
+    (most field positions hold one field in every message: no search, no copy)."""
+    if counts is not None and key < len(counts):
+        if counts[key] == len(keys):
+            return _ALL
+        if counts[key] == 0:
+            return _NONE
+    return np.flatnonzero(keys == key)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from keras_dp_tools.analysis.trace.xevents import WireError, read_varint, skip_field, walk_fields
+from keras_dp_tools.analysis.trace.xplane_proto import line_header_class, raw_line_class
 from keras_dp_tools.analysis.trace.xplane_proto import xplane_pb2 as _xplane_pb2
 
 # The step marker and capture path (keras_dp_tools.records.contract), shared with capture.
@@ -130,7 +131,15 @@ class StreamedPlane:
 
     @property
     def lines(self) -> Iterator:
-        line_class = _xplane_pb2().XLine
+        return self._each_line(_line_pieces)
+
+    def whole_lines(self) -> Iterator[LinePiece]:
+        """The plane's lines whole (never cut), for readers that decode the events
+        from their bytes (``xevents``) and never parse them as messages."""
+        return self._each_line(lambda data, path: [_whole_line(data, path)])
+
+    def _each_line(self, read) -> Iterator:
+        """``read(data, path)``'s pieces of each line, read from the file in turn."""
         try:
             with open(self._path, "rb") as file:
                 for start, stop in self._lines:
@@ -138,14 +147,62 @@ class StreamedPlane:
                     data = file.read(stop - start)
                     if len(data) != stop - start:
                         raise WireError("the file ends inside a line")
-                    yield from _line_pieces(line_class, data)
+                    yield from read(data, self._path)
         except (WireError, _decode_error()) as error:
             raise ValueError(f"{self._path} is not an XSpace profile ({error}).") from None
 
 
+def whole_lines(plane) -> Iterator:
+    """A plane's lines, a streamed plane's whole (``StreamedPlane.whole_lines``)."""
+    return plane.whole_lines() if isinstance(plane, StreamedPlane) else iter(plane.lines)
+
+
+class LinePiece:
+    """An ``XLine`` of a streamed plane (or a run of its events): its fields read as
+    ``XLine``'s, its events parsed as messages only when ``events`` is first read. Its
+    serialised bytes (``SerializeToString``) are those read from the file, so a reader
+    that decodes the events from the wire format (``xevents``) never parses them."""
+
+    __slots__ = ("_count", "_data", "_events", "_line", "_path", "_whole")
+
+    def __init__(self, data: bytes, line, count: int, path: Path, whole: bool = False):
+        self._data, self._line, self._path, self._events = data, line, path, None
+        self._count, self._whole = count, whole  # whole: ``line`` holds the events
+
+    def __getattr__(self, name):  # every field but the events: parsed already
+        return getattr(self._line, name)
+
+    @property
+    def events(self):
+        if self._events is None:
+            try:
+                self._events = _xplane_pb2().XLine.FromString(self._data).events
+            except _decode_error() as error:
+                raise ValueError(f"{self._path} is not an XSpace profile ({error}).") from None
+        return self._events
+
+    def event_count(self) -> int:
+        """How many events the piece holds (without parsing them)."""
+        return self._count
+
+    def event_bytes(self):
+        """Each event's serialised bytes (``raw_line_class``' ``events``)."""
+        if self._whole:
+            return self._line.events
+        return raw_line_class().FromString(self._data).events
+
+    def SerializeToString(self) -> bytes:
+        return self._data
+
+
+def event_count(line) -> int:
+    """How many events an ``XLine`` (or a ``LinePiece``, without parsing them) holds."""
+    return line.event_count() if isinstance(line, LinePiece) else len(line.events)
+
+
 def line_timestamps(plane) -> list[int]:
     """``timestamp_ns`` of each line of a plane that holds events. A streamed plane's
-    lines are walked, not parsed: the walk skips each event by its length."""
+    lines' events are skipped (``line_header_class``), not parsed."""
     if not isinstance(plane, StreamedPlane):
         return [line.timestamp_ns for line in plane.lines if len(line.events)]
     timestamps = []
@@ -161,21 +218,12 @@ def line_timestamps(plane) -> list[int]:
     return timestamps
 
 
-_TIMESTAMP_TAG = 3 << 3  # XLine.timestamp_ns, a varint
-
-
 def _line_timestamp(data: bytes) -> int | None:
     """The ``timestamp_ns`` of the line serialised in ``data`` (the last such field
-    wins, as protobuf merges; none: 0), None if the line holds no events."""
-    events, _, others = walk_fields(data, _EVENTS_TAG, first_only=True)
-    if not events:
-        return None
-    timestamp = 0
-    for start, _ in others:
-        tag, value = read_varint(data, start)
-        if tag == _TIMESTAMP_TAG:
-            timestamp = read_varint(data, value)[0]
-    return timestamp - ((timestamp >> 63) << 64)  # int64: two's complement
+    wins, as protobuf merges; none: 0), None if the line holds no events; parsed (in C)
+    without keeping its events (``line_header_class``)."""
+    line = line_header_class().FromString(data)
+    return line.timestamp_ns if line.HasField("events") else None
 
 
 def _streamed_plane(path: Path, file, start: int, stop: int) -> StreamedPlane:
@@ -211,14 +259,16 @@ def _file_fields(file, start: int, stop: int) -> Iterator[tuple[int, int, int, i
         position = end
 
 
-def _line_pieces(line_class, data: bytes) -> Iterator:
-    """The line serialised in ``data`` as XLine messages of runs of its events, each
+def _line_pieces(data: bytes, path: Path) -> Iterator[LinePiece]:
+    """The line serialised in ``data`` as ``LinePiece`` s of runs of its events, each
     with all of the line's other fields (which may follow the events)."""
+    raw_class = raw_line_class()
     if len(data) <= _GROUP_BYTES:  # one piece: nothing to walk
-        yield line_class.FromString(data)
+        yield _whole_line(data, path)
         return
     _, ends, others = walk_fields(data, _EVENTS_TAG)
     head = b"".join(data[start:stop] for start, stop in others)
+    header = raw_class.FromString(head)
     ends = np.frombuffer(ends, np.int64)
     # The events fill the gaps between the other fields: each gap in runs of at least
     # _GROUP_BYTES, cut where an event ends.
@@ -228,10 +278,18 @@ def _line_pieces(line_class, data: bytes) -> Iterator:
         while run < gap_end:
             cut = int(np.searchsorted(ends, run + _GROUP_BYTES))
             stop = min(int(ends[cut]) if cut < len(ends) else gap_end, gap_end)
-            yield line_class.FromString(head + data[run:stop])
+            count = int(np.searchsorted(ends, stop, "right") - np.searchsorted(ends, run, "right"))
+            yield LinePiece(head + data[run:stop], header, count, path)
             pieces, run = pieces + 1, stop
     if not pieces:
-        yield line_class.FromString(head)
+        yield LinePiece(head, header, 0, path)
+
+
+def _whole_line(data: bytes, path: Path) -> LinePiece:
+    """The line serialised in ``data``, whole, its events read as bytes (``raw_line_class``:
+    in C, ~4x the line's size while it is held)."""
+    line = raw_line_class().FromString(data)
+    return LinePiece(data, line, len(line.events), path, whole=True)
 
 
 def _stat_value(stat, stat_names: Mapping[int, str]):
