@@ -179,7 +179,12 @@ def strategy_cluster(strategy) -> dict[str, list[str]] | None:
     if resolver is None or not getattr(resolver, "task_type", None):
         return None
     try:
-        return {job: list(tasks) for job, tasks in resolver.cluster_spec().as_dict().items()}
+        jobs = resolver.cluster_spec().as_dict()
+        # A job of sparse tasks is a dict {task index: address}.
+        return {
+            job: [str(task) for task in (tasks.values() if isinstance(tasks, dict) else tasks)]
+            for job, tasks in jobs.items()
+        }
     except Exception:  # a resolver that cannot say: treated as one worker
         return None
 
