@@ -50,9 +50,14 @@ MERGE_FIX = (
 )
 
 
+class MergeRunsError(ValueError):
+    """``merge_runs`` names runs that cannot be merged as given (``load_job_frames``)."""
+
+
 def load_job_frames(
     files: Iterable[tuple[str | os.PathLike, int]],
     merge_runs: str | Sequence[Sequence[str]] | None = None,
+    detected_need_cluster: bool = False,
 ) -> dict:
     """``Report``'s constructor arguments for records files (each read from a byte
     offset), with runs merged as ``merge_runs`` says and ``jobs``: the findings about
@@ -62,45 +67,79 @@ def load_job_frames(
         files: ``(path, byte offset)`` pairs.
         merge_runs: None (merge nothing; runs that look split are reported),
             ``"detected"`` (merge the groups ``split_runs`` finds), or groups of run
-            ids to merge, e.g. ``[["run-a", "run-b"]]``.
+            ids to merge, e.g. ``[["run-a", "run-b"]]``. A merged run keeps the id of
+            its lowest worker's run.
+        detected_need_cluster: with ``"detected"``, merge only groups whose headers
+            share a cluster fingerprint; groups found by their ``workers`` count alone
+            (older records) could be two jobs of one size at once, and stay apart.
+
+    Raises:
+        MergeRunsError: ``merge_runs`` is none of the above, names runs the records do
+            not hold, a run twice, or runs that share a worker index.
     """
     records = report_frames.records_by_type(files)
     spans = run_spans(records)
-    detected = split_runs(spans)
+    split = split_runs(spans)
+    detected = split
+    if detected_need_cluster:
+        runs = _per_run(spans)
+        detected = [group for group in split if runs[group[0]]["cluster"] is not None]
     groups = _groups_to_merge(merge_runs, detected, spans)
     if groups:
         records = merge_run_ids(records, groups)
         spans = run_spans(records)
+        # Found again on the merged runs: a merge named by hand may differ from what
+        # was found before it (part of a group, or runs found with others).
+        split = split_runs(spans)
     frames = report_frames.report_frames(records)
-    detected_left = [group for group in detected if group not in groups]
-    return {**frames, "jobs": records_findings(spans, detected_left, groups)}
+    return {**frames, "jobs": records_findings(spans, split, groups)}
 
 
 def _groups_to_merge(merge_runs, detected: list[list[str]], spans: pd.DataFrame):
+    """The groups to merge, each ordered by its runs' lowest worker (the first names
+    the merged run); user groups checked (``MergeRunsError``)."""
     if merge_runs is None:
         return []
     if isinstance(merge_runs, str):
         if merge_runs != "detected":
-            raise ValueError(
+            raise MergeRunsError(
                 f"merge_runs must be None, 'detected' or groups of run ids (e.g. "
                 f"[['run-a', 'run-b']]), received {merge_runs!r}."
             )
         return detected
     groups = [list(group) for group in merge_runs]
-    known = set(spans["run"])
+    workers = {run: set(rows["worker"]) for run, rows in spans.groupby("run", sort=False)}
+    named: dict[str, list[str]] = {}
     for group in groups:
         if isinstance(group, str) or len(group) < 2:
-            raise ValueError(
+            raise MergeRunsError(
                 f"Each group in merge_runs lists two or more run ids, received {group!r} "
                 "(give [['run-a', 'run-b']] for one group)."
             )
-        unknown = [run for run in group if run not in known]
+        unknown = [run for run in group if run not in workers]
         if unknown:
-            raise ValueError(
+            raise MergeRunsError(
                 f"merge_runs names run(s) {', '.join(unknown)} that the records do not "
-                f"hold; the runs are: {', '.join(sorted(known))}."
+                f"hold; the runs are: {', '.join(sorted(workers))}."
             )
-    return groups
+        for run in group:
+            if run in named:
+                raise MergeRunsError(
+                    f"merge_runs names run {run} twice (in {named[run]!r} and {group!r}); "
+                    "a run is one job's: name it in one group only."
+                )
+            named[run] = group
+        for run_a, run_b in combinations(group, 2):
+            shared = workers[run_a] & workers[run_b]
+            if shared:
+                raise MergeRunsError(
+                    f"merge_runs would merge runs {run_a} and {run_b}, which both hold "
+                    f"{_workers_text(shared)}: one job has one worker of each index, so "
+                    "they are different jobs (or a restart). Merge only runs with "
+                    "disjoint workers (the split-runs finding names them), or load the "
+                    "jobs apart."
+                )
+    return [sorted(group, key=lambda run: min(workers[run])) for group in groups]
 
 
 def run_spans(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
@@ -227,9 +266,9 @@ def split_runs(spans: pd.DataFrame) -> list[list[str]]:
 def merge_run_ids(
     records: Mapping[str, pd.DataFrame], groups: Sequence[Sequence[str]]
 ) -> dict[str, pd.DataFrame]:
-    """The records with every run of a group renamed to the group's first run (the one
-    of its lowest worker); headers keep the id they were recorded under in
-    ``recorded_run``."""
+    """The records with every run of a group renamed to the group's first run (by
+    ``load_job_frames``, the one of its lowest worker); headers keep the id they were
+    recorded under in ``recorded_run``."""
     renamed = {run: group[0] for group in groups for run in group}
     merged = {}
     for record_type, frame in records.items():

@@ -200,9 +200,11 @@ def what_if(
             window (``DataParallelProfiler``): its ``steps``, and its ``runs`` for the
             devices (logical CPU devices share cores). Runs without those are left
             out with a warning that says why (an error when no run has them). Or a
-            log dir: loaded as ``kdt.Report.load(log_dir, merge_runs="detected")``
-            (workers of one job recorded under separate run ids are merged, with a
-            warning).
+            log dir: loaded as ``kdt.Report.load(log_dir, merge_runs="detected")``,
+            but merging only workers of one job recorded under separate run ids
+            whose headers share a cluster fingerprint (older records without one
+            stay apart: they could be two jobs at once), with a warning that says
+            what was merged or left apart.
         bandwidth_gbps: the link to predict for, in GB/s (1e9 bytes/s, as
             ``busbw_gbps``; 1 Gbit/s is 0.125). None: the measured run's.
         replicas: total replicas to predict for (None: as measured).
@@ -238,8 +240,9 @@ def what_if(
         raise ValueError(
             "Give replicas (total) or workers (at the measured replicas per worker), not both."
         )
+    jobs_note = ""  # a log dir's runs merged, or kept apart though they look split
     if isinstance(report, (str, os.PathLike)):
-        report = _load_log_dir(report)
+        report, jobs_note = _load_log_dir(report)
     steps = report.steps
     if steps.empty:
         raise ValueError("The report has no steps: load a log dir written by kdt callbacks.")
@@ -251,7 +254,9 @@ def what_if(
         except ValueError as why:  # no breakdown, or one replica: say so, use the others
             unusable.append(str(why))
     if not measured:
-        raise ValueError(" ".join(unusable))
+        raise ValueError(" ".join([*unusable, jobs_note]).strip())
+    if jobs_note:
+        warn(f"what_if: {jobs_note}")
     if unusable:
         used = ", ".join(repr(run["run"]) for run in measured)
         warn(f"what_if predicts for run(s) {used} only. {' '.join(unusable)}")
@@ -269,15 +274,23 @@ def what_if(
     return pd.DataFrame(rows, columns=WHAT_IF_COLUMNS)
 
 
-def _load_log_dir(log_dir) -> SimpleNamespace:
-    """The report's frames of a log dir, with the runs that look like one job's workers
-    merged (``analysis.jobs``): predicting a job needs its cross-worker waits."""
+def _load_log_dir(log_dir) -> tuple[SimpleNamespace, str]:
+    """The report's frames of a log dir, and what to tell about its jobs. Runs that look
+    like one job's workers by their cluster fingerprint are merged (``analysis.jobs``):
+    predicting a job needs its cross-worker waits. Runs that look so by their worker
+    count alone (records without a fingerprint) could be two jobs at once: kept apart,
+    with the split finding's advice."""
     from keras_dp_tools.analysis import jobs
     from keras_dp_tools.records.reader import find_record_files
 
     files = ((path, 0) for path in find_record_files(log_dir))
-    frames = jobs.load_job_frames(files, merge_runs="detected")
-    merged = [item.message for item in frames["jobs"] if item.code == "merged-runs"]
-    if merged:
-        warn(f"what_if: {'; '.join(merged)} (kdt.Report.load(log_dir, merge_runs=...)).")
-    return SimpleNamespace(**frames)
+    frames = jobs.load_job_frames(files, merge_runs="detected", detected_need_cluster=True)
+    notes = [f"{item.message}." for item in frames["jobs"] if item.code == "merged-runs"]
+    notes += [
+        f"{item.message}; recorded without a cluster fingerprint, they could be two jobs "
+        "at once, so what_if predicts them apart. If they are one job: "
+        "kdt.what_if(kdt.Report.load(log_dir, merge_runs='detected')). " + item.fix
+        for item in frames["jobs"]
+        if item.code == "split-runs"
+    ]
+    return SimpleNamespace(**frames), " ".join(notes)

@@ -6,14 +6,19 @@ match wins (``run_id_source`` in the run header):
 
 1. ``env``: ``KERAS_DP_RUN_ID`` (``keras-dp launch`` sets it for every worker; your own
    launcher may too). Also for single-worker runs.
-2. ``slurm``: multi-worker jobs under Slurm: ``slurm-<SLURM_JOB_ID>.<SLURM_STEP_ID>``.
-   srun sets both for every task of a step, and TensorFlow's ``SlurmClusterResolver``
-   builds its cluster from one step's tasks; one sbatch job may run several steps.
+2. ``slurm``: multi-worker jobs in a Slurm job step:
+   ``slurm-<SLURM_JOB_ID>.<SLURM_STEP_ID>``. srun sets both for every task of a step,
+   and TensorFlow's ``SlurmClusterResolver`` builds its cluster from one step's tasks;
+   one sbatch job may run several steps. Processes the batch script starts itself
+   (no srun: no step id) may be two jobs of one allocation: they agree (4.).
 3. ``kubernetes``: multi-worker jobs in the pods of an Indexed Job:
    ``k8s-<job name>``. Kubernetes sets ``JOB_COMPLETION_INDEX`` in such pods and names
    each pod's host ``<job name>-<index>`` (Kubernetes docs, "Job with Pod-to-Pod
-   Communication"). A Job deleted and created again under the same name gets the same
-   id: its workers then show as a restart of the earlier run.
+   Communication"). Only where every address of the cluster is such a pod's
+   (``<job name>-<index>[.subdomain]:port``): one cluster over the child Jobs of a
+   JobSet (``<jobset>-<job>-<i>``) would get an id per child Job, so it agrees (4.).
+   A Job deleted and created again under the same name gets the same id: its workers
+   then show as a restart of the earlier run.
 4. ``agreed``: any other multi-worker job (workers started by hand, a shell loop, MPI):
    the workers agree on an id when ``fit`` begins, through the key-value store of
    TensorFlow's coordination service, which ``MultiWorkerMirroredStrategy`` starts for
@@ -89,11 +94,24 @@ def local_run_id() -> str:
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
-def given_job_id(environ: Mapping[str, str], hostname: str, workers: int) -> tuple[str, str] | None:
+def given_job_id(
+    environ: Mapping[str, str],
+    hostname: str,
+    workers: int,
+    cluster: Mapping[str, list[str]] | None = None,
+) -> tuple[str, str] | None:
     """``(id, source)`` from the environment alone, or None: ``KERAS_DP_RUN_ID``, then
     for a job of more than one worker the Slurm step or the Kubernetes Indexed Job it
     runs in (see the module docstring). Pure: the same inputs on every worker give the
     same answer.
+
+    Args:
+        environ: the process's environment.
+        hostname: this host's name (a pod's is ``<job name>-<index>``).
+        workers: the job's worker count.
+        cluster: the cluster spec (``strategy_cluster``): the Kubernetes id holds only
+            where every address is a pod of this Job (``<job name>-<index>``), not of a
+            sibling Job (a JobSet's).
 
     Example:
 
@@ -108,9 +126,11 @@ def given_job_id(environ: Mapping[str, str], hostname: str, workers: int) -> tup
     if workers < 2:  # one process needs no agreement (a sweep's runs keep their own ids)
         return None
     job = (environ.get("SLURM_JOB_ID") or "").strip()
-    if job:
-        step = (environ.get("SLURM_STEP_ID") or "").strip()
-        return (f"slurm-{job}.{step}" if step else f"slurm-{job}"), "slurm"
+    step = (environ.get("SLURM_STEP_ID") or "").strip()
+    # Only srun's tasks share a step; processes the batch script starts itself have no
+    # step id, and two jobs in one allocation would share ``slurm-<job>``.
+    if job and step.isdigit():
+        return f"slurm-{job}.{step}", "slurm"
     index = (environ.get("JOB_COMPLETION_INDEX") or "").strip()
     suffix = f"-{index}"
     if (
@@ -119,14 +139,27 @@ def given_job_id(environ: Mapping[str, str], hostname: str, workers: int) -> tup
         and hostname.endswith(suffix)
         and len(hostname) > len(suffix)
     ):
-        return f"k8s-{hostname[: -len(suffix)]}", "kubernetes"
+        name = hostname[: -len(suffix)]
+        if _pods_of(name, cluster):
+            return f"k8s-{name}", "kubernetes"
     return None
+
+
+def _pods_of(job_name: str, cluster: Mapping[str, list[str]] | None) -> bool:
+    """Whether every address of ``cluster`` is a pod of the Job ``job_name``: its host's
+    first label is ``<job name>-<index>`` (``trainer-0.trainer:2222``)."""
+    addresses = [address for tasks in (cluster or {}).values() for address in tasks]
+    hosts = [address.rsplit(":", 1)[0].split(".", 1)[0] for address in addresses]
+    prefix = f"{job_name}-"
+    return bool(hosts) and all(
+        host.startswith(prefix) and host[len(prefix) :].isdigit() for host in hosts
+    )
 
 
 def environment_job_id(environ: Mapping[str, str] = os.environ) -> JobId:
     """A single process's runs: ``KERAS_DP_RUN_ID`` if set, else a fresh id per run."""
-    given = (environ.get(RUN_ID_ENV) or "").strip()
-    return JobId(given, "env") if given else JobId(None, "local")
+    given = given_job_id(environ, hostname="", workers=1)
+    return JobId(*given) if given else JobId(None, "local")
 
 
 def cluster_fingerprint(cluster: Mapping[str, list[str]] | None) -> str | None:
@@ -146,7 +179,12 @@ def strategy_cluster(strategy) -> dict[str, list[str]] | None:
     if resolver is None or not getattr(resolver, "task_type", None):
         return None
     try:
-        return {job: list(tasks) for job, tasks in resolver.cluster_spec().as_dict().items()}
+        jobs = resolver.cluster_spec().as_dict()
+        # A job of sparse tasks is a dict {task index: address}.
+        return {
+            job: [str(task) for task in (tasks.values() if isinstance(tasks, dict) else tasks)]
+            for job, tasks in jobs.items()
+        }
     except Exception:  # a resolver that cannot say: treated as one worker
         return None
 
@@ -171,8 +209,9 @@ def job_id_for(strategy, workers: int, environ: Mapping[str, str] = os.environ) 
     ``local``."""
     import socket
 
-    cluster = cluster_fingerprint(strategy_cluster(strategy)) if workers > 1 else None
-    given = given_job_id(environ, socket.gethostname(), workers)
+    spec = strategy_cluster(strategy) if workers > 1 else None
+    cluster = cluster_fingerprint(spec)
+    given = given_job_id(environ, socket.gethostname(), workers, spec)
     if given is not None:
         return JobId(given[0], given[1], cluster)
     if workers < 2 or cluster is None or parameter_server_strategy(strategy):

@@ -181,7 +181,8 @@ class Report:
 
         Raises:
             FileNotFoundError: a path does not exist, or holds no records.
-            ValueError: ``merge_runs`` is none of the above, or names unknown runs.
+            ValueError: ``merge_runs`` is none of the above, names unknown runs or
+                a run twice, or runs that share a worker index.
         """
         files = ((path, 0) for path in find_record_files(sources))
         return cls.from_files(files, merge_runs=merge_runs)

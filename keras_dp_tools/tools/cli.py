@@ -297,7 +297,7 @@ def merge_runs_option(values: list[str] | None):
         return "detected"
     groups = [[run.strip() for run in value.split(",") if run.strip()] for value in values]
     if any(len(group) < 2 for group in groups):
-        raise ValueError(
+        raise UsageError(
             "--merge-runs takes 'detected' alone, or two or more run ids separated by "
             f"commas per use (one job each), received {values!r}."
         )
@@ -305,7 +305,14 @@ def merge_runs_option(values: list[str] | None):
 
 
 def run_report_command(args: argparse.Namespace) -> int:
-    report = keras_dp_tools.Report.load(args.log_dir, merge_runs=merge_runs_option(args.merge_runs))
+    from keras_dp_tools.analysis.jobs import MergeRunsError
+
+    try:
+        report = keras_dp_tools.Report.load(
+            args.log_dir, merge_runs=merge_runs_option(args.merge_runs)
+        )
+    except MergeRunsError as error:  # runs named that cannot be merged: bad input
+        raise UsageError(f"--merge-runs: {error}") from None
     if args.format == "json":
         print(json.dumps(_report_data(report), indent=2))
     elif args.format == "csv":  # as Report.to_csv writes summary.csv

@@ -73,8 +73,7 @@ def run_workers_by_hand(
     from keras_dp_tools.tools.launch import free_ports, tf_config
 
     addresses = [f"localhost:{port}" for port in free_ports(workers)]
-    base = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONFAULTHANDLER": "1", **(env or {})}
-    base.pop("KERAS_DP_RUN_ID", None)
+    base = worker_env(**(env or {}))
     processes = [
         subprocess.Popen(
             [sys.executable, str(script), *args],

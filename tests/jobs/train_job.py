@@ -54,6 +54,9 @@ parser.add_argument(
 parser.add_argument("--monitor", action="store_true", help="GpuMonitor too (kdt.callbacks')")
 parser.add_argument("--backup", default=None)
 parser.add_argument("--mirrored", type=int, default=0, help="MirroredStrategy over N CPUs")
+parser.add_argument(
+    "--second-fit", action="store_true", help="then a fit at half the global batch (a new run)"
+)
 args = parser.parse_args()
 
 if args.keras == "tf_keras":
@@ -158,5 +161,14 @@ model.fit(
     callbacks=callbacks,
     **(validation if args.validation_steps else {}),
 )
+if args.second_fit:  # another global batch: the recorder starts a second run
+    half = global_batch // 2
+    model.fit(
+        dataset.unbatch().batch(half).with_options(options),
+        epochs=1,
+        steps_per_epoch=4,
+        verbose=0,
+        callbacks=kdt.callbacks(args.log_dir, global_batch=half, profile=False),
+    )
 print(f"worker {worker} done", flush=True)
 sys.exit(0)
