@@ -121,6 +121,30 @@ def test_a_million_steps_load_much_faster_than_parsing_line_by_line(tmp_path):
     assert min(ratios) < 0.5
 
 
+def test_a_window_cut_short_before_its_end_marks_no_step_by_step_number(tmp_path):
+    # A process killed inside its second window leaves only that window's "open"
+    # record: a start step and no end step. Its steps are not marked by number (the end
+    # is unknown); the window is reported as interrupted.
+    write_run(tmp_path, "a", 0, [500.0, *[10.0] * 9], profiled=())
+    writer = RecordWriter(worker_records_path(tmp_path, 0))
+    for window, fields in enumerate(
+        [
+            {"start_step": 2, "end_step": 4, "status": "analysed"},
+            {"start_step": 6, "status": "open"},
+        ]
+    ):
+        writer.write(
+            {"type": "window", "run": "a", "worker": 0, "time": 1000.5, "window": window} | fields
+        )
+    writer.close()
+
+    report = Report.load(tmp_path)
+
+    assert report.windows["status"].tolist() == ["analysed", "interrupted"]
+    assert report.steps.loc[report.steps["profiled"], "step"].tolist() == [2, 3]
+    assert report.summary().loc["a", "measured_steps"] == 7
+
+
 def test_profiler_records_fill_replicas_windows_and_step_breakdown(tmp_path):
     write_run(tmp_path, "a", 0, [500.0, 10.0, 12.0])
     writer = RecordWriter(worker_records_path(tmp_path, 0))

@@ -216,6 +216,11 @@ def runs_frame(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     return runs.sort_values(["time", "worker"]).reset_index(drop=True)
 
 
+def _number(value) -> float:
+    """A window bound as a float; NaN where it is missing (None, NaN, pd.NA)."""
+    return float("nan") if pd.isna(value) else float(value)
+
+
 def mark_profiled(steps: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
     """Flags steps that ran inside a captured profiler window, or while its analysis
     ran in the background."""
@@ -227,9 +232,10 @@ def mark_profiled(steps: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
         time = steps["time"].to_numpy(dtype="float64", na_value=np.nan)
         for window_row in captured.itertuples():
             lo, hi = blocks.get((window_row.run, window_row.worker), (0, 0))
-            inside = (step[lo:hi] >= window_row.start_step) & (
-                step[lo:hi] <= window_row.end_step - 1
-            )
+            # A bound the window never recorded (pd.NA: cut short) covers no step, as
+            # Series.between says.
+            first, end = (_number(window_row.start_step), _number(window_row.end_step))
+            inside = (step[lo:hi] >= first) & (step[lo:hi] <= end - 1)
             if pd.notna(window_row.analysis_end):
                 inside |= (time[lo:hi] >= window_row.time) & (
                     time[lo:hi] <= window_row.analysis_end
