@@ -18,10 +18,10 @@ from keras_dp_tools.capture.monitor.background import NICE, lower_thread_priorit
 from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.capture.run_info import (
     embedding_tables,
-    fit_global_batch,
     gathered_bytes,
     gradient_bytes,
     keras_package,
+    run_global_batch,
     steps_per_execution,
     strategy_devices,
     worker_index,
@@ -199,7 +199,7 @@ class DataParallelProfiler(DataParallelCallback):
         self._mark_steps = keras_package(self.model) != "tf_keras"
         self._foreign_calls = _sibling_profile_calls(self)
         devices = strategy_devices(strategy)
-        global_batch = fit_global_batch()
+        global_batch = run_global_batch()[0]
         self._run_facts = RunFacts(
             worker=worker,
             local_replicas=len(devices) or None,  # this worker's: the ones in its trace

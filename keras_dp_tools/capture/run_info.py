@@ -7,8 +7,12 @@ import os
 import platform
 import socket
 import sys
+import weakref
 
 import numpy as np
+
+from keras_dp_tools.capture.base import find_in_fit
+from keras_dp_tools.common.warn import warn
 
 logger = logging.getLogger("keras_dp_tools")
 
@@ -133,30 +137,157 @@ def gathered_bytes(tables: list[dict], global_batch: int | None) -> int | None:
     )
 
 
-def fit_global_batch() -> int | None:
-    """The batch size of the ``fit`` that is calling us, read off its frame: the
-    ``batch_size`` argument, else the data adapter's (Keras 3 ``epoch_iterator``,
-    tf_keras ``data_handler``). None when neither says."""
-    frame = sys._getframe(1)
-    for _ in range(25):
-        if frame is None:
-            return None
-        if frame.f_code.co_name == "fit" and "batch_size" in frame.f_locals:
-            local = frame.f_locals
-            candidates = [
-                local.get("batch_size"),
-                getattr(
-                    getattr(local.get("epoch_iterator"), "data_adapter", None), "batch_size", None
-                ),
-                getattr(getattr(local.get("data_handler"), "_adapter", None), "batch_size", None),
-            ]
-            for value in candidates:
-                value = value() if callable(value) else value
-                if isinstance(value, (int, np.integer)) and value > 0:
-                    return int(value)
-            return None
-        frame = frame.f_back
+# Where a run's global batch came from (the header's ``global_batch_source``).
+BATCH_FROM_ARGUMENT = "argument"  # global_batch= given to StepTimer / kdt.callbacks
+BATCH_FROM_FIT = "fit_batch_size"  # arrays that fit batches by batch_size (default 32)
+BATCH_FROM_SHAPE = "dataset_shape"  # the dataset's static leading dimension
+BATCH_FROM_GRAPH = "dataset_batch_op"  # the batch op of the dataset's graph
+BATCH_FROM_REPLICAS = "per_replica_batch_x_replicas"  # distribute_datasets_from_function
+UNKNOWN_BATCH = "unknown"  # "unknown: <why>"
+
+# fit's data adapter and what it said: a fit's callbacks each ask, the answer is per fit.
+_last_read: tuple = (None, None)
+
+
+def _fit_data(frame_locals):
+    """fit's locals (Keras 3's or tf_keras's), recognised by their data handler."""
+    if "batch_size" in frame_locals and (
+        "epoch_iterator" in frame_locals or "data_handler" in frame_locals
+    ):
+        return frame_locals
     return None
+
+
+def _adapter(fit_locals):
+    adapter = getattr(fit_locals.get("epoch_iterator"), "data_adapter", None)  # Keras 3
+    if adapter is None:
+        adapter = getattr(fit_locals.get("data_handler"), "_adapter", None)  # tf_keras
+    return adapter
+
+
+def _dataset_global_batch(dataset) -> tuple[int | None, str]:
+    """(batch, source) of a ``tf.data.Dataset``, read without consuming it: the static
+    leading dimension (``batch(n, drop_remainder=True)``), else the size the batch op of
+    its graph makes (every batch but a smaller last one)."""
+    import tensorflow as tf
+
+    from keras_dp_tools.checks.batching import dataset_batch
+
+    first = tf.nest.flatten(dataset.element_spec)[0]
+    shape = getattr(first, "shape", None)
+    batch = dataset_batch(dataset)
+    if batch.size is None:
+        why = "unbatched" if batch.batched is False else "no batch op or static batch dimension"
+        return None, f"{UNKNOWN_BATCH}: fit's dataset has {why}"
+    known_shape = shape is not None and shape.rank and shape[0] == batch.size
+    return batch.size, BATCH_FROM_SHAPE if known_shape else BATCH_FROM_GRAPH
+
+
+def _read_fit_batch(fit_locals) -> tuple[int | None, str]:
+    import tensorflow as tf
+
+    from keras_dp_tools.checks.batching import adapter_batch
+
+    adapter = _adapter(fit_locals)
+    given = fit_locals.get("batch_size")
+    if adapter is None:
+        if isinstance(given, (int, np.integer)) and given > 0:
+            return int(given), BATCH_FROM_FIT
+        return None, f"{UNKNOWN_BATCH}: fit's data adapter was not found"
+    data = getattr(adapter, "_dataset", None)
+    if isinstance(data, tf.distribute.DistributedDataset):
+        # experimental_distribute_dataset splits the dataset's global batches.
+        original = getattr(data, "_original_dataset", None)
+        if isinstance(original, tf.data.Dataset):
+            return _dataset_global_batch(original)
+    if "FromFunction" in type(data).__name__:
+        # distribute_datasets_from_function: each element is one replica's batch.
+        datasets = getattr(data, "_datasets", None) or [None]
+        if isinstance(datasets[0], tf.data.Dataset):
+            per_replica, source = _dataset_global_batch(datasets[0])
+            if per_replica is None:
+                return None, source
+            replicas = int(data._strategy.num_replicas_in_sync)
+            return per_replica * replicas, BATCH_FROM_REPLICAS
+        return None, f"{UNKNOWN_BATCH}: the distributed dataset's per-replica datasets"
+    found = adapter_batch(adapter)
+    if found is not None and found.source == "fit" and found.size:  # arrays
+        return int(found.size), BATCH_FROM_FIT
+    if isinstance(data, tf.data.Dataset):
+        return _dataset_global_batch(data)
+    return None, (
+        f"{UNKNOWN_BATCH}: fit's input ({type(adapter).__name__}) has no batch size that "
+        "can be read without consuming it"
+    )
+
+
+def fit_global_batch() -> tuple[int | None, str]:
+    """(global batch, where it came from) of the ``fit`` that is calling us, read off
+    its frame without consuming data: for arrays the batch ``fit`` makes
+    (``fit_batch_size``); for a ``tf.data.Dataset`` (also distributed) its static
+    leading dimension (``dataset_shape``) or its graph's batch op
+    (``dataset_batch_op``); for ``distribute_datasets_from_function`` the per-replica
+    batch times the replicas. ``(None, "unknown: <why>")`` otherwise."""
+    global _last_read
+    fit_locals = find_in_fit(_fit_data, depth=25)
+    if fit_locals is None:
+        return None, f"{UNKNOWN_BATCH}: not called from inside fit"
+    adapter = _adapter(fit_locals)
+    adapter_ref, answer = _last_read
+    if adapter is not None and adapter_ref is not None and adapter_ref() is adapter:
+        return answer
+    try:
+        answer = _read_fit_batch(fit_locals)
+    except Exception as error:  # an adapter of another Keras version: say so, train on
+        logger.info("could not read fit's batch size (%s)", error)
+        answer = (None, f"{UNKNOWN_BATCH}: reading fit's input failed ({type(error).__name__})")
+    try:
+        _last_read = (weakref.ref(adapter), answer)
+    except TypeError:  # not weakly referable (or None): read again next time
+        _last_read = (None, None)
+    return answer
+
+
+def _given_in_fit() -> int | None:
+    """The ``global_batch`` a StepTimer of this fit was given, if any: every callback
+    of the fit then writes the same header, whichever runs first."""
+
+    def given(frame_locals):
+        members = getattr(frame_locals.get("self"), "callbacks", None)
+        if not isinstance(members, list):
+            return None
+        values = [getattr(member, "global_batch", None) for member in members]
+        return next((v for v in values if isinstance(v, int) and v > 0), None)
+
+    return find_in_fit(given, depth=25)
+
+
+def run_global_batch(given: int | None = None) -> tuple[int | None, str]:
+    """(global batch, source) of the fit calling us: fit's own batch when it can be
+    read (a ``global_batch`` that disagrees with it is ignored, with a warning), else
+    ``given`` or a StepTimer's ``global_batch`` (source ``argument``)."""
+    batch, source = fit_global_batch()
+    given = given or _given_in_fit()
+    if batch is None:
+        return (given, BATCH_FROM_ARGUMENT) if given else (None, source)
+    if given and given != batch:
+        _warn_mismatch(given, batch, source)
+    return batch, source
+
+
+_mismatches_warned: set = set()
+
+
+def _warn_mismatch(given: int, batch: int, source: str) -> None:
+    if (given, batch) in _mismatches_warned:
+        return
+    _mismatches_warned.add((given, batch))
+    warn(
+        f"global_batch={given} was given, but fit's data makes batches of {batch} "
+        f"examples ({source}): keras_dp_tools records {batch}. If {given} is a "
+        "per-replica batch, the global batch is per-replica x replicas.",
+        UserWarning,
+    )
 
 
 def describe_run(model, global_batch: int | None) -> dict:
@@ -168,6 +299,7 @@ def describe_run(model, global_batch: int | None) -> dict:
 
     strategy = model.distribute_strategy
     package = keras_package(model)
+    batch, batch_source = run_global_batch(global_batch)
     return {
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
@@ -175,7 +307,8 @@ def describe_run(model, global_batch: int | None) -> dict:
         "replicas": int(strategy.num_replicas_in_sync),
         "workers": worker_index(strategy)[1],
         "devices": strategy_devices(strategy),
-        "global_batch": global_batch,
+        "global_batch": batch,
+        "global_batch_source": batch_source,
         "steps_per_execution": steps_per_execution(model),
         "keras_package": package,
         "keras_version": getattr(sys.modules.get(package), "__version__", None),
