@@ -208,7 +208,7 @@ class DataParallelProfiler(DataParallelCallback):
             global_batch=global_batch,
             steps_per_execution=steps_per_execution(self.model),
             allreduce_bytes=gradient_bytes(self.model),
-            **_sparse_facts(self.model, global_batch),
+            **_sparse_facts(self.model, global_batch, int(strategy.num_replicas_in_sync)),
         )
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -485,13 +485,13 @@ def _close_open_windows() -> None:
             logger.debug("closing a profiler window at exit failed: %s", error)
 
 
-def _sparse_facts(model, global_batch: int | None) -> dict:
+def _sparse_facts(model, global_batch: int | None, replicas: int) -> dict:
     """Embedding tables' bytes (their gradients are all-gathered, not all-reduced) and
     the bytes one step gathers, for the breakdown's byte and bandwidth columns."""
     tables = embedding_tables(model)
     return {
         "sparse_bytes": sum(table["table_bytes"] for table in tables) or None,
-        "gather_bytes": gathered_bytes(tables, global_batch),
+        "gather_bytes": gathered_bytes(tables, global_batch, replicas),
     }
 
 

@@ -95,44 +95,85 @@ def _itemsize(dtype) -> int:
     return getattr(dtype, "size", None) or np.dtype(getattr(dtype, "name", dtype)).itemsize
 
 
+def _embedding_input(layer, model) -> tuple[tuple | None, bool, str | None]:
+    """(input shape, whether its first dimension is the batch, dtype name or None).
+
+    ``layer.input`` exists only for a layer of a functional graph; a layer called
+    inside another layer (a token-and-position embedding) or in a subclassed model has
+    none, but both Keras flavours keep the shape it was built with. A built shape whose
+    first dimension is unknown is batch-first; a fully known one is taken as what every
+    replica looks up per step (e.g. position ids ``range(64)``)."""
+    try:
+        tensor = layer.input
+        return tuple(tensor.shape), True, str(tensor.dtype)
+    except (AttributeError, ValueError, RuntimeError):
+        pass
+    built = getattr(layer, "_build_shapes_dict", None) or {}  # Keras 3
+    shape = next(iter(built.values()), None) or getattr(layer, "_build_input_shape", None)
+    if shape is None:
+        return None, True, None
+    shape = tuple(getattr(shape, "as_list", lambda: shape)())
+    inputs = getattr(model, "inputs", None) or []
+    # The model's token input usually reaches the embedding unchanged.
+    dtype = str(inputs[0].dtype) if len(inputs) == 1 else None
+    return shape, not shape or shape[0] is None, dtype
+
+
 def embedding_tables(model) -> list[dict]:
     """Per embedding layer: ``name``, ``vocabulary``, ``dim``, ``value_bytes`` (bytes
-    per table entry), ``table_bytes``,
-    ``lookups`` (table rows looked up per example: the product of the layer's input
-    shape without the batch; None if unknown) and ``index_bytes`` (bytes per index)."""
+    per table entry), ``table_bytes``, ``lookups`` (table rows looked up per example:
+    the product of the layer's input shape without the batch), ``step_lookups`` (rows
+    each replica looks up per step whatever the batch, for an input without a batch
+    dimension such as position ids; else 0), both None if unknown, and
+    ``index_bytes`` (bytes per index: 8 for int64 ids, else 4, as both Keras flavours
+    cast other ids to int32)."""
     tables = []
     for layer in _embeddings(model):
         try:
             table = layer.embeddings
             vocabulary, dim = (int(size) for size in table.shape)
-            entry = {
-                "name": layer.name,
-                "vocabulary": vocabulary,
-                "dim": dim,
-                "value_bytes": _itemsize(table.dtype),
-                "table_bytes": vocabulary * dim * _itemsize(table.dtype),
-                "lookups": None,
-                "index_bytes": 8,
-            }
-            shape = tuple(layer.input.shape)[1:]
-            if all(size is not None for size in shape):
-                entry["lookups"] = int(np.prod(shape, dtype=np.int64))
-            entry["index_bytes"] = 4 if "int32" in str(layer.input.dtype) else 8
-        except Exception as error:  # an unbuilt or unusual layer: bytes stay unknown
+        except Exception as error:  # an unbuilt layer: its table is unknown
             logger.info("could not size embedding layer %s (%s)", layer.name, error)
-        else:
-            tables.append(entry)
+            continue
+        entry = {
+            "name": layer.name,
+            "vocabulary": vocabulary,
+            "dim": dim,
+            "value_bytes": _itemsize(table.dtype),
+            "table_bytes": vocabulary * dim * _itemsize(table.dtype),
+            "lookups": None,
+            "step_lookups": None,
+            "index_bytes": 4,
+        }
+        try:
+            shape, batch_first, dtype = _embedding_input(layer, model)
+        except Exception as error:  # an unusual layer: its lookups stay unknown
+            logger.info("could not read embedding layer %s's input (%s)", layer.name, error)
+            shape, batch_first, dtype = None, True, None
+        sizes = (shape or (None,))[1:] if batch_first else shape
+        if shape is not None and all(size is not None for size in sizes):
+            count = int(np.prod(sizes, dtype=np.int64))
+            entry["lookups"], entry["step_lookups"] = (count, 0) if batch_first else (0, count)
+        if dtype is not None and "int64" in dtype:
+            entry["index_bytes"] = 8
+        tables.append(entry)
     return tables
 
 
-def gathered_bytes(tables: list[dict], global_batch: int | None) -> int | None:
+def gathered_bytes(
+    tables: list[dict], global_batch: int | None, replicas: int | None = None
+) -> int | None:
     """Bytes one step all-gathers for the embeddings' sparse gradients: one row of
-    values (``dim`` floats) and one index per lookup, for the whole global batch.
-    None when the batch or a layer's lookups per example are unknown."""
+    values (``dim`` floats) and one index per lookup, for the whole global batch (and
+    each replica's ``step_lookups``). None when the batch, the replicas (if needed) or a
+    layer's lookups are unknown."""
     if not tables or not global_batch or any(t["lookups"] is None for t in tables):
         return None
+    if any(t.get("step_lookups") for t in tables) and not replicas:
+        return None
     return sum(
-        global_batch * t["lookups"] * (t["dim"] * t["value_bytes"] + t["index_bytes"])
+        (global_batch * t["lookups"] + (replicas or 0) * (t.get("step_lookups") or 0))
+        * (t["dim"] * t["value_bytes"] + t["index_bytes"])
         for t in tables
     )
 
