@@ -90,3 +90,20 @@ def test_a_real_run_records_the_gathered_bytes_next_to_the_measured_gathers(
     assert len(gathered) > 0  # the trace holds CollectiveGatherV2 ops
     assert (gathered["gather_bytes"] == EXPECTED_GATHER).all()
     assert gathered["gather_busbw_gbps"].notna().all()
+    # The trace: per step and replica, 3 gathers (row counts, values, indices) for each of
+    # the 2 sparse gradients, the positions' too, which the bytes count per replica.
+    assert _gathers_in_traces(tmp_path) == PROFILED_STEPS * REPLICAS * 2 * 3
+
+
+PROFILED_STEPS = 5  # DataParallelProfiler's default window
+
+
+def _gathers_in_traces(log_dir) -> int:
+    from keras_dp_tools.analysis.trace.xspace import host_planes, load_xspace, plane_events
+
+    return sum(
+        event.name.endswith(":CollectiveGatherV2")
+        for trace in log_dir.glob("train/**/*.xplane.pb")
+        for plane in host_planes(load_xspace(trace))
+        for event in plane_events(plane)
+    )

@@ -10,6 +10,7 @@ from keras_dp_tools.tools.tuning.allreduce import tune_allreduce
 from keras_dp_tools.tools.tuning.batch_finder import find_per_replica_batch
 from keras_dp_tools.tools.tuning.child import dataset_spelling, trial_dataset
 from tests.helpers import REPO
+from tests.helpers.doc_blocks import python_block, run_example
 
 SCRIPT = REPO / "examples" / "tune_allreduce_script.py"
 MIB = 2**20
@@ -82,6 +83,13 @@ def test_neither_spelling_is_refused_by_both_helpers_before_any_trial(tmp_path):
 def test_tune_allreduce_asks_for_per_replica_batch_with_the_global_batch_spelling(tmp_path):
     with pytest.raises(TypeError, match="per_replica_batch="):
         tune_allreduce(f"{SCRIPT}:build_model", by_global_batch, devices=2, log_dir=tmp_path)
+
+
+def test_the_docs_example_of_a_make_dataset_of_neither_spelling_runs(tmp_path):
+    code = python_block("docs/tuning.md", "## How your functions reach the trial processes")
+    out = run_example(code, tmp_path)
+
+    assert "received make_dataset(examples)" in out, out
 
 
 TRAINS_AT_IMPORT = """
