@@ -11,7 +11,7 @@ import weakref
 
 import numpy as np
 
-from keras_dp_tools.capture.base import find_in_fit
+from keras_dp_tools.capture.base import DataParallelCallback, find_in_fit
 from keras_dp_tools.common.warn import warn
 
 logger = logging.getLogger("keras_dp_tools")
@@ -182,7 +182,7 @@ def gathered_bytes(
 BATCH_FROM_ARGUMENT = "argument"  # global_batch= given to StepTimer / kdt.callbacks
 BATCH_FROM_FIT = "fit_batch_size"  # arrays that fit batches by batch_size (default 32)
 BATCH_FROM_SHAPE = "dataset_shape"  # the dataset's static leading dimension
-BATCH_FROM_GRAPH = "dataset_batch_op"  # the batch op of the dataset's graph
+BATCH_FROM_BATCH_OP = "dataset_batch_op"  # the batch op of the dataset's pipeline
 BATCH_FROM_REPLICAS = "per_replica_batch_x_replicas"  # distribute_datasets_from_function
 UNKNOWN_BATCH = "unknown"  # "unknown: <why>"
 
@@ -206,28 +206,79 @@ def _adapter(fit_locals):
     return adapter
 
 
+# Datasets that keep the batch of their input (a map is taken not to cut batches), and
+# those that batch (the attribute holding their batch size). Anything else between
+# fit and the batch (unbatch, rebatch, window, interleave...) leaves it unknown.
+_KEEP_BATCH = frozenset(
+    {
+        "_PrefetchDataset",
+        "_MapDataset",
+        "_ParallelMapDataset",
+        "CacheDataset",
+        "_CacheDataset",
+        "_RepeatDataset",
+        "_ShuffleDataset",
+        "_TakeDataset",
+        "_SkipDataset",
+        "_FilterDataset",
+        "_OptionsDataset",
+        "_IgnoreErrorsDataset",
+        "_ShardDataset",
+        "_AssertCardinalityDataset",
+    }
+)
+_BATCH_SIZE_ATTRIBUTE = {
+    "_BatchDataset": "_batch_size",
+    "_ParallelBatchDataset": "_batch_size",
+    "_PaddedBatchDataset": "_batch_size",
+    "_MapAndBatchDataset": "_batch_size_t",
+}
+
+
+def _batch_op_size(dataset) -> tuple[int | None, str]:
+    """The batch size of the batch op nearest to the dataset's output, found by walking
+    its Python objects: no data is read and the graph is not serialized (which copies
+    every in-memory array a dataset holds: 16 s and 3 GB for a 400 MB array here)."""
+    for _ in range(100):
+        kind = type(dataset).__name__
+        if kind in _BATCH_SIZE_ATTRIBUTE:
+            return _integer(getattr(dataset, _BATCH_SIZE_ATTRIBUTE[kind], None)), kind
+        if kind not in _KEEP_BATCH:
+            return None, f"its pipeline reaches a {kind} before any batch op"
+        dataset = getattr(dataset, "_input_dataset", None)
+    return None, "its pipeline has no batch op within 100 steps"
+
+
 def _dataset_global_batch(dataset) -> tuple[int | None, str]:
     """(batch, source) of a ``tf.data.Dataset``, read without consuming it: the static
-    leading dimension (``batch(n, drop_remainder=True)``), else the size the batch op of
-    its graph makes (every batch but a smaller last one)."""
+    leading dimension (``batch(n, drop_remainder=True)``), else the size its batch op
+    makes (every batch but a smaller last one)."""
     import tensorflow as tf
-
-    from keras_dp_tools.checks.batching import dataset_batch
 
     first = tf.nest.flatten(dataset.element_spec)[0]
     shape = getattr(first, "shape", None)
-    batch = dataset_batch(dataset)
-    if batch.size is None:
-        why = "unbatched" if batch.batched is False else "no batch op or static batch dimension"
-        return None, f"{UNKNOWN_BATCH}: fit's dataset has {why}"
-    known_shape = shape is not None and shape.rank and shape[0] == batch.size
-    return batch.size, BATCH_FROM_SHAPE if known_shape else BATCH_FROM_GRAPH
+    if shape is not None and shape.rank and shape[0] is not None:
+        return int(shape[0]), BATCH_FROM_SHAPE
+    size, found = _batch_op_size(dataset)
+    if size is None:
+        return None, (
+            f"{UNKNOWN_BATCH}: fit's dataset has no static batch size, and {found} "
+            "(pass global_batch=)"
+        )
+    return size, BATCH_FROM_BATCH_OP
+
+
+def _adapter_value(adapter, name: str):
+    """An adapter's property (Keras 3) or method (tf_keras); None if it has none."""
+    try:
+        value = getattr(adapter, name, None)
+        return value() if callable(value) else value
+    except (NotImplementedError, AttributeError, TypeError, ValueError):
+        return None
 
 
 def _read_fit_batch(fit_locals) -> tuple[int | None, str]:
     import tensorflow as tf
-
-    from keras_dp_tools.checks.batching import adapter_batch
 
     adapter = _adapter(fit_locals)
     given = fit_locals.get("batch_size")
@@ -235,6 +286,9 @@ def _read_fit_batch(fit_locals) -> tuple[int | None, str]:
         if isinstance(given, (int, np.integer)) and given > 0:
             return int(given), BATCH_FROM_FIT
         return None, f"{UNKNOWN_BATCH}: fit's data adapter was not found"
+    size = _adapter_value(adapter, "batch_size")
+    if isinstance(_adapter_value(adapter, "has_partial_batch"), bool) and size:
+        return int(size), BATCH_FROM_FIT  # arrays, which fit batches itself
     data = getattr(adapter, "_dataset", None)
     if isinstance(data, tf.distribute.DistributedDataset):
         # experimental_distribute_dataset splits the dataset's global batches.
@@ -251,9 +305,6 @@ def _read_fit_batch(fit_locals) -> tuple[int | None, str]:
             replicas = int(data._strategy.num_replicas_in_sync)
             return per_replica * replicas, BATCH_FROM_REPLICAS
         return None, f"{UNKNOWN_BATCH}: the distributed dataset's per-replica datasets"
-    found = adapter_batch(adapter)
-    if found is not None and found.source == "fit" and found.size:  # arrays
-        return int(found.size), BATCH_FROM_FIT
     if isinstance(data, tf.data.Dataset):
         return _dataset_global_batch(data)
     return None, (
@@ -266,7 +317,7 @@ def fit_global_batch() -> tuple[int | None, str]:
     """(global batch, where it came from) of the ``fit`` that is calling us, read off
     its frame without consuming data: for arrays the batch ``fit`` makes
     (``fit_batch_size``); for a ``tf.data.Dataset`` (also distributed) its static
-    leading dimension (``dataset_shape``) or its graph's batch op
+    leading dimension (``dataset_shape``) or the size of its batch op
     (``dataset_batch_op``); for ``distribute_datasets_from_function`` the per-replica
     batch times the replicas. ``(None, "unknown: <why>")`` otherwise."""
     global _last_read
@@ -297,7 +348,11 @@ def _given_in_fit() -> int | None:
         members = getattr(frame_locals.get("self"), "callbacks", None)
         if not isinstance(members, list):
             return None
-        values = [getattr(member, "global_batch", None) for member in members]
+        values = [
+            getattr(member, "global_batch", None)
+            for member in members
+            if isinstance(member, DataParallelCallback)
+        ]
         return next((v for v in values if isinstance(v, int) and v > 0), None)
 
     return find_in_fit(given, depth=25)

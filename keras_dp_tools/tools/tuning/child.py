@@ -27,10 +27,12 @@ import sys
 import threading
 from pathlib import Path
 
+from keras_dp_tools.records.contract import TRIAL_PROCESS_ENV
+
 _PREFIX = "KDT-CHILD "
 # Set in every trial process: a tuning call there means the user's script, which the
 # trial imports, starts the tuning at import (it would start trials of its own).
-TRIAL_ENV = "KERAS_DP_TRIAL_PROCESS"
+TRIAL_ENV = TRIAL_PROCESS_ENV
 # make_dataset's first parameter, per spelling (docs/tuning.md: the contract).
 BATCH_PARAMETERS = ("global_batch", "batch_size", "batch")
 NOT_UNDER_MAIN = (
