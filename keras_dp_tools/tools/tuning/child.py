@@ -41,8 +41,9 @@ NOT_UNDER_MAIN = (
 )
 
 
-class ContractError(TypeError):
-    """The user's functions do not follow the tuning contract (docs/tuning.md)."""
+class ContractError(TypeError, ValueError):
+    """The user's functions do not follow the tuning contract (docs/tuning.md). A
+    ValueError too, so that ``keras-dp`` prints it as a message, not a traceback."""
 
 
 def refuse_inside_a_trial(what: str) -> None:
