@@ -22,7 +22,6 @@ def _fit(steps: int, callbacks: list) -> tuple[int, int]:
 
 
 def _set_up(spec: dict) -> dict:
-
     namespace: dict = {}
     exec(spec["code"], namespace)  # the very code the result shows the user
     strategy = namespace["strategy"]

@@ -26,10 +26,9 @@ from keras_dp_tools.tools.tuning.child import (
     Child,
     ChildFailed,
     ContractError,
-    dataset_spelling,
+    check_dataset_contract,
     function_reference,
     refuse_inside_a_trial,
-    trial_dataset,
 )
 
 TABLE_COLUMNS = [
@@ -297,10 +296,7 @@ def tune_allreduce(
             f"Unknown candidate(s) {unknown or names!r}; choose from {', '.join(CANDIDATES)}."
         )
     refuse_inside_a_trial("tune_allreduce")
-    if callable(dataset) and not isinstance(dataset, str):  # a string is checked in the trial
-        spelling = dataset_spelling(dataset)
-        if spelling == "global_batch" and per_replica_batch is None:
-            trial_dataset(dataset, None)  # raises the contract's error
+    check_dataset_contract(dataset, batch_known=per_replica_batch is not None)
     references = {
         "build_model": function_reference(build_model),
         "dataset": function_reference(dataset),

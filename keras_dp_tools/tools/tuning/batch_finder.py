@@ -19,7 +19,7 @@ from keras_dp_tools.tools.tuning.child import (
     Child,
     ChildFailed,
     ContractError,
-    dataset_spelling,
+    check_dataset_contract,
     function_reference,
     refuse_inside_a_trial,
 )
@@ -169,8 +169,7 @@ def find_per_replica_batch(
     if max_memory_bytes is not None:
         max_memory_bytes = require_positive_int("max_memory_bytes", max_memory_bytes)
     refuse_inside_a_trial("find_per_replica_batch")
-    if callable(make_dataset) and not isinstance(make_dataset, str):
-        dataset_spelling(make_dataset)  # the contract's error now, not in every trial
+    check_dataset_contract(make_dataset)  # its error now, not in every trial
     devices, cpu_devices = _devices(strategy)
     if max_memory_bytes is None and not any("GPU" in d.upper() for d in devices):
         raise ValueError(

@@ -30,9 +30,6 @@ from pathlib import Path
 from keras_dp_tools.records.contract import TRIAL_PROCESS_ENV
 
 _PREFIX = "KDT-CHILD "
-# Set in every trial process: a tuning call there means the user's script, which the
-# trial imports, starts the tuning at import (it would start trials of its own).
-TRIAL_ENV = TRIAL_PROCESS_ENV
 # make_dataset's first parameter, per spelling (docs/tuning.md: the contract).
 BATCH_PARAMETERS = ("global_batch", "batch_size", "batch")
 NOT_UNDER_MAIN = (
@@ -47,8 +44,9 @@ class ContractError(TypeError, ValueError):
 
 
 def refuse_inside_a_trial(what: str) -> None:
-    """Raises ContractError when called inside a trial process (see ``TRIAL_ENV``)."""
-    if os.environ.get(TRIAL_ENV):
+    """Raises ContractError when called inside a trial process: the user's script, which
+    the trial imports, starts the tuning at import (and would start trials of its own)."""
+    if os.environ.get(TRIAL_PROCESS_ENV):
         raise ContractError(
             f"{what} was called inside one of its own trial processes, which import your "
             "script: put this call, and any training, under "
@@ -82,6 +80,21 @@ def dataset_spelling(make_dataset) -> str:
     )
 
 
+NEEDS_A_BATCH = (
+    "make_dataset(global_batch) needs a batch size: pass per_replica_batch= to "
+    "tune_allreduce (the global batch is per_replica_batch x replicas)."
+)
+
+
+def check_dataset_contract(make_dataset, batch_known: bool = True) -> None:
+    """The contract's error before any trial starts, for a function object (a string
+    reference is loaded, and checked, in the trial)."""
+    if isinstance(make_dataset, str) or not callable(make_dataset):
+        return
+    if dataset_spelling(make_dataset) == "global_batch" and not batch_known:
+        raise ContractError(NEEDS_A_BATCH)
+
+
 def trial_dataset(make_dataset, strategy, global_batch: int | None = None):
     """The dataset of a trial, by the one contract: ``make_dataset(global_batch)`` when
     a batch is asked for (``find_per_replica_batch``, ``tune_allreduce`` with
@@ -89,10 +102,7 @@ def trial_dataset(make_dataset, strategy, global_batch: int | None = None):
     ``global_batch`` when one is asked for."""
     spelling = dataset_spelling(make_dataset)
     if spelling == "global_batch" and global_batch is None:
-        raise ContractError(
-            "make_dataset(global_batch) needs a batch size: pass per_replica_batch= "
-            "to tune_allreduce (the global batch is per_replica_batch x replicas)."
-        )
+        raise ContractError(NEEDS_A_BATCH)
     import tensorflow as tf
 
     if spelling == "global_batch":
@@ -200,7 +210,7 @@ class Child:
             stdout=subprocess.PIPE,
             stderr=self._log,
             text=True,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TRIAL_ENV: "1", **(env or {})},
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TRIAL_PROCESS_ENV: "1", **(env or {})},
         )
         self._answers: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
