@@ -78,6 +78,7 @@ RECORD_FIELDS = {
     "workers": "int64",
     "devices": "list<item: string>",
     "global_batch": "int64",
+    "global_batch_source": "string",
     "steps_per_execution": "int64",
     "keras_package": "string",
     "keras_version": "string",

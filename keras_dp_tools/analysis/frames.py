@@ -36,6 +36,7 @@ RUN_COLUMNS = [
     "replicas",
     "devices",
     "global_batch",
+    "global_batch_source",  # where global_batch came from (capture.run_info)
     "steps_per_execution",
     "keras_package",
     "keras_version",

@@ -52,7 +52,8 @@ def callbacks(
 
     Args:
         log_dir: the run folder (the one you would give ``keras.callbacks.TensorBoard``).
-        global_batch: examples per step over all replicas, for throughput.
+        global_batch: examples per step over all replicas, for throughput, when
+            fit's data does not say it (read from fit by default; see StepTimer).
         tensorboard: write TensorBoard scalars next to the records.
         profile: capture profiler windows and break steps down into compute and
             all-reduce (``DataParallelProfiler``).

@@ -18,10 +18,10 @@ from keras_dp_tools.capture.monitor.background import NICE, lower_thread_priorit
 from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.capture.run_info import (
     embedding_tables,
-    fit_global_batch,
     gathered_bytes,
     gradient_bytes,
     keras_package,
+    run_global_batch,
     steps_per_execution,
     strategy_devices,
     worker_index,
@@ -199,7 +199,7 @@ class DataParallelProfiler(DataParallelCallback):
         self._mark_steps = keras_package(self.model) != "tf_keras"
         self._foreign_calls = _sibling_profile_calls(self)
         devices = strategy_devices(strategy)
-        global_batch = fit_global_batch()
+        global_batch = run_global_batch()[0]
         self._run_facts = RunFacts(
             worker=worker,
             local_replicas=len(devices) or None,  # this worker's: the ones in its trace
@@ -208,7 +208,7 @@ class DataParallelProfiler(DataParallelCallback):
             global_batch=global_batch,
             steps_per_execution=steps_per_execution(self.model),
             allreduce_bytes=gradient_bytes(self.model),
-            **_sparse_facts(self.model, global_batch),
+            **_sparse_facts(self.model, global_batch, int(strategy.num_replicas_in_sync)),
         )
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -485,13 +485,13 @@ def _close_open_windows() -> None:
             logger.debug("closing a profiler window at exit failed: %s", error)
 
 
-def _sparse_facts(model, global_batch: int | None) -> dict:
+def _sparse_facts(model, global_batch: int | None, replicas: int) -> dict:
     """Embedding tables' bytes (their gradients are all-gathered, not all-reduced) and
     the bytes one step gathers, for the breakdown's byte and bandwidth columns."""
     tables = embedding_tables(model)
     return {
         "sparse_bytes": sum(table["table_bytes"] for table in tables) or None,
-        "gather_bytes": gathered_bytes(tables, global_batch),
+        "gather_bytes": gathered_bytes(tables, global_batch, replicas),
     }
 
 

@@ -7,8 +7,12 @@ import os
 import platform
 import socket
 import sys
+import weakref
 
 import numpy as np
+
+from keras_dp_tools.capture.base import DataParallelCallback, find_in_fit
+from keras_dp_tools.common.warn import warn
 
 logger = logging.getLogger("keras_dp_tools")
 
@@ -91,72 +95,295 @@ def _itemsize(dtype) -> int:
     return getattr(dtype, "size", None) or np.dtype(getattr(dtype, "name", dtype)).itemsize
 
 
+def _embedding_input(layer, model) -> tuple[tuple | None, bool, str | None]:
+    """(input shape, whether its first dimension is the batch, dtype name or None).
+
+    ``layer.input`` exists only for a layer of a functional graph; a layer called
+    inside another layer (a token-and-position embedding) or in a subclassed model has
+    none, but both Keras flavours keep the shape it was built with. A built shape whose
+    first dimension is unknown is batch-first; a fully known one is taken as what every
+    replica looks up per step (e.g. position ids ``range(64)``)."""
+    try:
+        tensor = layer.input
+        return tuple(tensor.shape), True, str(tensor.dtype)
+    except (AttributeError, ValueError, RuntimeError):
+        pass
+    built = getattr(layer, "_build_shapes_dict", None) or {}  # Keras 3
+    shape = next(iter(built.values()), None) or getattr(layer, "_build_input_shape", None)
+    if shape is None:
+        return None, True, None
+    shape = tuple(getattr(shape, "as_list", lambda: shape)())
+    inputs = getattr(model, "inputs", None) or []
+    # The model's token input usually reaches the embedding unchanged.
+    dtype = str(inputs[0].dtype) if len(inputs) == 1 else None
+    return shape, not shape or shape[0] is None, dtype
+
+
 def embedding_tables(model) -> list[dict]:
     """Per embedding layer: ``name``, ``vocabulary``, ``dim``, ``value_bytes`` (bytes
-    per table entry), ``table_bytes``,
-    ``lookups`` (table rows looked up per example: the product of the layer's input
-    shape without the batch; None if unknown) and ``index_bytes`` (bytes per index)."""
+    per table entry), ``table_bytes``, ``lookups`` (table rows looked up per example:
+    the product of the layer's input shape without the batch), ``step_lookups`` (rows
+    each replica looks up per step whatever the batch, for an input without a batch
+    dimension such as position ids; else 0), both None if unknown, and
+    ``index_bytes`` (bytes per index: 8 for int64 ids, else 4, as both Keras flavours
+    cast other ids to int32)."""
     tables = []
     for layer in _embeddings(model):
         try:
             table = layer.embeddings
             vocabulary, dim = (int(size) for size in table.shape)
-            entry = {
-                "name": layer.name,
-                "vocabulary": vocabulary,
-                "dim": dim,
-                "value_bytes": _itemsize(table.dtype),
-                "table_bytes": vocabulary * dim * _itemsize(table.dtype),
-                "lookups": None,
-                "index_bytes": 8,
-            }
-            shape = tuple(layer.input.shape)[1:]
-            if all(size is not None for size in shape):
-                entry["lookups"] = int(np.prod(shape, dtype=np.int64))
-            entry["index_bytes"] = 4 if "int32" in str(layer.input.dtype) else 8
-        except Exception as error:  # an unbuilt or unusual layer: bytes stay unknown
+        except Exception as error:  # an unbuilt layer: its table is unknown
             logger.info("could not size embedding layer %s (%s)", layer.name, error)
-        else:
-            tables.append(entry)
+            continue
+        entry = {
+            "name": layer.name,
+            "vocabulary": vocabulary,
+            "dim": dim,
+            "value_bytes": _itemsize(table.dtype),
+            "table_bytes": vocabulary * dim * _itemsize(table.dtype),
+            "lookups": None,
+            "step_lookups": None,
+            "index_bytes": 4,
+        }
+        try:
+            shape, batch_first, dtype = _embedding_input(layer, model)
+        except Exception as error:  # an unusual layer: its lookups stay unknown
+            logger.info("could not read embedding layer %s's input (%s)", layer.name, error)
+            shape, batch_first, dtype = None, True, None
+        sizes = (shape or (None,))[1:] if batch_first else shape
+        if shape is not None and all(size is not None for size in sizes):
+            count = int(np.prod(sizes, dtype=np.int64))
+            entry["lookups"], entry["step_lookups"] = (count, 0) if batch_first else (0, count)
+        if dtype is not None and "int64" in dtype:
+            entry["index_bytes"] = 8
+        tables.append(entry)
     return tables
 
 
-def gathered_bytes(tables: list[dict], global_batch: int | None) -> int | None:
+def gathered_bytes(
+    tables: list[dict], global_batch: int | None, replicas: int | None = None
+) -> int | None:
     """Bytes one step all-gathers for the embeddings' sparse gradients: one row of
-    values (``dim`` floats) and one index per lookup, for the whole global batch.
-    None when the batch or a layer's lookups per example are unknown."""
+    values (``dim`` floats) and one index per lookup, for the whole global batch (and
+    each replica's ``step_lookups``). None when the batch, the replicas (if needed) or a
+    layer's lookups are unknown."""
     if not tables or not global_batch or any(t["lookups"] is None for t in tables):
         return None
+    if any(t.get("step_lookups") for t in tables) and not replicas:
+        return None
     return sum(
-        global_batch * t["lookups"] * (t["dim"] * t["value_bytes"] + t["index_bytes"])
+        (global_batch * t["lookups"] + (replicas or 0) * (t.get("step_lookups") or 0))
+        * (t["dim"] * t["value_bytes"] + t["index_bytes"])
         for t in tables
     )
 
 
-def fit_global_batch() -> int | None:
-    """The batch size of the ``fit`` that is calling us, read off its frame: the
-    ``batch_size`` argument, else the data adapter's (Keras 3 ``epoch_iterator``,
-    tf_keras ``data_handler``). None when neither says."""
-    frame = sys._getframe(1)
-    for _ in range(25):
-        if frame is None:
-            return None
-        if frame.f_code.co_name == "fit" and "batch_size" in frame.f_locals:
-            local = frame.f_locals
-            candidates = [
-                local.get("batch_size"),
-                getattr(
-                    getattr(local.get("epoch_iterator"), "data_adapter", None), "batch_size", None
-                ),
-                getattr(getattr(local.get("data_handler"), "_adapter", None), "batch_size", None),
-            ]
-            for value in candidates:
-                value = value() if callable(value) else value
-                if isinstance(value, (int, np.integer)) and value > 0:
-                    return int(value)
-            return None
-        frame = frame.f_back
+# Where a run's global batch came from (the header's ``global_batch_source``).
+BATCH_FROM_ARGUMENT = "argument"  # global_batch= given to StepTimer / kdt.callbacks
+BATCH_FROM_FIT = "fit_batch_size"  # arrays that fit batches by batch_size (default 32)
+BATCH_FROM_SHAPE = "dataset_shape"  # the dataset's static leading dimension
+BATCH_FROM_BATCH_OP = "dataset_batch_op"  # the batch op of the dataset's pipeline
+BATCH_FROM_REPLICAS = "per_replica_batch_x_replicas"  # distribute_datasets_from_function
+UNKNOWN_BATCH = "unknown"  # "unknown: <why>"
+
+# fit's data adapter and what it said: a fit's callbacks each ask, the answer is per fit.
+_last_read: tuple = (None, None)
+
+
+def _fit_data(frame_locals):
+    """fit's locals (Keras 3's or tf_keras's), recognised by their data handler."""
+    if "batch_size" in frame_locals and (
+        "epoch_iterator" in frame_locals or "data_handler" in frame_locals
+    ):
+        return frame_locals
     return None
+
+
+def _adapter(fit_locals):
+    adapter = getattr(fit_locals.get("epoch_iterator"), "data_adapter", None)  # Keras 3
+    if adapter is None:
+        adapter = getattr(fit_locals.get("data_handler"), "_adapter", None)  # tf_keras
+    return adapter
+
+
+# Datasets that keep the batch of their input (a map is taken not to cut batches), and
+# those that batch (the attribute holding their batch size). Anything else between
+# fit and the batch (unbatch, rebatch, window, interleave...) leaves it unknown.
+_KEEP_BATCH = frozenset(
+    {
+        "_PrefetchDataset",
+        "_MapDataset",
+        "_ParallelMapDataset",
+        "CacheDataset",
+        "_CacheDataset",
+        "_RepeatDataset",
+        "_ShuffleDataset",
+        "_TakeDataset",
+        "_SkipDataset",
+        "_FilterDataset",
+        "_OptionsDataset",
+        "_IgnoreErrorsDataset",
+        "_ShardDataset",
+        "_AssertCardinalityDataset",
+    }
+)
+_BATCH_SIZE_ATTRIBUTE = {
+    "_BatchDataset": "_batch_size",
+    "_ParallelBatchDataset": "_batch_size",
+    "_PaddedBatchDataset": "_batch_size",
+    "_MapAndBatchDataset": "_batch_size_t",
+}
+
+
+def _batch_op_size(dataset) -> tuple[int | None, str]:
+    """The batch size of the batch op nearest to the dataset's output, found by walking
+    its Python objects: no data is read and the graph is not serialized (which copies
+    every in-memory array a dataset holds: 16 s and 3 GB for a 400 MB array here)."""
+    for _ in range(100):
+        kind = type(dataset).__name__
+        if kind in _BATCH_SIZE_ATTRIBUTE:
+            return _integer(getattr(dataset, _BATCH_SIZE_ATTRIBUTE[kind], None)), kind
+        if kind not in _KEEP_BATCH:
+            return None, f"its pipeline reaches a {kind} before any batch op"
+        dataset = getattr(dataset, "_input_dataset", None)
+    return None, "its pipeline has no batch op within 100 steps"
+
+
+def _dataset_global_batch(dataset) -> tuple[int | None, str]:
+    """(batch, source) of a ``tf.data.Dataset``, read without consuming it: the static
+    leading dimension (``batch(n, drop_remainder=True)``), else the size its batch op
+    makes (every batch but a smaller last one)."""
+    import tensorflow as tf
+
+    first = tf.nest.flatten(dataset.element_spec)[0]
+    shape = getattr(first, "shape", None)
+    if shape is not None and shape.rank and shape[0] is not None:
+        return int(shape[0]), BATCH_FROM_SHAPE
+    size, found = _batch_op_size(dataset)
+    if size is None:
+        return None, (
+            f"{UNKNOWN_BATCH}: fit's dataset has no static batch size, and {found} "
+            "(pass global_batch=)"
+        )
+    return size, BATCH_FROM_BATCH_OP
+
+
+def _adapter_value(adapter, name: str):
+    """An adapter's property (Keras 3) or method (tf_keras); None if it has none."""
+    try:
+        value = getattr(adapter, name, None)
+        return value() if callable(value) else value
+    except (NotImplementedError, AttributeError, TypeError, ValueError):
+        return None
+
+
+def _read_fit_batch(fit_locals) -> tuple[int | None, str]:
+    import tensorflow as tf
+
+    adapter = _adapter(fit_locals)
+    given = fit_locals.get("batch_size")
+    if adapter is None:
+        if isinstance(given, (int, np.integer)) and given > 0:
+            return int(given), BATCH_FROM_FIT
+        return None, f"{UNKNOWN_BATCH}: fit's data adapter was not found"
+    size = _adapter_value(adapter, "batch_size")
+    if isinstance(_adapter_value(adapter, "has_partial_batch"), bool) and size:
+        return int(size), BATCH_FROM_FIT  # arrays, which fit batches itself
+    data = getattr(adapter, "_dataset", None)
+    if isinstance(data, tf.distribute.DistributedDataset):
+        # experimental_distribute_dataset splits the dataset's global batches.
+        original = getattr(data, "_original_dataset", None)
+        if isinstance(original, tf.data.Dataset):
+            return _dataset_global_batch(original)
+    if "FromFunction" in type(data).__name__:
+        # distribute_datasets_from_function: each element is one replica's batch.
+        datasets = getattr(data, "_datasets", None) or [None]
+        if isinstance(datasets[0], tf.data.Dataset):
+            per_replica, source = _dataset_global_batch(datasets[0])
+            if per_replica is None:
+                return None, source
+            replicas = int(data._strategy.num_replicas_in_sync)
+            return per_replica * replicas, BATCH_FROM_REPLICAS
+        return None, f"{UNKNOWN_BATCH}: the distributed dataset's per-replica datasets"
+    if isinstance(data, tf.data.Dataset):
+        return _dataset_global_batch(data)
+    return None, (
+        f"{UNKNOWN_BATCH}: fit's input ({type(adapter).__name__}) has no batch size that "
+        "can be read without consuming it"
+    )
+
+
+def fit_global_batch() -> tuple[int | None, str]:
+    """(global batch, where it came from) of the ``fit`` that is calling us, read off
+    its frame without consuming data: for arrays the batch ``fit`` makes
+    (``fit_batch_size``); for a ``tf.data.Dataset`` (also distributed) its static
+    leading dimension (``dataset_shape``) or the size of its batch op
+    (``dataset_batch_op``); for ``distribute_datasets_from_function`` the per-replica
+    batch times the replicas. ``(None, "unknown: <why>")`` otherwise."""
+    global _last_read
+    fit_locals = find_in_fit(_fit_data, depth=25)
+    if fit_locals is None:
+        return None, f"{UNKNOWN_BATCH}: not called from inside fit"
+    adapter = _adapter(fit_locals)
+    adapter_ref, answer = _last_read
+    if adapter is not None and adapter_ref is not None and adapter_ref() is adapter:
+        return answer
+    try:
+        answer = _read_fit_batch(fit_locals)
+    except Exception as error:  # an adapter of another Keras version: say so, train on
+        logger.info("could not read fit's batch size (%s)", error)
+        answer = (None, f"{UNKNOWN_BATCH}: reading fit's input failed ({type(error).__name__})")
+    try:
+        _last_read = (weakref.ref(adapter), answer)
+    except TypeError:  # not weakly referable (or None): read again next time
+        _last_read = (None, None)
+    return answer
+
+
+def _given_in_fit() -> int | None:
+    """The ``global_batch`` a StepTimer of this fit was given, if any: every callback
+    of the fit then writes the same header, whichever runs first."""
+
+    def given(frame_locals):
+        members = getattr(frame_locals.get("self"), "callbacks", None)
+        if not isinstance(members, list):
+            return None
+        values = [
+            getattr(member, "global_batch", None)
+            for member in members
+            if isinstance(member, DataParallelCallback)
+        ]
+        return next((v for v in values if isinstance(v, int) and v > 0), None)
+
+    return find_in_fit(given, depth=25)
+
+
+def run_global_batch(given: int | None = None) -> tuple[int | None, str]:
+    """(global batch, source) of the fit calling us: fit's own batch when it can be
+    read (a ``global_batch`` that disagrees with it is ignored, with a warning), else
+    ``given`` or a StepTimer's ``global_batch`` (source ``argument``)."""
+    batch, source = fit_global_batch()
+    given = given or _given_in_fit()
+    if batch is None:
+        return (given, BATCH_FROM_ARGUMENT) if given else (None, source)
+    if given and given != batch:
+        _warn_mismatch(given, batch, source)
+    return batch, source
+
+
+_mismatches_warned: set = set()
+
+
+def _warn_mismatch(given: int, batch: int, source: str) -> None:
+    if (given, batch) in _mismatches_warned:
+        return
+    _mismatches_warned.add((given, batch))
+    warn(
+        f"global_batch={given} was given, but fit's data makes batches of {batch} "
+        f"examples ({source}): keras_dp_tools records {batch}. If {given} is a "
+        "per-replica batch, the global batch is per-replica x replicas.",
+        UserWarning,
+    )
 
 
 def describe_run(model, global_batch: int | None) -> dict:
@@ -168,6 +395,7 @@ def describe_run(model, global_batch: int | None) -> dict:
 
     strategy = model.distribute_strategy
     package = keras_package(model)
+    batch, batch_source = run_global_batch(global_batch)
     return {
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
@@ -175,7 +403,8 @@ def describe_run(model, global_batch: int | None) -> dict:
         "replicas": int(strategy.num_replicas_in_sync),
         "workers": worker_index(strategy)[1],
         "devices": strategy_devices(strategy),
-        "global_batch": global_batch,
+        "global_batch": batch,
+        "global_batch_source": batch_source,
         "steps_per_execution": steps_per_execution(model),
         "keras_package": package,
         "keras_version": getattr(sys.modules.get(package), "__version__", None),

@@ -11,6 +11,7 @@ import weakref
 from keras_dp_tools.capture.base import DataParallelCallback
 from keras_dp_tools.capture.profiler_windows import profiling_disturbs
 from keras_dp_tools.capture.recorder import Recorder
+from keras_dp_tools.capture.run_info import run_global_batch
 from keras_dp_tools.capture.step_counter import StepCounter
 from keras_dp_tools.common.validation import require_positive_int
 
@@ -59,9 +60,12 @@ class StepTimer(DataParallelCallback):
 
     Args:
         log_dir: run folder, the same one you may give ``keras.callbacks.TensorBoard``.
-        global_batch: examples per step over all replicas, for ``examples_per_s``
-            (``kdt.scale_batch_size`` computes it). Leave None if unknown: times are
-            still recorded and ``examples_per_s`` stays empty.
+        global_batch: examples per step over all replicas, for ``examples_per_s``,
+            used when fit's data does not say: by default the batch is read from
+            ``fit`` (``batch_size`` for arrays, the ``tf.data.Dataset``'s batch,
+            distributed datasets too) and the header's ``global_batch_source`` says
+            where from. A value that disagrees with fit's batch is ignored, with a
+            warning. When neither says, ``examples_per_s`` stays empty.
         tensorboard: also write TensorBoard scalars (default True).
     """
 
@@ -75,6 +79,7 @@ class StepTimer(DataParallelCallback):
         self._steps = StepCounter()
         self._epoch = 0
         self._call_started = None
+        self._run_batch = None  # this fit's global batch (run_global_batch)
         self._disturbed = False
         # TensorBoard points (step start, step, {tag: value}) not handed to the recorder
         # yet: handing them over in batches saves ~15 µs a step.
@@ -82,7 +87,9 @@ class StepTimer(DataParallelCallback):
 
     def on_train_begin(self, logs=None):
         self._end_fit("exited")  # a previous fit that raised never reached on_train_end
-        self._recorder = Recorder.for_fit(self.log_dir, self.model, self.global_batch)
+        # fit's own batch when it can be read, else the one we were given.
+        self._run_batch = run_global_batch(self.global_batch)[0]
+        self._recorder = Recorder.for_fit(self.log_dir, self.model, self._run_batch)
         self._steps.start(self.model)
         _open_fits.add(self)
 
@@ -104,7 +111,7 @@ class StepTimer(DataParallelCallback):
         step, steps = self._steps.end_call(batch)
         step_ms = 1000.0 * elapsed_s / steps
         examples_per_s = (
-            self.global_batch * steps / elapsed_s if self.global_batch and elapsed_s > 0 else None
+            self._run_batch * steps / elapsed_s if self._run_batch and elapsed_s > 0 else None
         )
         self._recorder.write_values(
             "step",

@@ -30,6 +30,8 @@ RUN_ID_ENV = "KERAS_DP_RUN_ID"
 FLUSH_SECONDS_ENV = "KERAS_DP_FLUSH_SECONDS"
 # Set to 1: the test suite leaves GPUs visible (tests/conftest.py; make gpu-check sets it).
 TEST_GPUS_ENV = "KERAS_DP_TEST_GPUS"
+# Set in a tuning trial's process (tools.tuning.child): a tuning call there is refused.
+TRIAL_PROCESS_ENV = "KERAS_DP_TRIAL_PROCESS"
 
 _GPU_DEVICE = re.compile(r"(?:^|/)(?:device:)?GPU:(\d+)$", re.IGNORECASE)
 

@@ -39,6 +39,9 @@ HEADER_FIELDS: dict[str, pa.DataType] = {
     "workers": pa.int64(),
     "devices": pa.list_(pa.string()),
     "global_batch": pa.int64(),
+    # argument, fit_batch_size, dataset_shape, dataset_batch_op,
+    # per_replica_batch_x_replicas, or "unknown: <why>" (capture.run_info)
+    "global_batch_source": pa.string(),
     "steps_per_execution": pa.int64(),
     "keras_package": pa.string(),
     "keras_version": pa.string(),

@@ -6,7 +6,7 @@ meant to be run by hand.
 
 from __future__ import annotations
 
-from keras_dp_tools.tools.tuning.child import call_flexibly, load_function, serve
+from keras_dp_tools.tools.tuning.child import call_flexibly, load_function, serve, trial_dataset
 
 _state: dict = {}
 
@@ -22,8 +22,6 @@ def _fit(steps: int, callbacks: list) -> tuple[int, int]:
 
 
 def _set_up(spec: dict) -> dict:
-    import tensorflow as tf
-
     namespace: dict = {}
     exec(spec["code"], namespace)  # the very code the result shows the user
     strategy = namespace["strategy"]
@@ -34,16 +32,10 @@ def _set_up(spec: dict) -> dict:
             f"build_model must return a compiled Keras model, returned {type(model).__name__}"
             " (call model.compile(...) before returning it)."
         )
-    make_dataset = load_function(spec["dataset"])
-    if spec.get("per_replica_batch"):  # make_dataset(global_batch), as find_per_replica_batch
-        dataset = make_dataset(spec["per_replica_batch"] * strategy.num_replicas_in_sync)
-    else:
-        dataset = call_flexibly(make_dataset, strategy)
-    if not isinstance(dataset, tf.data.Dataset):
-        raise TypeError(
-            "dataset must return a tf.data.Dataset of global batches, returned "
-            f"{type(dataset).__name__}."
-        )
+    global_batch = spec.get("per_replica_batch")
+    if global_batch:
+        global_batch *= strategy.num_replicas_in_sync
+    dataset = trial_dataset(load_function(spec["dataset"]), strategy, global_batch)
     _state.update(model=model, dataset=dataset.repeat(), log_dir=spec["log_dir"])
     _fit(spec["warmup_steps"], [])  # tracing and first-step costs stay out of the timing
     return {

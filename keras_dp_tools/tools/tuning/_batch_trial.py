@@ -17,7 +17,7 @@ import resource
 import threading
 import time
 
-from keras_dp_tools.tools.tuning.child import call_flexibly, load_function, serve
+from keras_dp_tools.tools.tuning.child import call_flexibly, load_function, serve, trial_dataset
 
 OVER_CEILING = 86
 _PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -83,7 +83,7 @@ def _trial(spec: dict) -> dict:
     try:
         with strategy.scope():
             model = call_flexibly(load_function(spec["build_model"]), strategy)
-        dataset = load_function(spec["make_dataset"])(global_batch)
+        dataset = trial_dataset(load_function(spec["make_dataset"]), strategy, global_batch)
         started = time.perf_counter()
         model.fit(dataset.repeat(), steps_per_epoch=spec["steps"], epochs=1, verbose=0)
         seconds = time.perf_counter() - started

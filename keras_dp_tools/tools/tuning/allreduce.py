@@ -22,7 +22,14 @@ import pandas as pd
 
 from keras_dp_tools.common.validation import require_positive_int
 from keras_dp_tools.records.contract import REPLICAS_ENV
-from keras_dp_tools.tools.tuning.child import Child, ChildFailed, function_reference
+from keras_dp_tools.tools.tuning.child import (
+    Child,
+    ChildFailed,
+    ContractError,
+    check_dataset_contract,
+    function_reference,
+    refuse_inside_a_trial,
+)
 
 TABLE_COLUMNS = [
     "candidate",
@@ -242,13 +249,13 @@ def tune_allreduce(
         model.compile(optimizer="adam", loss="mse")
         return model
 
-    def make_dataset(strategy):  # global batches
+    def make_dataset(global_batch):  # batches of global_batch examples
         x = np.zeros((1024, 64), "float32")
-        return tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(
-            kdt.scale_batch_size(32, strategy))
+        return tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(global_batch)
 
     if __name__ == "__main__":
-        result = kdt.tune_allreduce(build_model, make_dataset, devices=2, steps=20)
+        result = kdt.tune_allreduce(build_model, make_dataset, devices=2, steps=20,
+                                    per_replica_batch=32)
         print(result)       # the table, the decision and the code
         print(result.code)  # tf.distribute.MirroredStrategy(devices, cross_device_ops=...)
     ```
@@ -256,11 +263,12 @@ def tune_allreduce(
     Args:
         build_model: returns a compiled Keras model; called inside the strategy's scope
             (with the strategy, if it takes an argument).
-        dataset: returns a ``tf.data.Dataset`` of global batches, repeated as needed.
-            It is called with the strategy (if it takes an argument), or, when
-            ``per_replica_batch`` is given, with the global batch
-            ``per_replica_batch * replicas`` (the ``make_dataset(global_batch)`` form
-            that ``find_per_replica_batch`` uses too).
+        dataset: ``make_dataset(global_batch)``, returning a ``tf.data.Dataset`` of
+            batches of ``global_batch`` examples (``per_replica_batch * replicas``;
+            the contract ``find_per_replica_batch`` shares). Also accepted:
+            ``make_dataset(strategy)`` or ``make_dataset()`` returning global batches
+            of its choosing (re-batched when ``per_replica_batch`` is given). Another
+            first parameter is refused with a ``TypeError``; see docs/tuning.md.
         devices: None (all GPUs, or the CPU split into ``KERAS_DP_REPLICAS`` or 4
             logical devices), a replica count, a list of GPU names, or
             ``["/cpu:0", ..., "/cpu:<n-1>"]``.
@@ -287,6 +295,8 @@ def tune_allreduce(
         raise ValueError(
             f"Unknown candidate(s) {unknown or names!r}; choose from {', '.join(CANDIDATES)}."
         )
+    refuse_inside_a_trial("tune_allreduce")
+    check_dataset_contract(dataset, batch_known=per_replica_batch is not None)
     references = {
         "build_model": function_reference(build_model),
         "dataset": function_reference(dataset),
@@ -335,6 +345,8 @@ def tune_allreduce(
                 rows[name]["cross_device_ops"] = ready["cross_device_ops"]
                 say(f"  {name}: ready ({ready['cross_device_ops']}, {ready['replicas']} replicas)")
             except ChildFailed as error:
+                if error.contract:  # every candidate would fail alike: say it once
+                    raise ContractError(str(error)) from None
                 fail(name, error)
         for name in list(children):  # one at a time: a profile must not share the CPU
             say(f"profiling {name}")

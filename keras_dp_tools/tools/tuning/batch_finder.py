@@ -15,7 +15,14 @@ import pandas as pd
 
 from keras_dp_tools.common.validation import require_positive_int
 from keras_dp_tools.setup.scaling import ScalingPlan, plan_scaling
-from keras_dp_tools.tools.tuning.child import Child, ChildFailed, function_reference
+from keras_dp_tools.tools.tuning.child import (
+    Child,
+    ChildFailed,
+    ContractError,
+    check_dataset_contract,
+    function_reference,
+    refuse_inside_a_trial,
+)
 
 MODES = ("power", "binsearch")
 TRIAL_COLUMNS = ["per_replica_batch", "global_batch", "fits", "peak_mib", "seconds", "reason"]
@@ -135,7 +142,10 @@ def find_per_replica_batch(
     Args:
         build_model: returns a compiled Keras model (called in the strategy's scope).
         make_dataset: ``make_dataset(global_batch)`` returns a ``tf.data.Dataset`` of
-            batches of ``global_batch`` examples.
+            batches of ``global_batch`` examples (the contract ``tune_allreduce``
+            shares). ``make_dataset(strategy)`` is accepted too: its batches are
+            re-batched to each trial's size. Another first parameter is refused with a
+            ``TypeError``; see docs/tuning.md.
         strategy: the ``tf.distribute`` strategy you train with (its devices are used
             again in each trial), or a replica count.
         mode: ``"power"`` or ``"binsearch"``.
@@ -158,6 +168,8 @@ def find_per_replica_batch(
     max_batch = require_positive_int("max_batch", max_batch)
     if max_memory_bytes is not None:
         max_memory_bytes = require_positive_int("max_memory_bytes", max_memory_bytes)
+    refuse_inside_a_trial("find_per_replica_batch")
+    check_dataset_contract(make_dataset)  # its error now, not in every trial
     devices, cpu_devices = _devices(strategy)
     if max_memory_bytes is None and not any("GPU" in d.upper() for d in devices):
         raise ValueError(
@@ -190,6 +202,9 @@ def find_per_replica_batch(
         try:
             answer = child.wait(timeout)
         except ChildFailed as error:
+            if error.contract:  # every size would fail alike
+                child.close(timeout=10)
+                raise ContractError(str(error)) from None
             answer = {"fits": False, "reason": _failure_reason(child, error)}
             unexpected = unexpected or "ceiling" not in answer["reason"]
         finally:
@@ -237,10 +252,18 @@ def _failure_reason(child: Child, error: ChildFailed) -> str:
     return str(error)[-400:]
 
 
+# Words of a trial's reason when it ran out of memory (_failure_reason, _batch_trial).
+MEMORY_REASONS = ("ceiling", "out of memory", "killed by signal")
+
+
 def _note(table, best, replicas, mode, max_batch, ceiling) -> str:
     limit = f"{ceiling / 2**20:.0f} MiB per process" if ceiling else "the GPUs' memory"
     if best is None:
         reason = table["reason"].iloc[0] if len(table) else "no trial ran"
+        if not any(word in reason for word in MEMORY_REASONS):
+            return (
+                f"The first trial (1 per replica) failed for another reason than memory: {reason}."
+            )
         return (
             f"Even a per-replica batch of 1 does not fit in {limit} ({reason}). Use a "
             "smaller model, mixed precision, or more memory."

@@ -27,7 +27,96 @@ import sys
 import threading
 from pathlib import Path
 
+from keras_dp_tools.records.contract import TRIAL_PROCESS_ENV
+
 _PREFIX = "KDT-CHILD "
+# make_dataset's first parameter, per spelling (docs/tuning.md: the contract).
+BATCH_PARAMETERS = ("global_batch", "batch_size", "batch")
+NOT_UNDER_MAIN = (
+    "is your training under `if __name__ == '__main__':`? (the trial imports your "
+    "script, which runs everything at its top level)"
+)
+
+
+class ContractError(TypeError, ValueError):
+    """The user's functions do not follow the tuning contract (docs/tuning.md). A
+    ValueError too, so that ``keras-dp`` prints it as a message, not a traceback."""
+
+
+def refuse_inside_a_trial(what: str) -> None:
+    """Raises ContractError when called inside a trial process: the user's script, which
+    the trial imports, starts the tuning at import (and would start trials of its own)."""
+    if os.environ.get(TRIAL_PROCESS_ENV):
+        raise ContractError(
+            f"{what} was called inside one of its own trial processes, which import your "
+            "script: put this call, and any training, under "
+            "`if __name__ == '__main__':`."
+        )
+
+
+def dataset_spelling(make_dataset) -> str:
+    """``"global_batch"`` for ``make_dataset(global_batch)`` (the contract), or
+    ``"strategy"`` for ``make_dataset(strategy)`` / ``make_dataset()`` (accepted: they
+    choose their batches), read off the first parameter's name."""
+    try:
+        parameters = list(inspect.signature(make_dataset).parameters.values())
+    except (TypeError, ValueError):
+        parameters = None
+    positional = [
+        p.name for p in parameters or () if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+    ]
+    if parameters is not None and not positional:
+        return "strategy"
+    if positional and positional[0] in BATCH_PARAMETERS:
+        return "global_batch"
+    if positional and positional[0] == "strategy":
+        return "strategy"
+    received = "(unreadable signature)" if parameters is None else f"({', '.join(positional)})"
+    raise ContractError(
+        "make_dataset must be make_dataset(global_batch), returning a tf.data.Dataset of "
+        "batches of global_batch examples (or make_dataset(strategy) / make_dataset(), "
+        f"returning global batches it chooses); received make_dataset{received}. Name "
+        "its first parameter global_batch (or strategy): see docs/tuning.md."
+    )
+
+
+NEEDS_A_BATCH = (
+    "make_dataset(global_batch) needs a batch size: pass per_replica_batch= to "
+    "tune_allreduce (the global batch is per_replica_batch x replicas)."
+)
+
+
+def check_dataset_contract(make_dataset, batch_known: bool = True) -> None:
+    """The contract's error before any trial starts, for a function object (a string
+    reference is loaded, and checked, in the trial)."""
+    if isinstance(make_dataset, str) or not callable(make_dataset):
+        return
+    if dataset_spelling(make_dataset) == "global_batch" and not batch_known:
+        raise ContractError(NEEDS_A_BATCH)
+
+
+def trial_dataset(make_dataset, strategy, global_batch: int | None = None):
+    """The dataset of a trial, by the one contract: ``make_dataset(global_batch)`` when
+    a batch is asked for (``find_per_replica_batch``, ``tune_allreduce`` with
+    ``per_replica_batch``); ``make_dataset(strategy)`` is accepted, and re-batched to
+    ``global_batch`` when one is asked for."""
+    spelling = dataset_spelling(make_dataset)
+    if spelling == "global_batch" and global_batch is None:
+        raise ContractError(NEEDS_A_BATCH)
+    import tensorflow as tf
+
+    if spelling == "global_batch":
+        dataset = make_dataset(global_batch)
+    else:
+        dataset = call_flexibly(make_dataset, strategy)
+    if not isinstance(dataset, tf.data.Dataset):
+        raise ContractError(
+            f"make_dataset must return a tf.data.Dataset of global batches, returned "
+            f"{type(dataset).__name__}."
+        )
+    if spelling == "strategy" and global_batch is not None:
+        dataset = dataset.unbatch().batch(global_batch, drop_remainder=True)
+    return dataset
 
 
 def function_reference(function) -> str:
@@ -96,7 +185,12 @@ def call_flexibly(function, *arguments):
 
 
 class ChildFailed(RuntimeError):
-    """The child exited, or reported an error, before answering."""
+    """The child exited, or reported an error, before answering; ``contract`` is True
+    when the error is the user's functions breaking the contract (not worth retrying)."""
+
+    def __init__(self, message: str, contract: bool = False):
+        super().__init__(message)
+        self.contract = contract
 
 
 class Child:
@@ -116,7 +210,7 @@ class Child:
             stdout=subprocess.PIPE,
             stderr=self._log,
             text=True,
-            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", **(env or {})},
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TRIAL_PROCESS_ENV: "1", **(env or {})},
         )
         self._answers: queue.Queue = queue.Queue()
         threading.Thread(target=self._read, daemon=True).start()
@@ -134,10 +228,9 @@ class Child:
         except queue.Empty:
             raise ChildFailed(f"no answer within {timeout:.0f} s") from None
         if answer is None:
-            code = self.process.wait()
-            raise ChildFailed(f"the process exited with status {code}: {self.log_tail()}")
+            raise ChildFailed(self.exit_reason(self.process.wait()))
         if answer.get("error"):
-            raise ChildFailed(answer["error"])
+            raise ChildFailed(answer["error"], contract=bool(answer.get("contract")))
         return answer
 
     def request(self, command: dict, timeout: float | None = None) -> dict:
@@ -145,9 +238,24 @@ class Child:
             self.process.stdin.write(json.dumps(command) + "\n")
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
-            code = self.process.wait()
-            raise ChildFailed(f"the process exited with status {code}: {self.log_tail()}") from None
+            raise ChildFailed(self.exit_reason(self.process.wait())) from None
         return self.wait(timeout)
+
+    def exit_reason(self, code: int) -> str:
+        """Why the child exited without answering: the last Python traceback's error
+        and where it was raised, else that it exited without a result (TensorFlow's
+        last log line says nothing about that)."""
+        self._log.flush()
+        text = self.log_path.read_text(encoding="utf-8", errors="replace")
+        where = f"status {code}; its output: {self.log_path}"
+        _, found, traceback_text = text.rpartition("Traceback (most recent call last):")
+        if found:
+            lines = [line.strip() for line in traceback_text.splitlines() if line.strip()]
+            places = [line for line in lines if line.startswith('File "')]
+            error = next((line for line in reversed(lines) if not line.startswith("^")), "")
+            place = f" ({places[-1]})" if places else ""
+            return f"the process raised {error}{place} ({where})"
+        return f"the process exited without a result ({where}): {NOT_UNDER_MAIN}"
 
     def log_tail(self, lines: int = 5) -> str:
         self._log.flush()
@@ -185,5 +293,6 @@ def serve(handle_spec, handle_command=None):
         import traceback
 
         traceback.print_exc()
-        answer({"error": f"{type(error).__name__}: {error}"})
+        contract = isinstance(error, ContractError)
+        answer({"error": f"{type(error).__name__}: {error}", "contract": contract})
         sys.exit(1)
