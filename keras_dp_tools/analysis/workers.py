@@ -166,7 +166,7 @@ def cross_worker_sync(steps: pd.DataFrame) -> pd.DataFrame:
     if steps["worker"].nunique() < 2:  # no run has two workers: skip the grouping
         return pd.DataFrame(columns=SYNC_COLUMNS)
     frames = []
-    for run, group in steps.groupby("run", sort=False):
+    for run, group in _clock_input(steps).groupby("run", sort=False):
         if group["worker"].nunique() < 2:
             continue
         frames.append(_run_sync(run, group))
@@ -217,7 +217,47 @@ def _usable(steps: pd.DataFrame) -> pd.DataFrame:
     if "redone" in steps:
         keep &= ~steps["redone"].astype(bool)
     steps = steps[keep & steps["time"].notna() & steps["step_ms"].notna()]
+    if _strictly_by_worker_and_step(steps):  # no duplicates to drop (sorted steps)
+        return steps
     return steps.drop_duplicates(["worker", "step"], keep="last")
+
+
+def _strictly_by_worker_and_step(steps: pd.DataFrame) -> bool:
+    """Whether the rows are sorted by worker and step with no (worker, step) twice,
+    checked on integer keys (False where they are not integers or are empty)."""
+    keys = [steps[name] for name in ("worker", "step")]
+    if not all(key.dtype.kind in "iu" for key in keys):
+        return False
+    worker, step = (key.to_numpy() for key in keys)
+    later = (worker[1:] > worker[:-1]) | (worker[1:] == worker[:-1]) & (step[1:] > step[:-1])
+    return bool(later.all())
+
+
+class _ByStep:
+    """Columns of one run's usable steps (unique per worker and step) as tables by step
+    (rows, ascending) and worker (columns, ascending): what ``DataFrame.pivot`` gives,
+    from one factorization of the keys instead of an unstack per column (seconds at
+    millions of steps)."""
+
+    def __init__(self, steps: pd.DataFrame):
+        self.steps = steps
+        step_codes, self.step_index = pd.factorize(steps["step"], sort=True)
+        worker_codes, self.worker_index = pd.factorize(steps["worker"], sort=True)
+        self.usable = (step_codes >= 0) & (worker_codes >= 0)
+        self.cells = (step_codes[self.usable], worker_codes[self.usable])
+
+    def table(self, column: str) -> pd.DataFrame:
+        """``steps.pivot(index="step", columns="worker", values=column)`` as float64."""
+        values = np.full((len(self.step_index), len(self.worker_index)), np.nan)
+        values[self.cells] = self.steps[column].to_numpy(dtype="float64", na_value=np.nan)[
+            self.usable
+        ]
+        return pd.DataFrame(
+            values,
+            index=pd.Index(self.step_index, name="step"),
+            columns=pd.Index(self.worker_index, name="worker"),
+            copy=False,
+        )
 
 
 def _on_worker_clocks(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -225,10 +265,13 @@ def _on_worker_clocks(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, 
     (columns): when each worker entered the train call and left it, in ms on its own
     clock, and how far each worker's step end is from the first worker's (``skew``: its
     median over steps is the worker's clock offset)."""
-    start = steps.pivot(index="step", columns="worker", values="time") * 1e3  # ms
-    duration = steps.pivot(index="step", columns="worker", values="step_ms") * steps.pivot(
-        index="step", columns="worker", values="steps"
-    ).astype("float64")
+    return _clocks(_ByStep(steps))
+
+
+def _clocks(by_step: _ByStep) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``_on_worker_clocks`` of the steps' tables."""
+    start = by_step.table("time") * 1e3  # ms
+    duration = by_step.table("step_ms") * by_step.table("steps")
     start = start.dropna()  # steps every worker recorded
     end = start + duration.reindex_like(start)
     skew = end.sub(end.iloc[:, 0], axis=0) if len(end.columns) else end
@@ -243,11 +286,20 @@ def _run_sync(run: str, steps: pd.DataFrame) -> pd.DataFrame:
     last_entry = aligned.max(axis=1)
     wait = aligned.rsub(last_entry, axis=0)
     last_worker = aligned.idxmax(axis=1)
-    rows = wait.stack().rename("worker_wait_ms").reset_index()
+    # wait.stack() by step, then worker, built from the arrays (a stack and a map per
+    # column of millions of rows took seconds).
+    workers = len(wait.columns)
+    rows = pd.DataFrame(
+        {
+            "step": np.repeat(wait.index.to_numpy(), workers),
+            "worker": np.tile(wait.columns.to_numpy(), len(wait)),
+            "worker_wait_ms": wait.to_numpy(dtype="float64").ravel(),
+        }
+    )
     rows["run"] = run
-    rows["last_worker"] = rows["step"].map(last_worker).astype("int64")
-    rows["clock_offset_ms"] = rows["worker"].map(offset)
-    rows["clock_residual_ms"] = rows["worker"].map(residual)
+    rows["last_worker"] = np.repeat(last_worker.to_numpy(dtype="int64"), workers)
+    rows["clock_offset_ms"] = np.tile(offset.to_numpy(dtype="float64"), len(wait))
+    rows["clock_residual_ms"] = np.tile(residual.to_numpy(dtype="float64"), len(wait))
     return rows
 
 
@@ -294,7 +346,7 @@ def job_step_times(steps: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=JOB_STEP_COLUMNS)
     frames = [
         _run_job_steps(run, group)
-        for run, group in steps.groupby("run", sort=False)
+        for run, group in _clock_input(steps).groupby("run", sort=False)
         if group["worker"].nunique() >= 2
     ]
     frames = [frame for frame in frames if not frame.empty]
@@ -305,20 +357,20 @@ def job_step_times(steps: pd.DataFrame) -> pd.DataFrame:
 
 def _run_job_steps(run: str, steps: pd.DataFrame) -> pd.DataFrame:
     usable = _usable(steps)
-    _, end, skew = _on_worker_clocks(usable)
+    tables = _ByStep(usable)
+    _, end, skew = _clocks(tables)
     if end.shape[1] < 2 or len(end) < 2:  # no two steps every worker recorded
         return pd.DataFrame(columns=JOB_STEP_COLUMNS)
     shared_end = end.sub(skew.median(), axis=1).median(axis=1)  # ms, on worker 0's clock
 
     def by_step(column: str) -> pd.DataFrame:
-        table = usable.pivot(index="step", columns="worker", values=column)
-        return table.reindex(index=end.index, columns=end.columns)
+        return tables.table(column).reindex(index=end.index, columns=end.columns)
 
     calls = by_step("steps").astype("float64")
     step = pd.Series(end.index.to_numpy(dtype="float64"), index=end.index)
     # Every worker's previous call ran the steps just before this one...
     follows = calls.shift(1).add(step.shift(1), axis=0).eq(step, axis=0).all(axis=1)
-    follows &= calls.nunique(axis=1).eq(1)
+    follows &= _one_value(calls)
     # ... in the same epoch and process (NaN compares unequal: left out).
     for name in ("epoch", "attempt"):
         if name in usable:
@@ -332,6 +384,26 @@ def _run_job_steps(run: str, steps: pd.DataFrame) -> pd.DataFrame:
             "job_step_ms": job_step_ms.to_numpy(dtype="float64"),
         }
     )
+
+
+def _one_value(table: pd.DataFrame) -> pd.Series:
+    """Per row: whether its non-empty values are one value (``nunique(axis=1) == 1``,
+    without a Python call per row)."""
+    values = table.to_numpy(dtype="float64")
+    present = ~np.isnan(values)
+    low = np.where(present, values, np.inf).min(axis=1, initial=np.inf)
+    high = np.where(present, values, -np.inf).max(axis=1, initial=-np.inf)
+    return pd.Series(present.any(axis=1) & (low == high), index=table.index)
+
+
+def _clock_input(steps: pd.DataFrame) -> pd.DataFrame:
+    """The columns of the steps that the clock alignment reads: grouping and filtering
+    the wide ``Report.steps`` copied ~50 columns of every row."""
+    return steps[[name for name in _CLOCK_COLUMNS if name in steps]]
+
+
+_CLOCK_COLUMNS = ["run", "worker", "epoch", "step", "steps", "time", "step_ms", "warmup"]
+_CLOCK_COLUMNS += ["attempt", "redone"]
 
 
 def with_job_step_ms(steps: pd.DataFrame) -> pd.DataFrame:
