@@ -7,6 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from keras_dp_tools.analysis.advice import AdvisorFrames, advise
+from keras_dp_tools.analysis.frames import BREAKDOWN_COLUMNS, steps_of
 from keras_dp_tools.analysis.workers import measured_step_times, multi_worker_runs
 from keras_dp_tools.common.findings import Finding
 from keras_dp_tools.records import columns as schema
@@ -20,19 +21,23 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     ``measured_steps``) are ``analysis.workers.measured_step_times``: in a multi-worker
     run the job's step time, each step once; ``step_time_from`` names the column of
     ``Report.steps`` they come from (``job_step_ms`` or ``step_ms``)."""
-    runs, steps = frames.runs, frames.steps
+    runs, parts = frames.runs, steps_of(frames)
+    steps = parts.all
     if steps.empty:
         return pd.DataFrame(columns=["start", "workers", "replicas", "steps"])
     multi_worker = multi_worker_runs(steps)
     measured = measured_step_times(steps)
-    # A restart ran redone steps again: count them once. The breakdown columns the
-    # summary does not read stay behind: the rows are copied once, not every column.
-    counted = ~steps["warmup"].fillna(False).astype(bool) & ~steps["redone"].astype(bool)
-    unread = set(schema.BREAKDOWN_FIELDS) - {*schema.HEADLINE_COLUMNS, *schema.STEP_COLUMNS[:4]}
-    steps = steps.loc[counted, [name for name in steps.columns if name not in unread]]
+    # A restart ran redone steps again: count them once. The summary reads the
+    # breakdown on the rows that have one (parts.profiled), the rest on every step.
+    own = [name for name in steps.columns if name not in BREAKDOWN_COLUMNS]
+    steps = steps.loc[_counted(steps), own]
+    profiled = parts.profiled
+    profiled = profiled[_counted(profiled)]
     grouped = steps.groupby("run", sort=False)
     timed = measured.groupby("run", sort=False)
-    analysed = steps[steps["trace_step_ms"].notna()]
+    analysed = profiled[profiled["trace_step_ms"].notna()]
+    breakdown = profiled.groupby("run", sort=False)
+    runs_index = grouped.size().index
 
     def count(frame):  # every worker records every step: count one worker's
         per_worker = frame["steps"].fillna(1).groupby([frame["run"], frame["worker"]]).sum()
@@ -43,7 +48,12 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
 
     summary = pd.DataFrame(
         {
-            "workers": grouped["worker"].nunique(),
+            # nunique of the workers of each run's distinct (run, worker) rows: a
+            # grouped nunique over every step sorted them all.
+            "workers": steps.drop_duplicates(["run", "worker"])
+            .groupby("run", sort=False)["worker"]
+            .nunique()
+            .reindex(runs_index),
             "replicas": grouped["replicas"].first(),
             "global_batch": grouped["global_batch"].first(),
             "steps": count(steps),
@@ -53,7 +63,10 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
             "p90_step_ms": timed["step_ms"].quantile(0.9),
             "examples_per_s": timed["examples_per_s"].median(),
             "step_time_from": step_time_from,
-            **{name: grouped[name].median() for name in schema.HEADLINE_COLUMNS},
+            **{
+                name: breakdown[name].median().reindex(runs_index)
+                for name in schema.HEADLINE_COLUMNS
+            },
             "gpu_util": grouped["gpu_util_mean"].mean(),
         }
     )
@@ -65,6 +78,11 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
             "; ".join(item.title for item in advise(by_run.for_run(run))) for run in summary.index
         ]
     return summary.sort_values("start")
+
+
+def _counted(steps: pd.DataFrame) -> pd.Series:
+    """The steps that count: not warm-up, not redone (a restart ran them again)."""
+    return ~steps["warmup"].fillna(False).astype(bool) & ~steps["redone"].astype(bool)
 
 
 def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -98,6 +116,6 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
 def run_advice(frames) -> list[Finding]:
     """The advisor's findings, worst first, with the scaling finding where the runs
     differ in replica count (``Report.advice``)."""
-    several = frames.steps["replicas"].nunique() > 1
+    several = steps_of(frames).all["replicas"].nunique() > 1
     scaling = scaling_table(run_summary(frames, advice=False)) if several else None
     return advise(frames, scaling=scaling)
