@@ -15,7 +15,6 @@ from dataclasses import dataclass, fields, replace
 import pandas as pd
 
 from keras_dp_tools.analysis.frames import StepParts, step_parts, steps_of
-from keras_dp_tools.analysis.workers import measured_step_times
 from keras_dp_tools.common.findings import Advice, Finding
 from keras_dp_tools.common.severity import Severity
 
@@ -332,7 +331,7 @@ def _steps(report) -> list[Finding]:
     # A multi-worker run's steps at the job's pace: its workers' own times inside the
     # train call differ (short on the worker the others wait for), a mix that varies.
     steps = _all_steps(report)
-    times = measured_step_times(steps)["step_ms"]
+    times = step_parts(report.steps).measured()["step_ms"]
     if len(times) < 10:
         return []
     median, p90 = times.median(), times.quantile(0.9)
@@ -428,16 +427,18 @@ def _workers(report) -> list[Finding]:
 
     if "median_worker_wait_ms" not in report.workers:
         return []
+    parts = step_parts(report.steps)
     # The straggler's profiled input and compute: on the rows with a breakdown.
-    found = straggler(report.workers, step_parts(report.steps).profiled)
+    found = straggler(report.workers, parts.profiled)
     if found is None:
         return []
-    steps = _all_steps(report)
-    steps = steps[~steps["warmup"].astype("boolean").fillna(False)]
+    steps = parts.all
     # Over the job's step time (each step once), profiled steps too: a short run may
-    # have few undisturbed ones.
-    share = found["others_wait_ms"] / measured_step_times(steps, disturbed=True)["step_ms"].median()
-    timed = steps.dropna(subset=["worker_wait_ms"])["step"].nunique()
+    # have few undisturbed ones. (Of every step: measured_step_times leaves warm-up out,
+    # and the straggler's run has two workers with steps after it either way.)
+    share = found["others_wait_ms"] / parts.measured(disturbed=True)["step_ms"].median()
+    after_warmup = ~steps["warmup"].astype("boolean").fillna(False)
+    timed = steps.loc[after_warmup & steps["worker_wait_ms"].notna(), "step"].nunique()
     # The wait must stand out of the clocks' disagreement, over enough steps.
     clear = found["others_wait_ms"] > 3 * found["clock_residual_ms"]
     if not (share >= WORKER_WAIT_SHARE and clear and timed >= WORKER_MIN_STEPS):

@@ -328,6 +328,7 @@ class StepParts:
     def __init__(self, all: pd.DataFrame, rows: np.ndarray, breakdown: pd.DataFrame | None):
         self.all, self.rows, self.breakdown = all, rows, breakdown
         self._profiled: pd.DataFrame | None = None
+        self._measured: dict[bool, pd.DataFrame] = {}
 
     @classmethod
     def of_frame(cls, steps: pd.DataFrame) -> StepParts:
@@ -355,6 +356,14 @@ class StepParts:
                 mine = pd.concat([mine, breakdown], axis=1)[self._order()]
             self._profiled = mine
         return self._profiled
+
+    def measured(self, disturbed: bool = False) -> pd.DataFrame:
+        """``workers.measured_step_times`` of every step, computed once (the summary
+        and each advice read it)."""
+        if disturbed not in self._measured:
+            measured = worker_analysis.measured_step_times(self.all, disturbed=disturbed)
+            self._measured[disturbed] = measured
+        return self._measured[disturbed].copy(deep=False)
 
     def wide(self) -> pd.DataFrame:
         """``Report.steps``: every step with every column (the breakdown's empty on the

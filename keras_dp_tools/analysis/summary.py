@@ -8,7 +8,7 @@ import pandas as pd
 
 from keras_dp_tools.analysis.advice import AdvisorFrames, advise
 from keras_dp_tools.analysis.frames import BREAKDOWN_COLUMNS, steps_of
-from keras_dp_tools.analysis.workers import measured_step_times, multi_worker_runs
+from keras_dp_tools.analysis.workers import multi_worker_runs
 from keras_dp_tools.common.findings import Finding
 from keras_dp_tools.records import columns as schema
 
@@ -26,7 +26,7 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     if steps.empty:
         return pd.DataFrame(columns=["start", "workers", "replicas", "steps"])
     multi_worker = multi_worker_runs(steps)
-    measured = measured_step_times(steps)
+    measured = parts.measured()
     # A restart ran redone steps again: count them once. The summary reads the
     # breakdown on the rows that have one (parts.profiled), the rest on every step.
     own = [name for name in steps.columns if name not in BREAKDOWN_COLUMNS]

@@ -244,14 +244,16 @@ class _ByStep:
         step_codes, self.step_index = pd.factorize(steps["step"], sort=True)
         worker_codes, self.worker_index = pd.factorize(steps["worker"], sort=True)
         self.usable = (step_codes >= 0) & (worker_codes >= 0)
-        self.cells = (step_codes[self.usable], worker_codes[self.usable])
+        self.everywhere = bool(self.usable.all())
+        # Each row's cell in the flat table (a 1-D put is several times a 2-D one's speed).
+        self.cells = (step_codes * len(self.worker_index) + worker_codes)[self.usable]
 
     def table(self, column: str) -> pd.DataFrame:
         """``steps.pivot(index="step", columns="worker", values=column)`` as float64."""
-        values = np.full((len(self.step_index), len(self.worker_index)), np.nan)
-        values[self.cells] = self.steps[column].to_numpy(dtype="float64", na_value=np.nan)[
-            self.usable
-        ]
+        values = np.full(len(self.step_index) * len(self.worker_index), np.nan)
+        given = self.steps[column].to_numpy(dtype="float64", na_value=np.nan)
+        values[self.cells] = given if self.everywhere else given[self.usable]
+        values = values.reshape(len(self.step_index), len(self.worker_index))
         return pd.DataFrame(
             values,
             index=pd.Index(self.step_index, name="step"),
@@ -423,9 +425,14 @@ def with_job_step_ms(steps: pd.DataFrame) -> pd.DataFrame:
 def multi_worker_runs(steps: pd.DataFrame) -> pd.Index:
     """The runs of ``Report.steps`` with timed step records (``step_ms``, StepTimer's)
     of two workers or more."""
-    timed = steps[steps["step_ms"].notna()]
+    timed = steps.loc[steps["step_ms"].notna(), ["run", "worker"]].drop_duplicates()
     workers = timed.groupby("run", sort=False)["worker"].nunique()
     return workers.index[workers >= 2]
+
+
+# What measured_step_times reads of the steps.
+_MEASURED_INPUT = [*MEASURED_STEP_COLUMNS, "worker", "profiled", "job_step_ms", "global_batch"]
+_MEASURED_INPUT += ["warmup", "redone"]
 
 
 def measured_step_times(steps: pd.DataFrame, disturbed: bool = False) -> pd.DataFrame:
@@ -461,9 +468,11 @@ def measured_step_times(steps: pd.DataFrame, disturbed: bool = False) -> pd.Data
     ```
     """
     runs = multi_worker_runs(steps)
-    steps = steps[~_warmup(steps)]
+    steps = steps[[name for name in _MEASURED_INPUT if name in steps]]  # not every column
+    keep = ~_warmup(steps)
     if "redone" in steps:
-        steps = steps[~steps["redone"].astype(bool)]
+        keep &= ~steps["redone"].astype(bool)
+    steps = steps[keep]
     multi = steps["run"].isin(runs)
     single = steps[~multi]
     if not disturbed:
