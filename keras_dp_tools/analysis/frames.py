@@ -16,12 +16,13 @@ from functools import partial
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from keras_dp_tools.analysis import workers as worker_analysis
 from keras_dp_tools.analysis.utilization import step_gpu_utilization
 from keras_dp_tools.records import columns as schema
 from keras_dp_tools.records.fields import SCALING_FIELDS
-from keras_dp_tools.records.reader import read_records_by_type
+from keras_dp_tools.records.reader import read_record_tables, record_frame
 
 # The last scaling plan a run recorded (kdt.plan_scaling / BatchScalingCheck(plan=...)).
 PLAN_COLUMNS = [name for name in SCALING_FIELDS if name.startswith("plan_")]
@@ -128,16 +129,32 @@ def records_by_type(files: Iterable[tuple[str | os.PathLike, int]]) -> dict[str,
     run), one frame per record type, each row but the steps' with the ``source`` file
     it came from (no frame shows a step's source; 64 workers x 100,000 steps would
     hold 6.4 million copies of it)."""
-    by_type: dict[str, list[pd.DataFrame]] = {}
+    by_type: dict[str, list[tuple[str, pa.Table]]] = {}
     for path, start in files:
-        for record_type, frame in read_records_by_type(path, start).items():
-            if record_type != "step":
-                frame = frame.assign(source=str(path))
-            by_type.setdefault(record_type, []).append(frame)
+        for record_type, table in read_record_tables(path, start).items():
+            by_type.setdefault(record_type, []).append((str(path), table))
+    # Each type's tables are let go once converted (the steps' are most of the memory).
     return {
-        record_type: pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        for record_type, frames in by_type.items()
+        record_type: _records_frame(record_type, by_type.pop(record_type))
+        for record_type in list(by_type)
     }
+
+
+def _records_frame(record_type: str, parts: list[tuple[str, pa.Table]]) -> pd.DataFrame:
+    """One record type's tables of several files as one frame."""
+    tables = [table for _, table in parts]
+    if record_type == "step" and all(table.schema == tables[0].schema for table in tables):
+        # One conversion of the tables joined in Arrow (no copy there): converting each
+        # and concatenating the frames held every step twice.
+        joined = pa.concat_tables(tables)
+        parts.clear()
+        del tables
+        return record_frame(joined)
+    frames = []
+    for path, table in parts:
+        frame = record_frame(table)
+        frames.append(frame if record_type == "step" else frame.assign(source=path))
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
 def report_frames(records: Mapping[str, pd.DataFrame]) -> dict:

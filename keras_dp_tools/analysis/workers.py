@@ -166,7 +166,7 @@ def cross_worker_sync(steps: pd.DataFrame) -> pd.DataFrame:
     if steps["worker"].nunique() < 2:  # no run has two workers: skip the grouping
         return pd.DataFrame(columns=SYNC_COLUMNS)
     frames = []
-    for run, group in _clock_input(steps).groupby("run", sort=False):
+    for run, group in _by_run(_clock_input(steps)):
         if group["worker"].nunique() < 2:
             continue
         frames.append(_run_sync(run, group))
@@ -212,23 +212,35 @@ def _warmup(steps: pd.DataFrame) -> pd.Series:
     return steps["warmup"].astype("boolean").fillna(False).astype(bool)
 
 
-def _usable(steps: pd.DataFrame) -> pd.DataFrame:
+def _by_run(steps: pd.DataFrame):
+    """``steps.groupby("run", sort=False)``'s groups; the frame itself where it holds
+    one run (a group is a copy: of millions of rows)."""
+    runs = steps["run"]
+    if len(runs) and runs.notna().all() and (runs == runs.iloc[0]).all():
+        yield runs.iloc[0], steps
+        return
+    yield from steps.groupby("run", sort=False)
+
+
+def _usable(steps: pd.DataFrame) -> _ByStep:
+    """The tables of one run's steps that the clocks read: not warm-up, not redone,
+    timed, once per worker and step (the last record)."""
     keep = ~_warmup(steps)
     if "redone" in steps:
         keep &= ~steps["redone"].astype(bool)
-    steps = steps[keep & steps["time"].notna() & steps["step_ms"].notna()]
-    if _strictly_by_worker_and_step(steps):  # no duplicates to drop (sorted steps)
-        return steps
-    return steps.drop_duplicates(["worker", "step"], keep="last")
+    keep = (keep & steps["time"].notna() & steps["step_ms"].notna()).to_numpy()
+    if _strictly_by_worker_and_step(steps, keep):  # no duplicates to drop (sorted steps)
+        return _ByStep(steps, keep)  # the rows kept, without copying every column
+    return _ByStep(steps[keep].drop_duplicates(["worker", "step"], keep="last"))
 
 
-def _strictly_by_worker_and_step(steps: pd.DataFrame) -> bool:
-    """Whether the rows are sorted by worker and step with no (worker, step) twice,
+def _strictly_by_worker_and_step(steps: pd.DataFrame, rows: np.ndarray) -> bool:
+    """Whether the ``rows`` are sorted by worker and step with no (worker, step) twice,
     checked on integer keys (False where they are not integers or are empty)."""
     keys = [steps[name] for name in ("worker", "step")]
     if not all(key.dtype.kind in "iu" for key in keys):
         return False
-    worker, step = (key.to_numpy() for key in keys)
+    worker, step = (key.to_numpy()[rows] for key in keys)
     later = (worker[1:] > worker[:-1]) | (worker[1:] == worker[:-1]) & (step[1:] > step[:-1])
     return bool(later.all())
 
@@ -239,19 +251,29 @@ class _ByStep:
     from one factorization of the keys instead of an unstack per column (seconds at
     millions of steps)."""
 
-    def __init__(self, steps: pd.DataFrame):
-        self.steps = steps
-        step_codes, self.step_index = pd.factorize(steps["step"], sort=True)
-        worker_codes, self.worker_index = pd.factorize(steps["worker"], sort=True)
+    def __init__(self, steps: pd.DataFrame, rows: np.ndarray | None = None):
+        self.steps, self.rows = steps, rows  # rows: a mask of the rows to read (None: all)
+        step, worker = (self._column(name) for name in ("step", "worker"))
+        step_codes, self.step_index = pd.factorize(step, sort=True)
+        worker_codes, self.worker_index = pd.factorize(worker, sort=True)
         self.usable = (step_codes >= 0) & (worker_codes >= 0)
         self.everywhere = bool(self.usable.all())
         # Each row's cell in the flat table (a 1-D put is several times a 2-D one's speed).
         self.cells = (step_codes * len(self.worker_index) + worker_codes)[self.usable]
 
+    def __contains__(self, column: str) -> bool:
+        return column in self.steps
+
+    def _column(self, name: str) -> pd.Series:
+        column = self.steps[name]
+        return column if self.rows is None else column[self.rows]
+
     def table(self, column: str) -> pd.DataFrame:
         """``steps.pivot(index="step", columns="worker", values=column)`` as float64."""
         values = np.full(len(self.step_index) * len(self.worker_index), np.nan)
         given = self.steps[column].to_numpy(dtype="float64", na_value=np.nan)
+        if self.rows is not None:
+            given = given[self.rows]
         values[self.cells] = given if self.everywhere else given[self.usable]
         values = values.reshape(len(self.step_index), len(self.worker_index))
         return pd.DataFrame(
@@ -263,11 +285,11 @@ class _ByStep:
 
 
 def _on_worker_clocks(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Of one run's usable steps that every worker recorded, by step (rows) and worker
+    """Of one run's usable steps (``_usable``) that every worker recorded, by step (rows) and worker
     (columns): when each worker entered the train call and left it, in ms on its own
     clock, and how far each worker's step end is from the first worker's (``skew``: its
     median over steps is the worker's clock offset)."""
-    return _clocks(_ByStep(steps))
+    return _clocks(_usable(steps))
 
 
 def _clocks(by_step: _ByStep) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
@@ -281,7 +303,7 @@ def _clocks(by_step: _ByStep) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]
 
 
 def _run_sync(run: str, steps: pd.DataFrame) -> pd.DataFrame:
-    start, _, skew = _on_worker_clocks(_usable(steps))
+    start, _, skew = _on_worker_clocks(steps)
     offset = skew.median()
     residual = skew.sub(offset, axis=1).abs().median()  # per worker, ms
     aligned = start - offset
@@ -348,7 +370,7 @@ def job_step_times(steps: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=JOB_STEP_COLUMNS)
     frames = [
         _run_job_steps(run, group)
-        for run, group in _clock_input(steps).groupby("run", sort=False)
+        for run, group in _by_run(_clock_input(steps))
         if group["worker"].nunique() >= 2
     ]
     frames = [frame for frame in frames if not frame.empty]
@@ -358,8 +380,7 @@ def job_step_times(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def _run_job_steps(run: str, steps: pd.DataFrame) -> pd.DataFrame:
-    usable = _usable(steps)
-    tables = _ByStep(usable)
+    tables = _usable(steps)
     _, end, skew = _clocks(tables)
     if end.shape[1] < 2 or len(end) < 2:  # no two steps every worker recorded
         return pd.DataFrame(columns=JOB_STEP_COLUMNS)
@@ -375,7 +396,7 @@ def _run_job_steps(run: str, steps: pd.DataFrame) -> pd.DataFrame:
     follows &= _one_value(calls)
     # ... in the same epoch and process (NaN compares unequal: left out).
     for name in ("epoch", "attempt"):
-        if name in usable:
+        if name in tables:
             within = by_step(name)
             follows &= within.eq(within.shift(1)).all(axis=1)
     job_step_ms = (shared_end.diff() / calls.iloc[:, 0]).where(follows).dropna()
@@ -415,11 +436,34 @@ def with_job_step_ms(steps: pd.DataFrame) -> pd.DataFrame:
     steps = steps.drop(columns="job_step_ms", errors="ignore")
     if job.empty:
         return steps.assign(job_step_ms=float("nan"))
-    job = job.astype({"step": steps["step"].dtype})
-    steps = steps.merge(job, on=["run", "step"], how="left")
+    found = _job_step_at(steps, job)
+    if found is None:
+        job = job.astype({"step": steps["step"].dtype})
+        steps = steps.merge(job, on=["run", "step"], how="left")
+    else:  # the merge's result, without hashing and copying every step
+        steps = steps.reset_index(drop=True).assign(job_step_ms=found)
     if "redone" in steps:  # the step's time is the attempt's that ran it last
         steps["job_step_ms"] = steps["job_step_ms"].where(~steps["redone"].astype(bool))
     return steps
+
+
+def _job_step_at(steps: pd.DataFrame, job: pd.DataFrame) -> np.ndarray | None:
+    """Each step's ``job_step_ms`` (NaN: none), found by run and step as a left merge
+    would; None where the steps are not integers."""
+    if steps["step"].dtype.kind not in "iu":
+        return None
+    step = steps["step"].to_numpy()
+    found = np.full(len(steps), np.nan)
+    for run, rows in job.groupby("run", sort=False):  # one row per step of each run
+        mine = (steps["run"] == run).to_numpy(dtype=bool, na_value=False)
+        order = np.argsort(rows["step"].to_numpy(dtype="int64"), kind="stable")
+        keys = rows["step"].to_numpy(dtype="int64")[order]
+        values = rows["job_step_ms"].to_numpy(dtype="float64")[order]
+        if not len(keys):
+            continue
+        at = np.minimum(np.searchsorted(keys, step[mine]), len(keys) - 1)
+        found[mine] = np.where(keys[at] == step[mine], values[at], np.nan)
+    return found
 
 
 def multi_worker_runs(steps: pd.DataFrame) -> pd.Index:
