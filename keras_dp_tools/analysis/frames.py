@@ -299,14 +299,20 @@ def timed_steps(
     else:  # outer: a run profiled without StepTimer still lists its steps
         # Only the step records of a profiled step number take part in the merge.
         candidate = steps["step"].isin(breakdown["step"]).to_numpy()
-        merged = steps[candidate].merge(breakdown, on=keys, how="outer")
+        rows = np.flatnonzero(candidate)
+        merged = steps.iloc[rows].assign(_row=rows).merge(breakdown, on=keys, how="outer")
         merged["time"] = merged["time"].fillna(merged.pop("breakdown_time"))
         merged["steps"] = merged["steps"].fillna(merged.pop("trace_steps"))
         merged["_breakdown"] = np.arange(len(merged))
+        at = merged.pop("_row")
         breakdown = merged.drop(columns=[c for c in own if c not in keys])
         merged = merged[[*own, "_breakdown"]]
-        rest = steps[~candidate].assign(_breakdown=-1)
-        steps = pd.concat([rest, merged], ignore_index=True) if len(rest) else merged
+        in_place = _merged_in_place(steps, merged, at)
+        if in_place is not None:
+            steps = in_place
+        else:
+            rest = steps[~candidate].assign(_breakdown=-1)
+            steps = pd.concat([rest, merged], ignore_index=True) if len(rest) else merged
     if not _in_step_order(steps):  # one worker writes its steps in order
         order = _step_order(steps)
         steps = steps.sort_values(keys, kind="stable") if order is None else steps.take(order)
@@ -428,6 +434,33 @@ def steps_of(frames) -> StepParts:
     of anything with a ``steps`` frame or parts (``AdvisorFrames``)."""
     parts = getattr(frames, "step_parts", None)
     return parts if parts is not None else step_parts(frames.steps)
+
+
+def _merged_in_place(
+    steps: pd.DataFrame, merged: pd.DataFrame, at: pd.Series
+) -> pd.DataFrame | None:
+    """The steps with the merge's rows written back where they came from (``at``):
+    sorted by run, worker and step (stable), what the concatenation of the other steps
+    and the merged rows gives, where every merged row came from a step (none only from
+    a breakdown), no run, worker and step is there twice among them (the other steps
+    have other step numbers: no ties with them), and the merge kept the columns'
+    types. Else None. (The concatenation copied every step.)"""
+    if at.isna().any() or len(merged) != len(at.unique()):
+        return None
+    if any(merged[name].dtype != steps[name].dtype for name in steps.columns):
+        return None
+    keys = merged[["run", "worker", "step"]]
+    if keys.isna().to_numpy().any() or keys.duplicated().any():
+        return None
+    rows = at.to_numpy(dtype="int64")
+    breakdown_rows = np.full(len(steps), -1)
+    breakdown_rows[rows] = merged["_breakdown"].to_numpy()
+    filled = {}
+    for name in ("time", "steps"):  # what the merge filled in from the breakdown
+        column = steps[name].copy()
+        column.iloc[rows] = merged[name].to_numpy()
+        filled[name] = column
+    return steps.assign(**filled, _breakdown=breakdown_rows)
 
 
 def with_breakdown(steps: pd.DataFrame, breakdown: pd.DataFrame, sync: pd.DataFrame) -> StepParts:
