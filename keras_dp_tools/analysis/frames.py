@@ -351,7 +351,7 @@ class StepParts:
     def __init__(self, all: pd.DataFrame, rows: np.ndarray, breakdown: pd.DataFrame | None):
         self.all, self.rows, self.breakdown = all, rows, breakdown
         self._profiled: pd.DataFrame | None = None
-        self._measured: dict[bool, pd.DataFrame] = {}
+        self._measured_rows: tuple | None = None
 
     @classmethod
     def of_frame(cls, steps: pd.DataFrame) -> StepParts:
@@ -381,12 +381,11 @@ class StepParts:
         return self._profiled
 
     def measured(self, disturbed: bool = False) -> pd.DataFrame:
-        """``workers.measured_step_times`` of every step, computed once (the summary
-        and each advice read it)."""
-        if disturbed not in self._measured:
-            measured = worker_analysis.measured_step_times(self.all, disturbed=disturbed)
-            self._measured[disturbed] = measured
-        return self._measured[disturbed].copy(deep=False)
+        """``workers.measured_step_times`` of every step; the steps it groups are
+        grouped once (the summary and each advice read it)."""
+        if self._measured_rows is None:
+            self._measured_rows = worker_analysis._measured_step_rows(self.all)
+        return worker_analysis._measured_step_times(self._measured_rows, disturbed)
 
     def wide(self) -> pd.DataFrame:
         """``Report.steps``: every step with every column (the breakdown's empty on the

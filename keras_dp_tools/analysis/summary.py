@@ -8,7 +8,7 @@ import pandas as pd
 
 from keras_dp_tools.analysis.advice import AdvisorFrames, advise
 from keras_dp_tools.analysis.frames import BREAKDOWN_COLUMNS, steps_of
-from keras_dp_tools.analysis.workers import multi_worker_runs
+from keras_dp_tools.analysis.workers import multi_worker_runs, workers_per_run
 from keras_dp_tools.common.findings import Finding
 from keras_dp_tools.records import columns as schema
 
@@ -48,12 +48,7 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
 
     summary = pd.DataFrame(
         {
-            # nunique of the workers of each run's distinct (run, worker) rows: a
-            # grouped nunique over every step sorted them all.
-            "workers": steps.drop_duplicates(["run", "worker"])
-            .groupby("run", sort=False)["worker"]
-            .nunique()
-            .reindex(runs_index),
+            "workers": workers_per_run(steps).reindex(runs_index),
             "replicas": grouped["replicas"].first(),
             "global_batch": grouped["global_batch"].first(),
             "steps": count(steps),

@@ -466,11 +466,21 @@ def _job_step_at(steps: pd.DataFrame, job: pd.DataFrame) -> np.ndarray | None:
     return found
 
 
+def workers_per_run(steps: pd.DataFrame) -> pd.Series:
+    """How many workers each run of the steps has (``nunique``), by run in the order
+    they first appear."""
+    runs = steps["run"]
+    if len(runs) and runs.notna().all() and (runs == runs.iloc[0]).all():  # one run
+        return pd.Series([steps["worker"].nunique()], index=pd.Index([runs.iloc[0]], name="run"))
+    # The distinct run and worker pairs first: a grouped nunique sorted every step.
+    pairs = steps[["run", "worker"]].drop_duplicates()
+    return pairs.groupby("run", sort=False)["worker"].nunique()
+
+
 def multi_worker_runs(steps: pd.DataFrame) -> pd.Index:
     """The runs of ``Report.steps`` with timed step records (``step_ms``, StepTimer's)
     of two workers or more."""
-    timed = steps.loc[steps["step_ms"].notna(), ["run", "worker"]].drop_duplicates()
-    workers = timed.groupby("run", sort=False)["worker"].nunique()
+    workers = workers_per_run(steps[steps["step_ms"].notna()])
     return workers.index[workers >= 2]
 
 
@@ -511,6 +521,13 @@ def measured_step_times(steps: pd.DataFrame, disturbed: bool = False) -> pd.Data
     print(measured_step_times(report.steps).groupby("run")["step_ms"].median())
     ```
     """
+    return _measured_step_times(_measured_step_rows(steps), disturbed)
+
+
+def _measured_step_rows(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """What ``measured_step_times`` reads, before it leaves out the steps a profiler
+    disturbed (or not): the single-worker runs' step records, and the multi-worker
+    runs' steps (None: there are none)."""
     runs = multi_worker_runs(steps)
     steps = steps[[name for name in _MEASURED_INPUT if name in steps]]  # not every column
     keep = ~_warmup(steps)
@@ -519,19 +536,29 @@ def measured_step_times(steps: pd.DataFrame, disturbed: bool = False) -> pd.Data
     steps = steps[keep]
     multi = steps["run"].isin(runs)
     single = steps[~multi]
+    if not multi.any():
+        return single, None
+    rows = steps[multi]
+    if "job_step_ms" not in rows:  # frames made without with_job_step_ms
+        rows = rows.assign(job_step_ms=float("nan"))
+    by_step = rows.groupby(["run", "step"]).agg(
+        steps=("steps", "first"),
+        job_step_ms=("job_step_ms", "first"),
+        global_batch=("global_batch", "first"),
+        profiled=("profiled", "any"),
+    )
+    return single, by_step
+
+
+def _measured_step_times(
+    rows: tuple[pd.DataFrame, pd.DataFrame | None], disturbed: bool
+) -> pd.DataFrame:
+    """``measured_step_times`` of its ``_measured_step_rows``."""
+    single, by_step = rows
     if not disturbed:
         single = single[~single["profiled"].astype(bool)]
     parts = [single.assign(steps=single["steps"].fillna(1))[MEASURED_STEP_COLUMNS]]
-    if multi.any():
-        rows = steps[multi]
-        if "job_step_ms" not in rows:  # frames made without with_job_step_ms
-            rows = rows.assign(job_step_ms=float("nan"))
-        by_step = rows.groupby(["run", "step"]).agg(
-            steps=("steps", "first"),
-            job_step_ms=("job_step_ms", "first"),
-            global_batch=("global_batch", "first"),
-            profiled=("profiled", "any"),
-        )
+    if by_step is not None:
         if not disturbed:
             before = by_step["profiled"].groupby(level="run").shift(1, fill_value=False)
             by_step = by_step[~(by_step["profiled"] | before.astype(bool))]
@@ -570,15 +597,9 @@ def worker_view(
     covered = steps[["run", "worker", "attempt", "step", "time"]].assign(
         last=steps["step"] + steps["steps"].fillna(1) - 1
     )
-    by_attempt = covered.groupby(["run", "worker", "attempt"])
-    recorded = by_attempt.agg(
-        first_step=("step", "min"),
-        last_step=("last", "max"),
-        step_records=("step", "size"),
-        last_step_time=("time", "max"),
-    )
+    recorded, group = _by_attempt(covered)
     # The grouping's codes follow recorded's rows (computed once for both).
-    recorded["median_host_gap_ms"] = _host_gaps(steps, by_attempt.ngroup().to_numpy(), recorded)
+    recorded["median_host_gap_ms"] = _host_gaps(steps, group, recorded)
     view = starts.set_index(["run", "worker", "attempt"]).join(recorded, how="outer")
     view = view.reset_index()
     view["ended"] = _endings(view, fit_ends)
@@ -626,14 +647,77 @@ def _endings(view: pd.DataFrame, fit_ends: pd.DataFrame) -> list:
     return endings
 
 
+def _by_attempt(covered: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """Per run, worker and attempt (sorted): the first and last step covered, the step
+    records and the last one's time; and each row's group there. Sorted steps are
+    reduced in their blocks (a grouping of millions of steps on three keys took
+    seconds); others grouped."""
+    keys = ["run", "worker", "attempt"]
+    blocks = _sorted_blocks(covered, keys)
+    if blocks is None:
+        by_attempt = covered.groupby(keys)
+        recorded = by_attempt.agg(
+            first_step=("step", "min"),
+            last_step=("last", "max"),
+            step_records=("step", "size"),
+            last_step_time=("time", "max"),
+        )
+        return recorded, by_attempt.ngroup().to_numpy()
+    starts, group = blocks
+    first = covered.iloc[starts]
+    index = pd.MultiIndex.from_arrays([first[name] for name in keys], names=keys)
+
+    def reduced(name, ufunc):  # fmin, fmax: NaN left out, as the grouping does
+        column = covered[name]
+        values = ufunc.reduceat(column.to_numpy(dtype="float64", na_value=np.nan), starts)
+        return values.astype(column.dtype) if column.dtype.kind in "iu" else values
+
+    recorded = pd.DataFrame(
+        {
+            "first_step": reduced("step", np.fmin),
+            "last_step": reduced("last", np.fmax),
+            "step_records": np.diff(np.append(starts, len(covered))),
+            "last_step_time": reduced("time", np.fmax),
+        },
+        index=index,
+    )
+    return recorded, group
+
+
+def _sorted_blocks(frame: pd.DataFrame, keys: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where the rows are sorted by ``keys`` (the run first, then integer keys) with
+    no key empty: the first row of each block of equal keys, and each row's block;
+    else None."""
+    if frame.empty or frame[keys].isna().to_numpy().any():
+        return None
+    run, _ = pd.factorize(frame[keys[0]], sort=True)
+    others = [frame[name] for name in keys[1:]]
+    if not all(column.dtype.kind in "iu" for column in others):
+        return None
+    columns = [run, *(column.to_numpy() for column in others)]
+    later = np.zeros(len(frame) - 1, dtype=bool)  # the row after is in a later block
+    same = np.ones(len(frame) - 1, dtype=bool)
+    for values in columns:
+        if (same & (values[1:] < values[:-1])).any():
+            return None  # not sorted
+        later |= same & (values[1:] > values[:-1])
+        same &= values[1:] == values[:-1]
+    starts = np.flatnonzero(np.append(True, later))
+    group = np.cumsum(np.append(True, later)) - 1
+    return starts, group
+
+
 def _host_gaps(steps: pd.DataFrame, group: np.ndarray, recorded: pd.DataFrame) -> np.ndarray:
     """Per attempt (row of ``recorded``; ``group`` numbers each step's row there): the
     median time between one train call's return and the next call (callbacks,
     Python-side work of the training loop) in ms, NaN with fewer than two timed steps."""
     timed = (~_warmup(steps) & steps["time"].notna() & steps["step_ms"].notna()).to_numpy()
     step = steps["step"].to_numpy(dtype="float64", na_value=np.nan)[timed]
-    order = np.lexsort((step, group[timed]))  # by attempt, then step
-    group, step = group[timed][order], step[order]
+    group = group[timed]
+    ordered = (group[1:] > group[:-1]) | (group[1:] == group[:-1]) & (step[1:] >= step[:-1])
+    # By attempt, then step: sorted steps are in that order already (no sort of millions).
+    order = np.arange(len(step)) if ordered.all() else np.lexsort((step, group))
+    group, step = group[order], step[order]
     same = group[1:] == group[:-1]
     if (same & (step[1:] == step[:-1])).any():  # which of two equal steps is first is moot
         rows = recorded.index.to_frame(index=False).itertuples()
