@@ -8,7 +8,11 @@ import pandas as pd
 
 from keras_dp_tools.analysis.advice import AdvisorFrames, advise
 from keras_dp_tools.analysis.frames import BREAKDOWN_COLUMNS, steps_of
-from keras_dp_tools.analysis.workers import multi_worker_runs, workers_per_run
+from keras_dp_tools.analysis.workers import (
+    multi_worker_runs,
+    steps_per_worker,
+    workers_per_run,
+)
 from keras_dp_tools.common.findings import Finding
 from keras_dp_tools.records import columns as schema
 
@@ -40,7 +44,7 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     runs_index = grouped.size().index
 
     def count(frame):  # every worker records every step: count one worker's
-        per_worker = frame["steps"].fillna(1).groupby([frame["run"], frame["worker"]]).sum()
+        per_worker = steps_per_worker(frame)
         return per_worker.groupby("run").max().reindex(grouped.size().index, fill_value=0)
 
     step_time_from = pd.Series("step_ms", index=grouped.size().index)
