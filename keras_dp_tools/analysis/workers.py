@@ -260,8 +260,9 @@ class _ByStep:
         worker_codes, self.worker_index = pd.factorize(worker, sort=True)
         self.usable = (step_codes >= 0) & (worker_codes >= 0)
         self.everywhere = bool(self.usable.all())
-        # Each row's cell in the flat table (a 1-D put is several times a 2-D one's speed).
-        self.cells = (step_codes * len(self.worker_index) + worker_codes)[self.usable]
+        # Each row's cell in the flat table, by worker then step: a 1-D put, in order
+        # for sorted steps, is several times a 2-D one's speed.
+        self.cells = (worker_codes * len(self.step_index) + step_codes)[self.usable]
 
     def __contains__(self, column: str) -> bool:
         return column in self.steps
@@ -277,7 +278,8 @@ class _ByStep:
         if self.rows is not None:
             given = given[self.rows]
         values[self.cells] = given if self.everywhere else given[self.usable]
-        values = values.reshape(len(self.step_index), len(self.worker_index))
+        # A frame keeps a 2-D block by column: the worker-major array is that block.
+        values = values.reshape(len(self.worker_index), len(self.step_index)).T
         return pd.DataFrame(
             values,
             index=pd.Index(self.step_index, name="step"),
