@@ -7,7 +7,7 @@ from __future__ import annotations
 import pandas as pd
 
 from keras_dp_tools.analysis.advice import AdvisorFrames, advise
-from keras_dp_tools.analysis.frames import BREAKDOWN_COLUMNS, steps_of
+from keras_dp_tools.analysis.frames import steps_of
 from keras_dp_tools.analysis.workers import (
     multi_worker_runs,
     steps_per_worker,
@@ -33,8 +33,8 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     measured = parts.measured()
     # A restart ran redone steps again: count them once. The summary reads the
     # breakdown on the rows that have one (parts.profiled), the rest on every step.
-    own = [name for name in steps.columns if name not in BREAKDOWN_COLUMNS]
-    steps = steps.loc[_counted(steps), own]
+    # Of every step, the columns read below only: the rows are copied.
+    steps = steps.loc[_counted(steps), [name for name in _STEP_INPUT if name in steps]]
     profiled = parts.profiled
     profiled = profiled[_counted(profiled)]
     grouped = steps.groupby("run", sort=False)
@@ -77,6 +77,10 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
             "; ".join(item.title for item in advise(by_run.for_run(run))) for run in summary.index
         ]
     return summary.sort_values("start")
+
+
+# What the summary reads of every (counted) step; the breakdown it reads of the profiled.
+_STEP_INPUT = ["run", "worker", "replicas", "global_batch", "steps", "gpu_util_mean"]
 
 
 def _counted(steps: pd.DataFrame) -> pd.Series:
