@@ -472,7 +472,8 @@ def with_breakdown(steps: pd.DataFrame, breakdown: pd.DataFrame, sync: pd.DataFr
     steps = steps.drop(columns="_breakdown")
     later = [name for name in steps.columns if name not in TIMED_STEP_COLUMNS]
     order = [*TIMED_STEP_COLUMNS, *BREAKDOWN_COLUMNS, *later]
-    at_sync = None if sync.empty else _positions(steps, sync, ["run", "worker", "step"])
+    # By run, step and worker: the order cross_worker_sync gives its rows (no sort).
+    at_sync = None if sync.empty else _positions(steps, sync, ["run", "step", "worker"])
 
     def plain() -> pd.DataFrame:  # every column of every step, then the wait
         wide = steps.reindex(columns=order)
@@ -562,7 +563,10 @@ def _positions(left: pd.DataFrame, right: pd.DataFrame, keys: list[str]) -> np.n
             return None
         packed_left = packed_left * size + values
         packed_right = packed_right * size + other_values
-    order = np.argsort(packed_right, kind="stable")
+    if (packed_right[1:] >= packed_right[:-1]).all():  # in order already
+        order = np.arange(len(packed_right))
+    else:
+        order = np.argsort(packed_right, kind="stable")
     ranked = packed_right[order]
     if (ranked[1:] == ranked[:-1]).any():
         return None
