@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 
 import pandas as pd
 
-from keras_dp_tools.analysis.workers import measured_step_times
+from keras_dp_tools.analysis.frames import StepParts, step_parts, steps_of
 from keras_dp_tools.common.findings import Advice, Finding
 from keras_dp_tools.common.severity import Severity
 
@@ -36,10 +36,11 @@ _TABLE_SIZE = re.compile(r"\((\d+)x(\d+)\)")
 @dataclass(frozen=True)
 class AdvisorFrames:
     """The frames the advisor reads, as ``Report`` names them (``Report.runs``,
-    ``.steps``, ``.gpu``, ``.cpu``, ``.batching``, ``.workers``)."""
+    ``.steps``, ``.gpu``, ``.cpu``, ``.batching``, ``.workers``); ``steps`` may be
+    given in parts (``analysis.frames.StepParts``, what ``of`` takes of a ``Report``)."""
 
     runs: pd.DataFrame
-    steps: pd.DataFrame
+    steps: pd.DataFrame | StepParts
     gpu: pd.DataFrame
     cpu: pd.DataFrame
     batching: pd.DataFrame
@@ -61,7 +62,12 @@ class AdvisorFrames:
     def for_run(self, run: str) -> AdvisorFrames:
         """The rows of one run id."""
         return AdvisorFrames(
-            **{name: _rows_of_run(frame, run) for name, frame in _frames_of(self).items()}
+            **{
+                name: frame.for_run(run)
+                if isinstance(frame, StepParts)
+                else _rows_of_run(frame, run)
+                for name, frame in _frames_of(self).items()
+            }
         )
 
 
@@ -75,12 +81,18 @@ def _rows_of_run(frame: pd.DataFrame, run: str) -> pd.DataFrame:
 _NAMES = [field.name for field in fields(AdvisorFrames)]
 
 
-def _frames_of(source) -> dict[str, pd.DataFrame]:
-    return {name: getattr(source, name) for name in _NAMES}
+def _frames_of(source) -> dict:
+    # A Report's steps in parts: its wide steps frame is not built.
+    return {name: steps_of(source) if name == "steps" else getattr(source, name) for name in _NAMES}
+
+
+def _all_steps(report) -> pd.DataFrame:
+    """Every step, with the columns of its own at least."""
+    return step_parts(report.steps).all
 
 
 def _profiled(report) -> pd.DataFrame:
-    steps = report.steps
+    steps = step_parts(report.steps).profiled
     return steps[steps["trace_step_ms"].notna()] if "trace_step_ms" in steps else steps.iloc[:0]
 
 
@@ -256,7 +268,8 @@ def _input(profiled: pd.DataFrame) -> list[Finding]:
 
 def _gpu(report) -> list[Finding]:
     advice = []
-    utilization = report.steps["gpu_util_mean"].mean() if "gpu_util_mean" in report.steps else None
+    steps = _all_steps(report)
+    utilization = steps["gpu_util_mean"].mean() if "gpu_util_mean" in steps else None
     if utilization is not None and pd.notna(utilization) and utilization < GPU_UTIL_LOW:
         advice.append(
             Advice(
@@ -317,13 +330,14 @@ def _batching(report) -> list[Finding]:
 def _steps(report) -> list[Finding]:
     # A multi-worker run's steps at the job's pace: its workers' own times inside the
     # train call differ (short on the worker the others wait for), a mix that varies.
-    times = measured_step_times(report.steps)["step_ms"]
+    steps = _all_steps(report)
+    times = step_parts(report.steps).measured()["step_ms"]
     if len(times) < 10:
         return []
     median, p90 = times.median(), times.quantile(0.9)
     if not p90 > JITTER_RATIO * median:
         return []
-    whose = "job " if report.steps["worker"].nunique() > 1 else ""
+    whose = "job " if steps["worker"].nunique() > 1 else ""
     return [
         Advice(
             "info",
@@ -413,14 +427,18 @@ def _workers(report) -> list[Finding]:
 
     if "median_worker_wait_ms" not in report.workers:
         return []
-    found = straggler(report.workers, report.steps)
+    parts = step_parts(report.steps)
+    # The straggler's profiled input and compute: on the rows with a breakdown.
+    found = straggler(report.workers, parts.profiled)
     if found is None:
         return []
-    steps = report.steps[~report.steps["warmup"].astype("boolean").fillna(False)]
+    steps = parts.all
     # Over the job's step time (each step once), profiled steps too: a short run may
-    # have few undisturbed ones.
-    share = found["others_wait_ms"] / measured_step_times(steps, disturbed=True)["step_ms"].median()
-    timed = steps.dropna(subset=["worker_wait_ms"])["step"].nunique()
+    # have few undisturbed ones. (Of every step: measured_step_times leaves warm-up out,
+    # and the straggler's run has two workers with steps after it either way.)
+    share = found["others_wait_ms"] / parts.measured(disturbed=True)["step_ms"].median()
+    after_warmup = ~steps["warmup"].astype("boolean").fillna(False)
+    timed = steps.loc[after_warmup & steps["worker_wait_ms"].notna(), "step"].nunique()
     # The wait must stand out of the clocks' disagreement, over enough steps.
     clear = found["others_wait_ms"] > 3 * found["clock_residual_ms"]
     if not (share >= WORKER_WAIT_SHARE and clear and timed >= WORKER_MIN_STEPS):

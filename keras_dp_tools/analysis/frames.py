@@ -16,12 +16,13 @@ from functools import partial
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from keras_dp_tools.analysis import workers as worker_analysis
 from keras_dp_tools.analysis.utilization import step_gpu_utilization
 from keras_dp_tools.records import columns as schema
 from keras_dp_tools.records.fields import SCALING_FIELDS
-from keras_dp_tools.records.reader import read_records_by_type
+from keras_dp_tools.records.reader import read_record_tables, record_frame
 
 # The last scaling plan a run recorded (kdt.plan_scaling / BatchScalingCheck(plan=...)).
 PLAN_COLUMNS = [name for name in SCALING_FIELDS if name.startswith("plan_")]
@@ -129,16 +130,32 @@ def records_by_type(files: Iterable[tuple[str | os.PathLike, int]]) -> dict[str,
     run), one frame per record type, each row but the steps' with the ``source`` file
     it came from (no frame shows a step's source; 64 workers x 100,000 steps would
     hold 6.4 million copies of it)."""
-    by_type: dict[str, list[pd.DataFrame]] = {}
+    by_type: dict[str, list[tuple[str, pa.Table]]] = {}
     for path, start in files:
-        for record_type, frame in read_records_by_type(path, start).items():
-            if record_type != "step":
-                frame = frame.assign(source=str(path))
-            by_type.setdefault(record_type, []).append(frame)
+        for record_type, table in read_record_tables(path, start).items():
+            by_type.setdefault(record_type, []).append((str(path), table))
+    # Each type's tables are let go once converted (the steps' are most of the memory).
     return {
-        record_type: pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
-        for record_type, frames in by_type.items()
+        record_type: _records_frame(record_type, by_type.pop(record_type))
+        for record_type in list(by_type)
     }
+
+
+def _records_frame(record_type: str, parts: list[tuple[str, pa.Table]]) -> pd.DataFrame:
+    """One record type's tables of several files as one frame."""
+    tables = [table for _, table in parts]
+    if record_type == "step" and all(table.schema == tables[0].schema for table in tables):
+        # One conversion of the tables joined in Arrow (no copy there): converting each
+        # and concatenating the frames held every step twice.
+        joined = pa.concat_tables(tables)
+        parts.clear()
+        del tables
+        return record_frame(joined)
+    frames = []
+    for path, table in parts:
+        frame = record_frame(table)
+        frames.append(frame if record_type == "step" else frame.assign(source=path))
+    return pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0]
 
 
 def report_frames(records: Mapping[str, pd.DataFrame]) -> dict:
@@ -167,7 +184,7 @@ def _report_frames(records: dict[str, pd.DataFrame]) -> dict:
     steps = worker_analysis.assign_attempts(steps, starts)
     sync = worker_analysis.cross_worker_sync(steps)
     steps = with_breakdown(steps, breakdown, sync)
-    steps = worker_analysis.with_job_step_ms(steps)
+    steps = steps.with_all(worker_analysis.with_job_step_ms(steps.all))
     fit_ends = of_type(records, "fit_end", ["run", "worker", "time", "step", "status"])
     exits = of_type(records, "worker_exit", ["run", "worker", "time", "exit_code", "reason"])
     return {
@@ -182,13 +199,13 @@ def _report_frames(records: dict[str, pd.DataFrame]) -> dict:
         ).reset_index(drop=True),
         "workers": partial(
             worker_analysis.worker_view,
-            steps[_WORKER_VIEW_INPUT],  # its own view: later edits of .steps do not leak
+            steps.all[_WORKER_VIEW_INPUT],  # its own view: later edits of .steps do not leak
             starts,
             fit_ends,
             sync,
             exits,
         ),
-        "restarts": worker_analysis.restarts(steps, starts),
+        "restarts": worker_analysis.restarts(steps.all, starts),
     }
 
 
@@ -289,14 +306,20 @@ def timed_steps(
     else:  # outer: a run profiled without StepTimer still lists its steps
         # Only the step records of a profiled step number take part in the merge.
         candidate = steps["step"].isin(breakdown["step"]).to_numpy()
-        merged = steps[candidate].merge(breakdown, on=keys, how="outer")
+        rows = np.flatnonzero(candidate)
+        merged = steps.iloc[rows].assign(_row=rows).merge(breakdown, on=keys, how="outer")
         merged["time"] = merged["time"].fillna(merged.pop("breakdown_time"))
         merged["steps"] = merged["steps"].fillna(merged.pop("trace_steps"))
         merged["_breakdown"] = np.arange(len(merged))
+        at = merged.pop("_row")
         breakdown = merged.drop(columns=[c for c in own if c not in keys])
         merged = merged[[*own, "_breakdown"]]
-        rest = steps[~candidate].assign(_breakdown=-1)
-        steps = pd.concat([rest, merged], ignore_index=True) if len(rest) else merged
+        in_place = _merged_in_place(steps, merged, at)
+        if in_place is not None:
+            steps = in_place
+        else:
+            rest = steps[~candidate].assign(_breakdown=-1)
+            steps = pd.concat([rest, merged], ignore_index=True) if len(rest) else merged
     if not _in_step_order(steps):  # one worker writes its steps in order
         order = _step_order(steps)
         steps = steps.sort_values(keys, kind="stable") if order is None else steps.take(order)
@@ -308,25 +331,163 @@ def timed_steps(
     return steps[[*TIMED_STEP_COLUMNS, "_breakdown"]], breakdown
 
 
-def with_breakdown(
-    steps: pd.DataFrame, breakdown: pd.DataFrame, sync: pd.DataFrame
-) -> pd.DataFrame:
+class StepParts:
+    """``Report.steps`` in two parts, as the analysis reads it: ``all``, every step
+    with the columns of its own (all but ``BREAKDOWN_COLUMNS``), and ``profiled``, the
+    rows with a breakdown with every column. At 64 workers x 100,000 steps the wide
+    frame holds ~35 columns that are empty on all but a few hundred rows (2.5 GB);
+    ``wide()`` builds it when a user asks for ``Report.steps``.
+
+    Args:
+        all: every step, without the breakdown's columns (or the wide frame itself).
+        rows: the positions in ``all`` of the steps with a breakdown, ascending.
+        breakdown: the breakdown's columns of those rows (one row each, in order), or
+            None where ``all`` is the wide frame.
+
+    Example:
+
+    ```python
+    import keras_dp_tools as kdt
+    from keras_dp_tools.analysis.frames import step_parts
+
+    parts = step_parts(kdt.Report.load("runs/demo").steps)
+    print(len(parts.all), parts.profiled["comm_share"].median())
+    ```
+    """
+
+    def __init__(self, all: pd.DataFrame, rows: np.ndarray, breakdown: pd.DataFrame | None):
+        self.all, self.rows, self.breakdown = all, rows, breakdown
+        self._profiled: pd.DataFrame | None = None
+        self._measured_rows: tuple | None = None
+
+    @classmethod
+    def of_frame(cls, steps: pd.DataFrame) -> StepParts:
+        """The parts of a wide steps frame (a ``Report`` made with one, ``for_run``):
+        ``all`` is the frame itself."""
+        present = [name for name in BREAKDOWN_COLUMNS if name in steps]
+        rows = np.flatnonzero(steps[present].notna().to_numpy().any(axis=1))
+        return cls(steps, rows, None)
+
+    def with_all(self, all: pd.DataFrame) -> StepParts:
+        """These parts with ``all`` replaced by a frame of the same rows (columns added)."""
+        return StepParts(all, self.rows, self.breakdown)
+
+    @property
+    def profiled(self) -> pd.DataFrame:
+        """The rows with a breakdown, every column of ``Report.steps``."""
+        if self._profiled is None:
+            mine = self.all.iloc[self.rows].reset_index(drop=True)
+            if self.breakdown is not None:
+                breakdown = self.breakdown.reset_index(drop=True)
+                if len(self.rows) < len(self.all):  # typed as the wide frame's columns
+                    gap, one = np.array([-1]), pd.RangeIndex(1)
+                    filled = {name: _taken(breakdown[name], gap, one).dtype for name in breakdown}
+                    breakdown = breakdown.astype(filled)
+                mine = pd.concat([mine, breakdown], axis=1)[self._order()]
+            self._profiled = mine
+        return self._profiled
+
+    def measured(self, disturbed: bool = False) -> pd.DataFrame:
+        """``workers.measured_step_times`` of every step; the steps it groups are
+        grouped once (the summary and each advice read it)."""
+        if self._measured_rows is None:
+            self._measured_rows = worker_analysis._measured_step_rows(self.all)
+        return worker_analysis._measured_step_times(self._measured_rows, disturbed)
+
+    def wide(self) -> pd.DataFrame:
+        """``Report.steps``: every step with every column (the breakdown's empty on the
+        steps that have none)."""
+        if self.breakdown is None:
+            return self.all
+        position = np.full(len(self.all), -1)
+        position[self.rows] = np.arange(len(self.rows))
+        index = self.all.index
+        columns = {
+            name: _taken(self.breakdown[name], position, index)
+            if name in BREAKDOWN_COLUMNS
+            else self.all[name]
+            for name in self._order()
+        }
+        # copy=False: the columns are fresh or all's; stacking ~50 columns of millions
+        # of rows into one block took seconds.
+        return pd.DataFrame(columns, copy=False)
+
+    def for_run(self, run: str) -> StepParts:
+        """The steps of one run id (``all`` itself where it holds that run alone)."""
+        mine = (self.all["run"] == run).to_numpy()
+        if mine.all():
+            return self
+        kept = mine[self.rows]
+        breakdown = None if self.breakdown is None else self.breakdown[kept]
+        rows = np.cumsum(mine)[self.rows[kept]] - 1  # positions among the run's rows
+        return StepParts(self.all[mine].reset_index(drop=True), rows, breakdown)
+
+    def __len__(self) -> int:
+        return len(self.all)
+
+    def _order(self) -> list[str]:
+        later = [name for name in self.all.columns if name not in TIMED_STEP_COLUMNS]
+        return [*TIMED_STEP_COLUMNS, *BREAKDOWN_COLUMNS, *later]
+
+
+def step_parts(steps: pd.DataFrame | StepParts) -> StepParts:
+    """``steps`` (``Report.steps``, or its parts already) as ``StepParts``."""
+    return steps if isinstance(steps, StepParts) else StepParts.of_frame(steps)
+
+
+def steps_of(frames) -> StepParts:
+    """The steps of a ``Report`` (its ``step_parts``: the wide frame is not built) or
+    of anything with a ``steps`` frame or parts (``AdvisorFrames``)."""
+    parts = getattr(frames, "step_parts", None)
+    return parts if parts is not None else step_parts(frames.steps)
+
+
+def _merged_in_place(
+    steps: pd.DataFrame, merged: pd.DataFrame, at: pd.Series
+) -> pd.DataFrame | None:
+    """The steps with the merge's rows written back where they came from (``at``):
+    sorted by run, worker and step (stable), what the concatenation of the other steps
+    and the merged rows gives, where every merged row came from a step (none only from
+    a breakdown), no run, worker and step is there twice among them (the other steps
+    have other step numbers: no ties with them), and the merge kept the columns'
+    types. Else None. (The concatenation copied every step.)"""
+    if at.isna().any() or len(merged) != len(at.unique()):
+        return None
+    if any(merged[name].dtype != steps[name].dtype for name in steps.columns):
+        return None
+    keys = merged[["run", "worker", "step"]]
+    if keys.isna().to_numpy().any() or keys.duplicated().any():
+        return None
+    rows = at.to_numpy(dtype="int64")
+    breakdown_rows = np.full(len(steps), -1)
+    breakdown_rows[rows] = merged["_breakdown"].to_numpy()
+    filled = {}
+    for name in ("time", "steps"):  # what the merge filled in from the breakdown
+        column = steps[name].copy()
+        column.iloc[rows] = merged[name].to_numpy()
+        filled[name] = column
+    return steps.assign(**filled, _breakdown=breakdown_rows)
+
+
+def with_breakdown(steps: pd.DataFrame, breakdown: pd.DataFrame, sync: pd.DataFrame) -> StepParts:
     """``timed_steps``' steps with the breakdown's columns after their own (empty where
     a step has none) and each step's wait for other workers (``cross_worker_sync``):
     ``workers.with_worker_wait`` on the steps with a breakdown (where it also moves
-    that wait from ``transfer_ms`` to ``sync_wait_ms``), a join for the others."""
+    that wait from ``transfer_ms`` to ``sync_wait_ms``), a join for the others. In
+    parts (``StepParts``): the wide frame is built when it is asked for."""
     rows = steps["_breakdown"].to_numpy()
     steps = steps.drop(columns="_breakdown")
     later = [name for name in steps.columns if name not in TIMED_STEP_COLUMNS]
     order = [*TIMED_STEP_COLUMNS, *BREAKDOWN_COLUMNS, *later]
-    at_sync = None if sync.empty else _positions(steps, sync, ["run", "worker", "step"])
+    # By run, step and worker: the order cross_worker_sync gives its rows (no sort).
+    at_sync = None if sync.empty else _positions(steps, sync, ["run", "step", "worker"])
 
     def plain() -> pd.DataFrame:  # every column of every step, then the wait
         wide = steps.reindex(columns=order)
         if not breakdown.empty:
             for name in BREAKDOWN_COLUMNS:
                 wide[name] = _taken(breakdown[name], rows, wide.index)
-        return worker_analysis.with_worker_wait(wide, sync)
+        return StepParts.of_frame(worker_analysis.with_worker_wait(wide, sync))
 
     if breakdown.empty or (at_sync is None and not sync.empty):
         return plain()
@@ -340,21 +501,18 @@ def with_breakdown(
     )[order]
     near = sync if sync.empty else sync[sync["step"].isin(some["step"])]
     some = worker_analysis.with_worker_wait(some, near)
-    position = np.full(len(steps), -1)
-    position[profiled] = np.arange(len(profiled))
     columns = {name: steps[name] for name in TIMED_STEP_COLUMNS}
-    columns.update({name: _taken(some[name], position, steps.index) for name in BREAKDOWN_COLUMNS})
     columns.update({name: steps[name] for name in later})
-    # copy=False: the columns are fresh (or the narrow frame's, which is dropped), and
-    # stacking ~50 columns of millions of rows into one block took seconds.
     if sync.empty:  # the wait's columns, empty, as with_worker_wait gives them
-        return worker_analysis.with_worker_wait(pd.DataFrame(columns, copy=False), sync)
-    added = [name for name in some.columns if name not in order]
-    if set(added) - set(sync.columns):  # with_worker_wait adds more than the join has
-        return plain()
-    for name in added:  # typed as with_worker_wait types them
-        columns[name] = _taken(sync[name], at_sync, steps.index).astype(some[name].dtype)
-    return pd.DataFrame(columns, copy=False)
+        own = worker_analysis.with_worker_wait(pd.DataFrame(columns, copy=False), sync)
+    else:
+        added = [name for name in some.columns if name not in order]
+        if set(added) - set(sync.columns):  # with_worker_wait adds more than the join has
+            return plain()
+        for name in added:  # typed as with_worker_wait types them
+            columns[name] = _taken(sync[name], at_sync, steps.index).astype(some[name].dtype)
+        own = pd.DataFrame(columns, copy=False)
+    return StepParts(own, profiled, some[BREAKDOWN_COLUMNS])
 
 
 def _taken(column: pd.Series, positions: np.ndarray, index: pd.Index) -> pd.Series:
@@ -412,7 +570,10 @@ def _positions(left: pd.DataFrame, right: pd.DataFrame, keys: list[str]) -> np.n
             return None
         packed_left = packed_left * size + values
         packed_right = packed_right * size + other_values
-    order = np.argsort(packed_right, kind="stable")
+    if (packed_right[1:] >= packed_right[:-1]).all():  # in order already
+        order = np.arange(len(packed_right))
+    else:
+        order = np.argsort(packed_right, kind="stable")
     ranked = packed_right[order]
     if (ranked[1:] == ranked[:-1]).any():
         return None

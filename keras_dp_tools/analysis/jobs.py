@@ -190,16 +190,16 @@ def _latest_times(frame: pd.DataFrame, steps: bool) -> pd.Series:
     workers, worker_names = pd.factorize(frame["worker"])
     group = runs * len(worker_names) + workers
     groups = len(run_names) * len(worker_names)
-    if groups <= 64:  # a few runs and workers: a pass per group beats a groupby's sort
-        found = [(code, group == code) for code in range(groups)]
-        latest = pd.Series({code: np.fmax.reduce(times[row]) for code, row in found if row.any()})
-    else:
-        latest = pd.Series(times).groupby(group).max()
-    codes = latest.index.to_numpy(dtype="int64")
+    # One unbuffered pass (fmax: NaN left out, as a grouped max does), not a pass per
+    # group or a groupby's sort; the groups with records, by code.
+    keyed = group >= 0  # an empty run id or worker (code -1) is in no group
+    latest = np.full(groups, np.nan)
+    np.fmax.at(latest, group[keyed], times[keyed])
+    codes = np.flatnonzero(np.bincount(group[keyed], minlength=groups))
     index = pd.MultiIndex.from_arrays(
         [run_names.take(codes // len(worker_names)), worker_names.take(codes % len(worker_names))]
     )
-    return pd.Series(latest.to_numpy(dtype="float64"), index=index)
+    return pd.Series(latest[codes], index=index)
 
 
 def _per_run(spans: pd.DataFrame) -> dict[str, dict]:

@@ -7,7 +7,12 @@ from __future__ import annotations
 import pandas as pd
 
 from keras_dp_tools.analysis.advice import AdvisorFrames, advise
-from keras_dp_tools.analysis.workers import measured_step_times, multi_worker_runs
+from keras_dp_tools.analysis.frames import steps_of
+from keras_dp_tools.analysis.workers import (
+    multi_worker_runs,
+    steps_per_worker,
+    workers_per_run,
+)
 from keras_dp_tools.common.findings import Finding
 from keras_dp_tools.records import columns as schema
 
@@ -20,26 +25,29 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     ``measured_steps``) are ``analysis.workers.measured_step_times``: in a multi-worker
     run the job's step time, each step once; ``step_time_from`` names the column of
     ``Report.steps`` they come from (``job_step_ms`` or ``step_ms``)."""
-    runs, steps = frames.runs, frames.steps
+    runs, parts = frames.runs, steps_of(frames)
+    steps = parts.all
     if steps.empty:
         return pd.DataFrame(columns=["start", "workers", "replicas", "steps"])
     multi_worker = multi_worker_runs(steps)
-    measured = measured_step_times(steps)
-    # A restart ran redone steps again: count them once. The breakdown columns the
-    # summary does not read stay behind: the rows are copied once, not every column.
-    counted = ~steps["warmup"].fillna(False).astype(bool) & ~steps["redone"].astype(bool)
-    unread = set(schema.BREAKDOWN_FIELDS) - {*schema.HEADLINE_COLUMNS, *schema.STEP_COLUMNS[:4]}
-    steps = steps.loc[counted, [name for name in steps.columns if name not in unread]]
+    measured = parts.measured()
+    # A restart ran redone steps again: count them once. The summary reads the
+    # breakdown on the rows that have one (parts.profiled), the rest on every step.
+    # Of every step, the columns read below only: the rows are copied.
+    steps = steps.loc[_counted(steps), [name for name in _STEP_INPUT if name in steps]]
+    profiled = parts.profiled
+    profiled = profiled[_counted(profiled)]
     grouped = steps.groupby("run", sort=False)
     timed = measured.groupby("run", sort=False)
-    analysed = steps[steps["trace_step_ms"].notna()]
+    analysed = profiled[profiled["trace_step_ms"].notna()]
+    runs_index = grouped.size().index
 
     # Each profiled step once, however many workers profiled it: their rows' mean.
     per_step = analysed.groupby(["run", "step"], sort=False)[list(schema.HEADLINE_COLUMNS)].mean()
     breakdown = per_step.groupby(level="run", sort=False).median()
 
     def count(frame):  # every worker records every step: count one worker's
-        per_worker = frame["steps"].fillna(1).groupby([frame["run"], frame["worker"]]).sum()
+        per_worker = steps_per_worker(frame)
         return per_worker.groupby("run").max().reindex(grouped.size().index, fill_value=0)
 
     step_time_from = pd.Series("step_ms", index=grouped.size().index)
@@ -47,7 +55,7 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
 
     summary = pd.DataFrame(
         {
-            "workers": grouped["worker"].nunique(),
+            "workers": workers_per_run(steps).reindex(runs_index),
             "replicas": grouped["replicas"].first(),
             "global_batch": grouped["global_batch"].first(),
             "steps": count(steps),
@@ -57,7 +65,7 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
             "p90_step_ms": timed["step_ms"].quantile(0.9),
             "examples_per_s": timed["examples_per_s"].median(),
             "step_time_from": step_time_from,
-            **{name: breakdown[name] for name in schema.HEADLINE_COLUMNS},
+            **{name: breakdown[name].reindex(runs_index) for name in schema.HEADLINE_COLUMNS},
             "gpu_util": grouped["gpu_util_mean"].mean(),
         }
     )
@@ -69,6 +77,15 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
             "; ".join(item.title for item in advise(by_run.for_run(run))) for run in summary.index
         ]
     return summary.sort_values("start")
+
+
+# What the summary reads of every (counted) step; the breakdown it reads of the profiled.
+_STEP_INPUT = ["run", "worker", "replicas", "global_batch", "steps", "gpu_util_mean"]
+
+
+def _counted(steps: pd.DataFrame) -> pd.Series:
+    """The steps that count: not warm-up, not redone (a restart ran them again)."""
+    return ~steps["warmup"].fillna(False).astype(bool) & ~steps["redone"].astype(bool)
 
 
 def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
@@ -102,6 +119,6 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
 def run_advice(frames) -> list[Finding]:
     """The advisor's findings, worst first, with the scaling finding where the runs
     differ in replica count (``Report.advice``)."""
-    several = frames.steps["replicas"].nunique() > 1
+    several = steps_of(frames).all["replicas"].nunique() > 1
     scaling = scaling_table(run_summary(frames, advice=False)) if several else None
     return advise(frames, scaling=scaling)

@@ -22,6 +22,8 @@ run's statistics read.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pandas as pd
 
@@ -166,7 +168,7 @@ def cross_worker_sync(steps: pd.DataFrame) -> pd.DataFrame:
     if steps["worker"].nunique() < 2:  # no run has two workers: skip the grouping
         return pd.DataFrame(columns=SYNC_COLUMNS)
     frames = []
-    for run, group in steps.groupby("run", sort=False):
+    for run, group in _by_run(_clock_input(steps)):
         if group["worker"].nunique() < 2:
             continue
         frames.append(_run_sync(run, group))
@@ -212,23 +214,92 @@ def _warmup(steps: pd.DataFrame) -> pd.Series:
     return steps["warmup"].astype("boolean").fillna(False).astype(bool)
 
 
-def _usable(steps: pd.DataFrame) -> pd.DataFrame:
+def _by_run(steps: pd.DataFrame):
+    """``steps.groupby("run", sort=False)``'s groups; the frame itself where it holds
+    one run (a group is a copy: of millions of rows)."""
+    runs = steps["run"]
+    if len(runs) and runs.notna().all() and (runs == runs.iloc[0]).all():
+        yield runs.iloc[0], steps
+        return
+    yield from steps.groupby("run", sort=False)
+
+
+def _usable(steps: pd.DataFrame) -> _ByStep:
+    """The tables of one run's steps that the clocks read: not warm-up, not redone,
+    timed, once per worker and step (the last record)."""
     keep = ~_warmup(steps)
     if "redone" in steps:
         keep &= ~steps["redone"].astype(bool)
-    steps = steps[keep & steps["time"].notna() & steps["step_ms"].notna()]
-    return steps.drop_duplicates(["worker", "step"], keep="last")
+    keep = (keep & steps["time"].notna() & steps["step_ms"].notna()).to_numpy()
+    if _strictly_by_worker_and_step(steps, keep):  # no duplicates to drop (sorted steps)
+        return _ByStep(steps, keep)  # the rows kept, without copying every column
+    return _ByStep(steps[keep].drop_duplicates(["worker", "step"], keep="last"))
+
+
+def _strictly_by_worker_and_step(steps: pd.DataFrame, rows: np.ndarray) -> bool:
+    """Whether the ``rows`` are sorted by worker and step with no (worker, step) twice,
+    checked on integer keys (False where they are not integers or are empty)."""
+    keys = [steps[name] for name in ("worker", "step")]
+    if not all(key.dtype.kind in "iu" for key in keys):
+        return False
+    worker, step = (key.to_numpy()[rows] for key in keys)
+    later = (worker[1:] > worker[:-1]) | (worker[1:] == worker[:-1]) & (step[1:] > step[:-1])
+    return bool(later.all())
+
+
+class _ByStep:
+    """Columns of one run's usable steps (unique per worker and step) as tables by step
+    (rows, ascending) and worker (columns, ascending): what ``DataFrame.pivot`` gives,
+    from one factorization of the keys instead of an unstack per column (seconds at
+    millions of steps)."""
+
+    def __init__(self, steps: pd.DataFrame, rows: np.ndarray | None = None):
+        self.steps, self.rows = steps, rows  # rows: a mask of the rows to read (None: all)
+        step, worker = (self._column(name) for name in ("step", "worker"))
+        step_codes, self.step_index = pd.factorize(step, sort=True)
+        worker_codes, self.worker_index = pd.factorize(worker, sort=True)
+        self.usable = (step_codes >= 0) & (worker_codes >= 0)
+        self.everywhere = bool(self.usable.all())
+        # Each row's cell in the flat table, by worker then step: a 1-D put, in order
+        # for sorted steps, is several times a 2-D one's speed.
+        self.cells = (worker_codes * len(self.step_index) + step_codes)[self.usable]
+
+    def __contains__(self, column: str) -> bool:
+        return column in self.steps
+
+    def _column(self, name: str) -> pd.Series:
+        column = self.steps[name]
+        return column if self.rows is None else column[self.rows]
+
+    def table(self, column: str) -> pd.DataFrame:
+        """``steps.pivot(index="step", columns="worker", values=column)`` as float64."""
+        values = np.full(len(self.step_index) * len(self.worker_index), np.nan)
+        given = self.steps[column].to_numpy(dtype="float64", na_value=np.nan)
+        if self.rows is not None:
+            given = given[self.rows]
+        values[self.cells] = given if self.everywhere else given[self.usable]
+        # A frame keeps a 2-D block by column: the worker-major array is that block.
+        values = values.reshape(len(self.worker_index), len(self.step_index)).T
+        return pd.DataFrame(
+            values,
+            index=pd.Index(self.step_index, name="step"),
+            columns=pd.Index(self.worker_index, name="worker"),
+            copy=False,
+        )
 
 
 def _on_worker_clocks(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Of one run's usable steps that every worker recorded, by step (rows) and worker
+    """Of one run's usable steps (``_usable``) that every worker recorded, by step (rows) and worker
     (columns): when each worker entered the train call and left it, in ms on its own
     clock, and how far each worker's step end is from the first worker's (``skew``: its
     median over steps is the worker's clock offset)."""
-    start = steps.pivot(index="step", columns="worker", values="time") * 1e3  # ms
-    duration = steps.pivot(index="step", columns="worker", values="step_ms") * steps.pivot(
-        index="step", columns="worker", values="steps"
-    ).astype("float64")
+    return _clocks(_usable(steps))
+
+
+def _clocks(by_step: _ByStep) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """``_on_worker_clocks`` of the steps' tables."""
+    start = by_step.table("time") * 1e3  # ms
+    duration = by_step.table("step_ms") * by_step.table("steps")
     start = start.dropna()  # steps every worker recorded
     end = start + duration.reindex_like(start)
     skew = end.sub(end.iloc[:, 0], axis=0) if len(end.columns) else end
@@ -236,18 +307,27 @@ def _on_worker_clocks(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, 
 
 
 def _run_sync(run: str, steps: pd.DataFrame) -> pd.DataFrame:
-    start, _, skew = _on_worker_clocks(_usable(steps))
+    start, _, skew = _on_worker_clocks(steps)
     offset = skew.median()
     residual = skew.sub(offset, axis=1).abs().median()  # per worker, ms
     aligned = start - offset
     last_entry = aligned.max(axis=1)
     wait = aligned.rsub(last_entry, axis=0)
     last_worker = aligned.idxmax(axis=1)
-    rows = wait.stack().rename("worker_wait_ms").reset_index()
+    # wait.stack() by step, then worker, built from the arrays (a stack and a map per
+    # column of millions of rows took seconds).
+    workers = len(wait.columns)
+    rows = pd.DataFrame(
+        {
+            "step": np.repeat(wait.index.to_numpy(), workers),
+            "worker": np.tile(wait.columns.to_numpy(), len(wait)),
+            "worker_wait_ms": wait.to_numpy(dtype="float64").ravel(),
+        }
+    )
     rows["run"] = run
-    rows["last_worker"] = rows["step"].map(last_worker).astype("int64")
-    rows["clock_offset_ms"] = rows["worker"].map(offset)
-    rows["clock_residual_ms"] = rows["worker"].map(residual)
+    rows["last_worker"] = np.repeat(last_worker.to_numpy(dtype="int64"), workers)
+    rows["clock_offset_ms"] = np.tile(offset.to_numpy(dtype="float64"), len(wait))
+    rows["clock_residual_ms"] = np.tile(residual.to_numpy(dtype="float64"), len(wait))
     return rows
 
 
@@ -294,7 +374,7 @@ def job_step_times(steps: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=JOB_STEP_COLUMNS)
     frames = [
         _run_job_steps(run, group)
-        for run, group in steps.groupby("run", sort=False)
+        for run, group in _by_run(_clock_input(steps))
         if group["worker"].nunique() >= 2
     ]
     frames = [frame for frame in frames if not frame.empty]
@@ -304,24 +384,23 @@ def job_step_times(steps: pd.DataFrame) -> pd.DataFrame:
 
 
 def _run_job_steps(run: str, steps: pd.DataFrame) -> pd.DataFrame:
-    usable = _usable(steps)
-    _, end, skew = _on_worker_clocks(usable)
+    tables = _usable(steps)
+    _, end, skew = _clocks(tables)
     if end.shape[1] < 2 or len(end) < 2:  # no two steps every worker recorded
         return pd.DataFrame(columns=JOB_STEP_COLUMNS)
     shared_end = end.sub(skew.median(), axis=1).median(axis=1)  # ms, on worker 0's clock
 
     def by_step(column: str) -> pd.DataFrame:
-        table = usable.pivot(index="step", columns="worker", values=column)
-        return table.reindex(index=end.index, columns=end.columns)
+        return tables.table(column).reindex(index=end.index, columns=end.columns)
 
     calls = by_step("steps").astype("float64")
     step = pd.Series(end.index.to_numpy(dtype="float64"), index=end.index)
     # Every worker's previous call ran the steps just before this one...
     follows = calls.shift(1).add(step.shift(1), axis=0).eq(step, axis=0).all(axis=1)
-    follows &= calls.nunique(axis=1).eq(1)
+    follows &= _one_value(calls)
     # ... in the same epoch and process (NaN compares unequal: left out).
     for name in ("epoch", "attempt"):
-        if name in usable:
+        if name in tables:
             within = by_step(name)
             follows &= within.eq(within.shift(1)).all(axis=1)
     job_step_ms = (shared_end.diff() / calls.iloc[:, 0]).where(follows).dropna()
@@ -334,6 +413,26 @@ def _run_job_steps(run: str, steps: pd.DataFrame) -> pd.DataFrame:
     )
 
 
+def _one_value(table: pd.DataFrame) -> pd.Series:
+    """Per row: whether its non-empty values are one value (``nunique(axis=1) == 1``,
+    without a Python call per row)."""
+    values = table.to_numpy(dtype="float64")
+    present = ~np.isnan(values)
+    low = np.where(present, values, np.inf).min(axis=1, initial=np.inf)
+    high = np.where(present, values, -np.inf).max(axis=1, initial=-np.inf)
+    return pd.Series(present.any(axis=1) & (low == high), index=table.index)
+
+
+def _clock_input(steps: pd.DataFrame) -> pd.DataFrame:
+    """The columns of the steps that the clock alignment reads: grouping and filtering
+    the wide ``Report.steps`` copied ~50 columns of every row."""
+    return steps[[name for name in _CLOCK_COLUMNS if name in steps]]
+
+
+_CLOCK_COLUMNS = ["run", "worker", "epoch", "step", "steps", "time", "step_ms", "warmup"]
+_CLOCK_COLUMNS += ["attempt", "redone"]
+
+
 def with_job_step_ms(steps: pd.DataFrame) -> pd.DataFrame:
     """Adds ``job_step_ms`` (``job_step_times``) to every worker's row of the step;
     NaN in single-worker runs and where the job's step time is left out."""
@@ -341,19 +440,71 @@ def with_job_step_ms(steps: pd.DataFrame) -> pd.DataFrame:
     steps = steps.drop(columns="job_step_ms", errors="ignore")
     if job.empty:
         return steps.assign(job_step_ms=float("nan"))
-    job = job.astype({"step": steps["step"].dtype})
-    steps = steps.merge(job, on=["run", "step"], how="left")
+    found = _job_step_at(steps, job)
+    if found is None:
+        job = job.astype({"step": steps["step"].dtype})
+        steps = steps.merge(job, on=["run", "step"], how="left")
+    else:  # the merge's result, without hashing and copying every step
+        steps = steps.reset_index(drop=True).assign(job_step_ms=found)
     if "redone" in steps:  # the step's time is the attempt's that ran it last
         steps["job_step_ms"] = steps["job_step_ms"].where(~steps["redone"].astype(bool))
     return steps
 
 
+def _job_step_at(steps: pd.DataFrame, job: pd.DataFrame) -> np.ndarray | None:
+    """Each step's ``job_step_ms`` (NaN: none), found by run and step as a left merge
+    would; None where the steps are not integers."""
+    if steps["step"].dtype.kind not in "iu":
+        return None
+    step = steps["step"].to_numpy()
+    found = np.full(len(steps), np.nan)
+    for run, rows in job.groupby("run", sort=False):  # one row per step of each run
+        mine = (steps["run"] == run).to_numpy(dtype=bool, na_value=False)
+        order = np.argsort(rows["step"].to_numpy(dtype="int64"), kind="stable")
+        keys = rows["step"].to_numpy(dtype="int64")[order]
+        values = rows["job_step_ms"].to_numpy(dtype="float64")[order]
+        if not len(keys):
+            continue
+        at = np.minimum(np.searchsorted(keys, step[mine]), len(keys) - 1)
+        found[mine] = np.where(keys[at] == step[mine], values[at], np.nan)
+    return found
+
+
+def workers_per_run(steps: pd.DataFrame) -> pd.Series:
+    """How many workers each run of the steps has (``nunique``), by run in the order
+    they first appear."""
+    runs = steps["run"]
+    if len(runs) and runs.notna().all() and (runs == runs.iloc[0]).all():  # one run
+        return pd.Series([steps["worker"].nunique()], index=pd.Index([runs.iloc[0]], name="run"))
+    # The distinct run and worker pairs first: a grouped nunique sorted every step.
+    pairs = steps[["run", "worker"]].drop_duplicates()
+    return pairs.groupby("run", sort=False)["worker"].nunique()
+
+
+def steps_per_worker(steps: pd.DataFrame) -> pd.Series:
+    """The steps each run's worker recorded (``steps``, 1 where empty), summed: by run
+    and worker. Sorted steps are summed in their blocks (grouping millions of steps on
+    the run id took a second)."""
+    counts = steps["steps"].fillna(1)
+    blocks = _sorted_blocks(steps, ["run", "worker"])
+    if blocks is None or not isinstance(counts.dtype, np.dtype) or counts.dtype.kind not in "iuf":
+        return counts.groupby([steps["run"], steps["worker"]]).sum()
+    starts, _ = blocks
+    first = steps.iloc[starts]
+    index = pd.MultiIndex.from_arrays([first["run"], first["worker"]], names=["run", "worker"])
+    return pd.Series(np.add.reduceat(counts.to_numpy(), starts), index=index, name="steps")
+
+
 def multi_worker_runs(steps: pd.DataFrame) -> pd.Index:
     """The runs of ``Report.steps`` with timed step records (``step_ms``, StepTimer's)
     of two workers or more."""
-    timed = steps[steps["step_ms"].notna()]
-    workers = timed.groupby("run", sort=False)["worker"].nunique()
+    workers = workers_per_run(steps[steps["step_ms"].notna()])
     return workers.index[workers >= 2]
+
+
+# What measured_step_times reads of the steps.
+_MEASURED_INPUT = [*MEASURED_STEP_COLUMNS, "worker", "profiled", "job_step_ms", "global_batch"]
+_MEASURED_INPUT += ["warmup", "redone"]
 
 
 def measured_step_times(steps: pd.DataFrame, disturbed: bool = False) -> pd.DataFrame:
@@ -388,25 +539,44 @@ def measured_step_times(steps: pd.DataFrame, disturbed: bool = False) -> pd.Data
     print(measured_step_times(report.steps).groupby("run")["step_ms"].median())
     ```
     """
+    return _measured_step_times(_measured_step_rows(steps), disturbed)
+
+
+def _measured_step_rows(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """What ``measured_step_times`` reads, before it leaves out the steps a profiler
+    disturbed (or not): the single-worker runs' step records, and the multi-worker
+    runs' steps (None: there are none)."""
     runs = multi_worker_runs(steps)
-    steps = steps[~_warmup(steps)]
+    steps = steps[[name for name in _MEASURED_INPUT if name in steps]]  # not every column
+    keep = ~_warmup(steps)
     if "redone" in steps:
-        steps = steps[~steps["redone"].astype(bool)]
+        keep &= ~steps["redone"].astype(bool)
+    steps = steps[keep]
     multi = steps["run"].isin(runs)
     single = steps[~multi]
+    if not multi.any():
+        return single, None
+    rows = steps[multi]
+    if "job_step_ms" not in rows:  # frames made without with_job_step_ms
+        rows = rows.assign(job_step_ms=float("nan"))
+    by_step = rows.groupby(["run", "step"]).agg(
+        steps=("steps", "first"),
+        job_step_ms=("job_step_ms", "first"),
+        global_batch=("global_batch", "first"),
+        profiled=("profiled", "any"),
+    )
+    return single, by_step
+
+
+def _measured_step_times(
+    rows: tuple[pd.DataFrame, pd.DataFrame | None], disturbed: bool
+) -> pd.DataFrame:
+    """``measured_step_times`` of its ``_measured_step_rows``."""
+    single, by_step = rows
     if not disturbed:
         single = single[~single["profiled"].astype(bool)]
     parts = [single.assign(steps=single["steps"].fillna(1))[MEASURED_STEP_COLUMNS]]
-    if multi.any():
-        rows = steps[multi]
-        if "job_step_ms" not in rows:  # frames made without with_job_step_ms
-            rows = rows.assign(job_step_ms=float("nan"))
-        by_step = rows.groupby(["run", "step"]).agg(
-            steps=("steps", "first"),
-            job_step_ms=("job_step_ms", "first"),
-            global_batch=("global_batch", "first"),
-            profiled=("profiled", "any"),
-        )
+    if by_step is not None:
         if not disturbed:
             before = by_step["profiled"].groupby(level="run").shift(1, fill_value=False)
             by_step = by_step[~(by_step["profiled"] | before.astype(bool))]
@@ -445,15 +615,9 @@ def worker_view(
     covered = steps[["run", "worker", "attempt", "step", "time"]].assign(
         last=steps["step"] + steps["steps"].fillna(1) - 1
     )
-    by_attempt = covered.groupby(["run", "worker", "attempt"])
-    recorded = by_attempt.agg(
-        first_step=("step", "min"),
-        last_step=("last", "max"),
-        step_records=("step", "size"),
-        last_step_time=("time", "max"),
-    )
+    recorded, group = _by_attempt(covered)
     # The grouping's codes follow recorded's rows (computed once for both).
-    recorded["median_host_gap_ms"] = _host_gaps(steps, by_attempt.ngroup().to_numpy(), recorded)
+    recorded["median_host_gap_ms"] = _host_gaps(steps, group, recorded)
     view = starts.set_index(["run", "worker", "attempt"]).join(recorded, how="outer")
     view = view.reset_index()
     view["ended"] = _endings(view, fit_ends)
@@ -501,27 +665,104 @@ def _endings(view: pd.DataFrame, fit_ends: pd.DataFrame) -> list:
     return endings
 
 
+def _by_attempt(covered: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
+    """Per run, worker and attempt (sorted): the first and last step covered, the step
+    records and the last one's time; and each row's group there. Sorted steps are
+    reduced in their blocks (a grouping of millions of steps on three keys took
+    seconds); others grouped."""
+    keys = ["run", "worker", "attempt"]
+    blocks = _sorted_blocks(covered, keys)
+    if blocks is None:
+        by_attempt = covered.groupby(keys)
+        recorded = by_attempt.agg(
+            first_step=("step", "min"),
+            last_step=("last", "max"),
+            step_records=("step", "size"),
+            last_step_time=("time", "max"),
+        )
+        return recorded, by_attempt.ngroup().to_numpy()
+    starts, group = blocks
+    first = covered.iloc[starts]
+    index = pd.MultiIndex.from_arrays([first[name] for name in keys], names=keys)
+
+    def reduced(name, ufunc):  # fmin, fmax: NaN left out, as the grouping does
+        column = covered[name]
+        values = ufunc.reduceat(column.to_numpy(dtype="float64", na_value=np.nan), starts)
+        return values.astype(column.dtype) if column.dtype.kind in "iu" else values
+
+    recorded = pd.DataFrame(
+        {
+            "first_step": reduced("step", np.fmin),
+            "last_step": reduced("last", np.fmax),
+            "step_records": np.diff(np.append(starts, len(covered))),
+            "last_step_time": reduced("time", np.fmax),
+        },
+        index=index,
+    )
+    return recorded, group
+
+
+def _sorted_blocks(frame: pd.DataFrame, keys: list[str]) -> tuple[np.ndarray, np.ndarray] | None:
+    """Where the rows are sorted by ``keys`` (the run first, then integer keys) with
+    no key empty: the first row of each block of equal keys, and each row's block;
+    else None."""
+    if frame.empty or frame[keys].isna().to_numpy().any():
+        return None
+    run, _ = pd.factorize(frame[keys[0]], sort=True)
+    others = [frame[name] for name in keys[1:]]
+    if not all(column.dtype.kind in "iu" for column in others):
+        return None
+    columns = [run, *(column.to_numpy() for column in others)]
+    later = np.zeros(len(frame) - 1, dtype=bool)  # the row after is in a later block
+    same = np.ones(len(frame) - 1, dtype=bool)
+    for values in columns:
+        if (same & (values[1:] < values[:-1])).any():
+            return None  # not sorted
+        later |= same & (values[1:] > values[:-1])
+        same &= values[1:] == values[:-1]
+    starts = np.flatnonzero(np.append(True, later))
+    group = np.cumsum(np.append(True, later)) - 1
+    return starts, group
+
+
 def _host_gaps(steps: pd.DataFrame, group: np.ndarray, recorded: pd.DataFrame) -> np.ndarray:
     """Per attempt (row of ``recorded``; ``group`` numbers each step's row there): the
     median time between one train call's return and the next call (callbacks,
     Python-side work of the training loop) in ms, NaN with fewer than two timed steps."""
     timed = (~_warmup(steps) & steps["time"].notna() & steps["step_ms"].notna()).to_numpy()
     step = steps["step"].to_numpy(dtype="float64", na_value=np.nan)[timed]
-    order = np.lexsort((step, group[timed]))  # by attempt, then step
-    group, step = group[timed][order], step[order]
+    group = group[timed]
+    ordered = (group[1:] > group[:-1]) | (group[1:] == group[:-1]) & (step[1:] >= step[:-1])
+    # By attempt, then step: sorted steps are in that order already (no sort of millions).
+    order = None if ordered.all() else np.lexsort((step, group))
+    if order is not None:
+        group, step = group[order], step[order]
     same = group[1:] == group[:-1]
     if (same & (step[1:] == step[:-1])).any():  # which of two equal steps is first is moot
         rows = recorded.index.to_frame(index=False).itertuples()
         return np.array([_host_gap(steps, row) for row in rows], dtype="float64")
 
     def column(name):
-        return steps[name].to_numpy(dtype="float64", na_value=np.nan)[timed][order]
+        values = steps[name].to_numpy(dtype="float64", na_value=np.nan)[timed]
+        return values if order is None else values[order]
 
     start = column("time")
     end = start + column("step_ms") * column("steps") / 1e3
     gap = (start[1:] - end[:-1])[same] * 1e3
-    median = pd.Series(gap).groupby(group[1:][same]).median()
-    return median.reindex(range(len(recorded))).to_numpy(dtype="float64")
+    return _block_medians(gap, group[1:][same], len(recorded))
+
+
+def _block_medians(values: np.ndarray, group: np.ndarray, groups: int) -> np.ndarray:
+    """The median of the values of each group ``0 .. groups - 1`` (NaN left out; NaN
+    where a group has none), for ``group`` sorted ascending: one slice per group."""
+    medians = np.full(groups, np.nan)
+    bounds = np.searchsorted(group, np.arange(groups + 1))
+    for number, (first, end) in enumerate(itertools.pairwise(bounds)):
+        mine = values[first:end]
+        mine = mine[~np.isnan(mine)]
+        if len(mine):
+            medians[number] = np.median(mine)
+    return medians
 
 
 def _host_gap(steps: pd.DataFrame, row) -> float:

@@ -123,7 +123,9 @@ class Report:
             return pd.DataFrame(columns=columns) if given is None else given
 
         self.runs = runs
-        self.steps = steps
+        # load passes the steps in parts: the wide frame is built on first access.
+        self._steps = steps
+        self._wide_steps = steps if isinstance(steps, pd.DataFrame) else None
         self.replicas = frame(replicas, REPLICA_COLUMNS)
         self.windows = frame(windows, WINDOW_COLUMNS)
         self.gpu = frame(gpu, GPU_COLUMNS)
@@ -133,6 +135,26 @@ class Report:
         self._workers = workers if callable(workers) else frame(workers, WORKER_COLUMNS)
         self.restarts = frame(restarts, RESTART_COLUMNS)
         self.jobs: list[Finding] = []  # load sets them (analysis.jobs)
+
+    @property
+    def steps(self) -> pd.DataFrame:
+        """One row per worker and recorded train-function call (see the class's
+        Attributes); ``load`` builds it on first access, with the breakdown's columns
+        (empty on every step without one)."""
+        if self._wide_steps is None:
+            self._wide_steps = self._steps.wide()
+        return self._wide_steps
+
+    @steps.setter
+    def steps(self, frame: pd.DataFrame) -> None:
+        self._steps = self._wide_steps = frame
+
+    @property
+    def step_parts(self) -> report_frames.StepParts:
+        """The steps as the analysis reads them (``keras_dp_tools.analysis.frames.
+        StepParts``): every step's own columns, and the rows with a breakdown, without
+        building the wide ``steps``."""
+        return report_frames.step_parts(self._steps)
 
     @property
     def workers(self) -> pd.DataFrame:
@@ -149,7 +171,7 @@ class Report:
     def __repr__(self) -> str:
         return (
             f"Report(runs={self.runs['run'].nunique()}, workers={len(self.runs)}, "
-            f"step_records={len(self.steps)})"
+            f"step_records={len(self.step_parts.all)})"
         )
 
     @classmethod
@@ -234,14 +256,19 @@ class Report:
         """The part of this report that belongs to one run id."""
         frames = {
             name: frame[frame["run"] == run].reset_index(drop=True)
-            for name, frame in self._frames().items()
+            for name, frame in self._frames(steps=False).items()
         }
-        return Report(**frames)
+        steps = self._steps
+        if isinstance(steps, pd.DataFrame):
+            steps = steps[steps["run"] == run].reset_index(drop=True)
+        else:
+            steps = steps.for_run(run)
+        return Report(steps=steps, **frames)
 
-    def _frames(self) -> dict[str, pd.DataFrame]:
+    def _frames(self, steps: bool = True) -> dict[str, pd.DataFrame]:
         return {
             "runs": self.runs,
-            "steps": self.steps,
+            **({"steps": self.steps} if steps else {}),
             "replicas": self.replicas,
             "windows": self.windows,
             "gpu": self.gpu,
