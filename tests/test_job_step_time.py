@@ -4,7 +4,7 @@ not of the worker whose own time inside the train call is shortest or longest.""
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.analysis.workers import job_step_times
+from keras_dp_tools.analysis.workers import SLOWEST_WORKER, job_step_times
 from keras_dp_tools.records.writer import RecordWriter, worker_records_path
 from tests.helpers.processes import launch_job
 from tests.helpers.recorded_runs import header
@@ -187,6 +187,21 @@ def test_what_if_starts_from_the_jobs_step_time_not_the_workers_pooled(tmp_path)
     # As measured, the prediction is the measured step: the 2 ms outside compute and
     # the exposed all-reduce count as host overhead.
     assert table.loc[0, "other_ms"] == pytest.approx(cadence_ms - 10.0 - 40.0)
+
+
+def test_without_two_consecutive_calls_the_summary_says_it_shows_the_slowest_worker(tmp_path):
+    # One call per epoch: no job step time anywhere (each interval crosses an epoch).
+    report = lockstep_run(tmp_path, calls_per_epoch=1, epochs=12)
+
+    assert job_step_times(report.steps).empty
+    summary = report.summary().loc["job"]
+    # Not NaN, and not the job's 2 + 40 + 10 ms: worker 0's time in the call, where it
+    # waited for worker 1 (40 + 10 ms), the longer of the two; labelled a lower bound.
+    assert summary["step_time_from"] == SLOWEST_WORKER
+    assert summary["median_step_ms"] == pytest.approx(SLEEP_MS + OWN_MS)
+    assert summary["examples_per_s"] == pytest.approx(GLOBAL_BATCH / (SLEEP_MS + OWN_MS) * 1e3)
+    assert summary["measured_steps"] == 11  # the calls after the warm-up, once each
+    assert "lower bound" in report.text()
 
 
 def test_after_a_restart_each_step_has_the_time_of_the_attempt_that_ran_it_last(tmp_path):

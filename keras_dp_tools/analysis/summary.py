@@ -24,7 +24,9 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     The step times (``median_step_ms``, ``p90_step_ms``, ``examples_per_s``,
     ``measured_steps``) are ``analysis.workers.measured_step_times``: in a multi-worker
     run the job's step time, each step once; ``step_time_from`` names the column of
-    ``Report.steps`` they come from (``job_step_ms`` or ``step_ms``)."""
+    ``Report.steps`` they come from (``job_step_ms`` or ``step_ms``; a multi-worker run
+    where no two consecutive calls were recorded by every worker: the slowest worker's
+    ``step_ms`` per step, ``workers.SLOWEST_WORKER``, a lower bound)."""
     runs, parts = frames.runs, steps_of(frames)
     steps = parts.all
     if steps.empty:
@@ -52,6 +54,7 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
 
     step_time_from = pd.Series("step_ms", index=grouped.size().index)
     step_time_from[step_time_from.index.isin(multi_worker)] = "job_step_ms"
+    step_time_from.update(timed["step_time_from"].first())  # a run's fallback, if any
 
     summary = pd.DataFrame(
         {

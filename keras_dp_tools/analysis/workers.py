@@ -65,7 +65,11 @@ RESTART_COLUMNS = [
 # job_step_times: one row per run and step of a multi-worker run.
 JOB_STEP_COLUMNS = ["run", "step", "job_step_ms"]
 # measured_step_times: the steps behind a run's step-time statistics.
-MEASURED_STEP_COLUMNS = ["run", "step", "steps", "step_ms", "examples_per_s"]
+MEASURED_STEP_COLUMNS = ["run", "step", "steps", "step_ms", "examples_per_s", "step_time_from"]
+# A multi-worker run without the job's step time (no two consecutive calls recorded by
+# every worker: one call per epoch, a very short fit): the slowest worker's time inside
+# each call, a lower bound of the job's step (it leaves out the host work between calls).
+SLOWEST_WORKER = "step_ms (slowest worker: a lower bound)"
 SYNC_COLUMNS = [
     "run",
     "worker",
@@ -503,7 +507,7 @@ def multi_worker_runs(steps: pd.DataFrame) -> pd.Index:
 
 
 # What measured_step_times reads of the steps.
-_MEASURED_INPUT = [*MEASURED_STEP_COLUMNS, "worker", "profiled", "job_step_ms", "global_batch"]
+_MEASURED_INPUT = [*MEASURED_STEP_COLUMNS[:-1], "worker", "profiled", "job_step_ms", "global_batch"]
 _MEASURED_INPUT += ["warmup", "redone"]
 
 
@@ -515,7 +519,10 @@ def measured_step_times(steps: pd.DataFrame, disturbed: bool = False) -> pd.Data
     A single-worker run: each step record's ``step_ms`` and ``examples_per_s`` (its
     time inside the train call). A multi-worker run: each step once, at the job's pace
     (``job_step_ms``, and ``global_batch`` over it); a worker's own ``step_ms`` there is
-    short on the worker the others wait for, and long on the others. Warm-up and redone
+    short on the worker the others wait for, and long on the others. A multi-worker run
+    without any job step time (no two consecutive calls recorded by every worker: one
+    call per epoch, a very short fit) gets the slowest worker's ``step_ms`` per step, a
+    lower bound of the job's, and ``step_time_from`` says so. Warm-up and redone
     steps are left out, and so are steps a profiler disturbed: the step's ``profiled``
     rows, in a multi-worker run those of any worker in the step or the call before it
     (the job's step runs from that call's end, and a profiler stops in the hooks after
@@ -527,7 +534,8 @@ def measured_step_times(steps: pd.DataFrame, disturbed: bool = False) -> pd.Data
 
     Returns:
         A DataFrame with ``MEASURED_STEP_COLUMNS``: one row per step record, or per
-        step of a multi-worker run; ``step_ms`` in ms per step.
+        step of a multi-worker run; ``step_ms`` in ms per step, ``step_time_from`` the
+        column it comes from (``step_ms``, ``job_step_ms`` or ``SLOWEST_WORKER``).
 
     Example:
 
@@ -553,7 +561,7 @@ def _measured_step_rows(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
         keep &= ~steps["redone"].astype(bool)
     steps = steps[keep]
     multi = steps["run"].isin(runs)
-    single = steps[~multi]
+    single = steps[~multi].assign(step_time_from="step_ms")
     if not multi.any():
         return single, None
     rows = steps[multi]
@@ -562,9 +570,14 @@ def _measured_step_rows(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     by_step = rows.groupby(["run", "step"]).agg(
         steps=("steps", "first"),
         job_step_ms=("job_step_ms", "first"),
+        slowest_step_ms=("step_ms", "max"),
         global_batch=("global_batch", "first"),
         profiled=("profiled", "any"),
     )
+    # A run with no job step time at all: the slowest worker's, and it says so.
+    timed = by_step["job_step_ms"].notna().groupby(level="run").transform("any")
+    by_step["job_step_ms"] = by_step["job_step_ms"].where(timed, by_step["slowest_step_ms"])
+    by_step["step_time_from"] = np.where(timed, "job_step_ms", SLOWEST_WORKER)
     return single, by_step
 
 
