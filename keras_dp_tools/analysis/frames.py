@@ -206,9 +206,13 @@ def _report_frames(records: dict[str, pd.DataFrame]) -> dict:
     records.pop("step", None)
     steps = with_gpu_utilization(mark_profiled(steps, windows), gpu)
     steps = worker_analysis.assign_attempts(steps, starts)
-    sync = worker_analysis.cross_worker_sync(steps)
+    # One set of clock tables for the sync and the job's step times (with_breakdown
+    # keeps the rows and the columns they read).
+    clocks = worker_analysis.clock_tables(steps)
+    sync = worker_analysis.cross_worker_sync_of(clocks)
     steps = with_breakdown(steps, breakdown, sync)
-    steps = steps.with_all(worker_analysis.with_job_step_ms(steps.all))
+    steps = steps.with_all(worker_analysis.with_job_step_ms(steps.all, clocks))
+    del clocks
     fit_ends = of_type(records, "fit_end", ["run", "worker", "time", "step", "status"])
     exits = of_type(records, "worker_exit", ["run", "worker", "time", "exit_code", "reason"])
     return {
@@ -580,7 +584,9 @@ def _positions(left: pd.DataFrame, right: pd.DataFrame, keys: list[str]) -> np.n
             return None
         if name == "run":
             values, uniques = _codes(left[name])
-            other_values = uniques.get_indexer(right[name])
+            # Through the right side's few run ids: hashing each row's string cost more.
+            right_codes, right_uniques = pd.factorize(right[name])
+            other_values = uniques.get_indexer(right_uniques)[right_codes]
             other_values[other_values < 0] = len(uniques)  # runs left does not have
             size = len(uniques) + 1
         else:

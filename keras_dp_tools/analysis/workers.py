@@ -169,13 +169,25 @@ def cross_worker_sync(steps: pd.DataFrame) -> pd.DataFrame:
     """Per run, worker and step of multi-worker runs: how long the worker waited for the
     last worker to enter the step (``worker_wait_ms``, on aligned clocks) and which
     worker that was (``SYNC_COLUMNS``). Warm-up steps and redone steps are left out."""
+    return cross_worker_sync_of(clock_tables(steps))
+
+
+def clock_tables(steps: pd.DataFrame) -> dict[str, _ByStep]:
+    """Per multi-worker run, the tables of its usable steps (``_usable``) that both
+    ``cross_worker_sync`` and ``job_step_times`` read: built once for both, with their
+    clocks (at 64 workers x 100,000 steps each pass cost seconds)."""
     if steps["worker"].nunique() < 2:  # no run has two workers: skip the grouping
-        return pd.DataFrame(columns=SYNC_COLUMNS)
-    frames = []
-    for run, group in _by_run(_clock_input(steps)):
-        if group["worker"].nunique() < 2:
-            continue
-        frames.append(_run_sync(run, group))
+        return {}
+    return {
+        run: _usable(group)
+        for run, group in _by_run(_clock_input(steps))
+        if group["worker"].nunique() >= 2
+    }
+
+
+def cross_worker_sync_of(tables: dict[str, _ByStep]) -> pd.DataFrame:
+    """``cross_worker_sync`` of the runs' ``clock_tables``."""
+    frames = [_run_sync(run, by_step) for run, by_step in tables.items()]
     if not frames:
         return pd.DataFrame(columns=SYNC_COLUMNS)
     return pd.concat(frames, ignore_index=True)[SYNC_COLUMNS]
@@ -267,6 +279,15 @@ class _ByStep:
         # Each row's cell in the flat table, by worker then step: a 1-D put, in order
         # for sorted steps, is several times a 2-D one's speed.
         self.cells = (worker_codes * len(self.step_index) + step_codes)[self.usable]
+        self._clocks = None
+
+    def clocks(self) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame, pd.Series]:
+        """``_clocks`` of the tables and each worker's clock offset (the median skew),
+        computed once: the sync and the job's step times read them both."""
+        if self._clocks is None:
+            start, end, skew = _clocks(self)
+            self._clocks = start, end, skew, skew.median()
+        return self._clocks
 
     def __contains__(self, column: str) -> bool:
         return column in self.steps
@@ -292,16 +313,11 @@ class _ByStep:
         )
 
 
-def _on_worker_clocks(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """Of one run's usable steps (``_usable``) that every worker recorded, by step (rows) and worker
-    (columns): when each worker entered the train call and left it, in ms on its own
-    clock, and how far each worker's step end is from the first worker's (``skew``: its
-    median over steps is the worker's clock offset)."""
-    return _clocks(_usable(steps))
-
-
 def _clocks(by_step: _ByStep) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
-    """``_on_worker_clocks`` of the steps' tables."""
+    """Of one run's usable steps (``_usable``) that every worker recorded, by step (rows)
+    and worker (columns): when each worker entered the train call and left it, in ms on
+    its own clock, and how far each worker's step end is from the first worker's
+    (``skew``: its median over steps is the worker's clock offset)."""
     start = by_step.table("time") * 1e3  # ms
     duration = by_step.table("step_ms") * by_step.table("steps")
     start = start.dropna()  # steps every worker recorded
@@ -310,9 +326,8 @@ def _clocks(by_step: _ByStep) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]
     return start, end, skew
 
 
-def _run_sync(run: str, steps: pd.DataFrame) -> pd.DataFrame:
-    start, _, skew = _on_worker_clocks(steps)
-    offset = skew.median()
+def _run_sync(run: str, by_step: _ByStep) -> pd.DataFrame:
+    start, _, skew, offset = by_step.clocks()
     residual = skew.sub(offset, axis=1).abs().median()  # per worker, ms
     aligned = start - offset
     last_entry = aligned.max(axis=1)
@@ -374,25 +389,23 @@ def job_step_times(steps: pd.DataFrame) -> pd.DataFrame:
     print(job_step_times(report.steps)["job_step_ms"].median())
     ```
     """
-    if steps["worker"].nunique() < 2:  # no run has two workers: skip the grouping
-        return pd.DataFrame(columns=JOB_STEP_COLUMNS)
-    frames = [
-        _run_job_steps(run, group)
-        for run, group in _by_run(_clock_input(steps))
-        if group["worker"].nunique() >= 2
-    ]
+    return _job_step_times(clock_tables(steps))
+
+
+def _job_step_times(tables: dict[str, _ByStep]) -> pd.DataFrame:
+    """``job_step_times`` of the runs' ``clock_tables``."""
+    frames = [_run_job_steps(run, by_step) for run, by_step in tables.items()]
     frames = [frame for frame in frames if not frame.empty]
     if not frames:
         return pd.DataFrame(columns=JOB_STEP_COLUMNS)
     return pd.concat(frames, ignore_index=True)[JOB_STEP_COLUMNS]
 
 
-def _run_job_steps(run: str, steps: pd.DataFrame) -> pd.DataFrame:
-    tables = _usable(steps)
-    _, end, skew = _clocks(tables)
+def _run_job_steps(run: str, tables: _ByStep) -> pd.DataFrame:
+    _, end, _, offset = tables.clocks()
     if end.shape[1] < 2 or len(end) < 2:  # no two steps every worker recorded
         return pd.DataFrame(columns=JOB_STEP_COLUMNS)
-    shared_end = end.sub(skew.median(), axis=1).median(axis=1)  # ms, on worker 0's clock
+    shared_end = end.sub(offset, axis=1).median(axis=1)  # ms, on worker 0's clock
 
     def by_step(column: str) -> pd.DataFrame:
         return tables.table(column).reindex(index=end.index, columns=end.columns)
@@ -437,10 +450,11 @@ _CLOCK_COLUMNS = ["run", "worker", "epoch", "step", "steps", "time", "step_ms", 
 _CLOCK_COLUMNS += ["attempt", "redone"]
 
 
-def with_job_step_ms(steps: pd.DataFrame) -> pd.DataFrame:
+def with_job_step_ms(steps: pd.DataFrame, tables: dict | None = None) -> pd.DataFrame:
     """Adds ``job_step_ms`` (``job_step_times``) to every worker's row of the step;
-    NaN in single-worker runs and where the job's step time is left out."""
-    job = job_step_times(steps)
+    NaN in single-worker runs and where the job's step time is left out. ``tables``:
+    the ``clock_tables`` of the same steps where they were built already."""
+    job = _job_step_times(clock_tables(steps) if tables is None else tables)
     steps = steps.drop(columns="job_step_ms", errors="ignore")
     if job.empty:
         return steps.assign(job_step_ms=float("nan"))
