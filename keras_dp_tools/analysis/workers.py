@@ -581,6 +581,7 @@ def _measured_step_rows(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     rows = steps[multi]
     if "job_step_ms" not in rows:  # frames made without with_job_step_ms
         rows = rows.assign(job_step_ms=float("nan"))
+    rows, runs = _run_codes(rows)
     by_step = rows.groupby(["run", "step"]).agg(
         steps=("steps", "first"),
         job_step_ms=("job_step_ms", "first"),
@@ -588,11 +589,30 @@ def _measured_step_rows(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
         global_batch=("global_batch", "first"),
         profiled=("profiled", "any"),
     )
+    by_step.index = _with_run_ids(by_step.index, runs)
     # A run with no job step time at all: the slowest worker's, and it says so.
     timed = by_step["job_step_ms"].notna().groupby(level="run").transform("any")
     by_step["job_step_ms"] = by_step["job_step_ms"].where(timed, by_step["slowest_step_ms"])
     by_step["step_time_from"] = np.where(timed, "job_step_ms", SLOWEST_WORKER)
     return single, by_step
+
+
+def _run_codes(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.Index | None]:
+    """The frame with its run ids as integer codes (in the order the ids sort) and the
+    ids: a grouping by run hashes each row's string (seconds at millions of rows); by
+    code it orders the groups as by id. Where an id is empty, the frame as it is and
+    None (the grouping leaves those rows out)."""
+    if frame["run"].hasnans:
+        return frame, None
+    codes, runs = pd.factorize(frame["run"], sort=True)
+    return frame.assign(run=codes), pd.Index(runs, name="run")
+
+
+def _with_run_ids(index: pd.MultiIndex, runs: pd.Index | None) -> pd.MultiIndex:
+    """A grouping's index by run code and more with the run ids (``_run_codes``) back."""
+    if runs is None:
+        return index
+    return index.set_levels(runs.take(index.levels[0]), level="run")
 
 
 def _measured_step_times(
@@ -656,15 +676,17 @@ def worker_view(
         view = view.merge(ended, on=["run", "worker"], how="left")
         view.loc[~latest.to_numpy(), ["exit", "exit_code"]] = None
     if not sync.empty:
-        per_worker = sync.groupby(["run", "worker"]).agg(
+        coded, runs = _run_codes(sync)  # millions of rows: grouped by run code
+        per_worker = coded.groupby(["run", "worker"]).agg(
             clock_offset_ms=("clock_offset_ms", "first"),
             clock_residual_ms=("clock_residual_ms", "first"),
             median_worker_wait_ms=("worker_wait_ms", "median"),
         )
-        last = sync.drop_duplicates(["run", "step"])
-        share = (
-            last.groupby("run")["last_worker"].value_counts(normalize=True).rename("share")
-        ).reset_index()
+        per_worker.index = _with_run_ids(per_worker.index, runs)
+        last = coded.drop_duplicates(["run", "step"])
+        share = last.groupby("run")["last_worker"].value_counts(normalize=True).rename("share")
+        share.index = _with_run_ids(share.index, runs)
+        share = share.reset_index()
         share = share.rename(columns={"last_worker": "worker"}).set_index(["run", "worker"])
         per_worker = per_worker.join(share["share"].rename("last_to_enter_share"))
         view = view.merge(per_worker.reset_index(), on=["run", "worker"], how="left")
