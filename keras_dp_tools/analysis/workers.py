@@ -569,16 +569,17 @@ def _measured_step_rows(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     disturbed (or not): the single-worker runs' step records, and the multi-worker
     runs' steps (None: there are none)."""
     runs = multi_worker_runs(steps)
-    steps = steps[[name for name in _MEASURED_INPUT if name in steps]]  # not every column
     keep = ~_warmup(steps)
     if "redone" in steps:
         keep &= ~steps["redone"].astype(bool)
-    steps = steps[keep]
-    multi = steps["run"].isin(runs)
-    single = steps[~multi].assign(step_time_from="step_ms")
-    if not multi.any():
+    keep, multi = keep.to_numpy(), steps["run"].isin(runs).to_numpy()
+    # One selection of the rows and columns each part reads: a copy of every step's
+    # columns (then of the kept ones) cost ~0.5 GB at 64 workers x 100,000 steps.
+    columns = [name for name in _MEASURED_INPUT if name in steps]
+    single = steps.loc[keep & ~multi, columns].assign(step_time_from="step_ms")
+    if not (keep & multi).any():
         return single, None
-    rows = steps[multi]
+    rows = steps.loc[keep & multi, columns]
     if "job_step_ms" not in rows:  # frames made without with_job_step_ms
         rows = rows.assign(job_step_ms=float("nan"))
     rows, runs = _run_codes(rows)
