@@ -189,6 +189,13 @@ def report_frames(records: Mapping[str, pd.DataFrame]) -> dict:
     return _report_frames(dict(records))
 
 
+def report_frames_handed_over(records: dict[str, pd.DataFrame]) -> dict:
+    """``report_frames`` of records the caller hands over (``Report.load``): their
+    step records are dropped from ``records`` once the steps are built (at 64 workers x
+    100,000 steps they hold 0.7 GB, and a copy of the dict kept them all along)."""
+    return _report_frames(records)
+
+
 def _report_frames(records: dict[str, pd.DataFrame]) -> dict:
     """``report_frames``, dropping the step records from ``records`` once the steps
     are built (at 64 workers x 100,000 steps, they hold 0.7 GB)."""

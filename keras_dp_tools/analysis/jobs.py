@@ -91,7 +91,7 @@ def load_job_frames(
         # Found again on the merged runs: a merge named by hand may differ from what
         # was found before it (part of a group, or runs found with others).
         split = split_runs(spans)
-    frames = report_frames.report_frames(records)
+    frames = report_frames.report_frames_handed_over(records)
     return {**frames, "jobs": records_findings(spans, split, groups)}
 
 
