@@ -50,7 +50,7 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
 
     def count(frame):  # every worker records every step: count one worker's
         per_worker = steps_per_worker(frame)
-        return per_worker.groupby("run").max().reindex(grouped.size().index, fill_value=0)
+        return per_worker.groupby("run").max().reindex(runs_index, fill_value=0)
 
     step_time_from = pd.Series("step_ms", index=grouped.size().index)
     step_time_from[step_time_from.index.isin(multi_worker)] = "job_step_ms"
@@ -74,6 +74,9 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     )
     started = runs.groupby("run")["time"].min()
     summary.insert(0, "start", pd.to_datetime(started.reindex(summary.index), unit="s"))
+    # The copy of every step's columns goes before the advice builds the worker view
+    # (~0.6 GB at 64 workers x 100,000 steps).
+    del steps, grouped, profiled, analysed
     if advice:
         by_run = AdvisorFrames.of(frames)
         summary["advice"] = [
