@@ -121,6 +121,19 @@ def test_a_million_steps_load_much_faster_than_parsing_line_by_line(tmp_path):
     assert min(ratios) < 0.5
 
 
+def test_edits_of_a_loaded_reports_steps_reach_its_summary(tmp_path):
+    # Report.steps of a loaded report is built on first access; from then on it is what
+    # the summary reads, as it was before the steps were loaded in parts.
+    write_run(tmp_path, "a", 0)  # 30 steps of 10 ms, a profiled window
+    report = Report.load(tmp_path)
+    assert report.summary().loc["a", "median_step_ms"] == 10.0
+
+    report.steps.loc[report.steps["step"] > 0, "step_ms"] = 1000.0
+    report.windows.loc[:, "start_step"] = 0  # the other frames are the user's too
+
+    assert report.summary().loc["a", "median_step_ms"] == 1000.0
+
+
 def test_a_window_cut_short_before_its_end_marks_no_step_by_step_number(tmp_path):
     # A process killed inside its second window leaves only that window's "open"
     # record: a start step and no end step. Its steps are not marked by number (the end

@@ -24,7 +24,6 @@ from types import SimpleNamespace
 
 import pandas as pd
 
-from keras_dp_tools.analysis.frames import steps_of
 from keras_dp_tools.analysis.workers import measured_step_times
 from keras_dp_tools.common.validation import require_positive_int, require_positive_number
 from keras_dp_tools.common.warn import warn
@@ -244,7 +243,9 @@ def what_if(
     jobs_note = ""  # a log dir's runs merged, or kept apart though they look split
     if isinstance(report, (str, os.PathLike)):
         report, jobs_note = _load_log_dir(report)
-    steps = steps_of(report).wide()  # the breakdown's columns, on the profiled rows
+    steps = report.steps  # a Report's, or a log dir's parts (built here: what_if reads
+    if not isinstance(steps, pd.DataFrame):  # the breakdown's columns on its rows)
+        steps = steps.wide()
     if steps.empty:
         raise ValueError("The report has no steps: load a log dir written by kdt callbacks.")
     runs = getattr(report, "runs", None)

@@ -21,6 +21,7 @@ import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -252,7 +253,20 @@ def record_frame(table: pa.Table) -> pd.DataFrame:
     """A table of ``read_record_tables`` as a DataFrame (integers as ``Int64``, bools
     as ``boolean``: records may leave them empty). The table's buffers are released as
     its columns are converted: it must not be used after."""
-    return table.to_pandas(types_mapper=_PANDAS_TYPES.get, split_blocks=True, self_destruct=True)
+    frame = table.to_pandas(types_mapper=_PANDAS_TYPES.get, split_blocks=True, self_destruct=True)
+    return _writable(frame)
+
+
+def _writable(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with every numpy column writable. Arrow hands numeric columns without
+    gaps over without a copy, read-only: a user's edit of a report's frame
+    (``report.steps.loc[...] = ...``) then fails with "assignment destination is
+    read-only". One column at a time, so the copy adds one column to the peak."""
+    for name in frame.columns:
+        values = frame[name].to_numpy() if isinstance(frame[name].dtype, np.dtype) else None
+        if values is not None and not values.flags.writeable:
+            frame[name] = values.copy()
+    return frame
 
 
 def read_record_tables(path: str | os.PathLike, start: int = 0) -> dict[str, pa.Table]:

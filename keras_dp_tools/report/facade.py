@@ -142,7 +142,8 @@ class Report:
         Attributes); ``load`` builds it on first access, with the breakdown's columns
         (empty on every step without one)."""
         if self._wide_steps is None:
-            self._wide_steps = self._steps.wide()
+            # From now on the analysis reads this frame: a user's edits of it count.
+            self._steps = self._wide_steps = self._steps.wide()
         return self._wide_steps
 
     @steps.setter
