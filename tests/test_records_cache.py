@@ -173,6 +173,26 @@ def test_a_replaced_records_file_is_never_read_from_its_stale_cache(
     assert_same_report(loaded, json_lines_load(run, monkeypatch))
 
 
+def test_a_rewrite_of_the_same_size_and_mtime_is_not_read_from_the_stale_cache(
+    run, cached, monkeypatch
+):
+    # cp -p, rsync -t or a filesystem with coarse mtimes: another file of the same size
+    # and modification time. Only its bytes tell.
+    Report.load(run)
+    path = worker_records_path(run, 2)
+    before = path.stat()
+    text = path.read_text()
+    slower = text.replace('"step_ms":1', '"step_ms":2')  # 10-19 ms steps: 20-29 ms
+    assert slower != text and len(slower) == len(text)
+    path.write_text(slower)
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.stat().st_mtime_ns == before.st_mtime_ns
+
+    loaded = Report.load(run)
+
+    assert_same_report(loaded, json_lines_load(run, monkeypatch))
+
+
 def test_damaged_lines_warn_on_every_load_cached_or_not(run, cached, monkeypatch):
     path = worker_records_path(run, 0)
     lines = path.read_bytes().splitlines(keepends=True)

@@ -158,15 +158,23 @@ def _is_json(line: bytes) -> bool:
 
 def _file_bytes(path: Path):
     """The file's content, memory-mapped where the system allows (a million steps are
-    170 MB: mapping spares reading them into a copy first), and its modification time,
-    taken first: a file that changes while it is read is never cached as what was read.
-    A writer may keep appending; the map ends where the file ended when it was opened."""
+    170 MB: mapping spares reading them into a copy first), and its modification and
+    change times (``_stamp``), taken first: a file that changes while it is read is
+    never cached as what was read. A writer may keep appending; the map ends where the
+    file ended when it was opened."""
     with open(path, "rb") as file:
-        mtime_ns = os.fstat(file.fileno()).st_mtime_ns
+        stamp = _stamp(os.fstat(file.fileno()))
         try:
-            return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ), mtime_ns
+            return mmap.mmap(file.fileno(), 0, access=mmap.ACCESS_READ), stamp
         except (OSError, ValueError):  # empty, or not a mappable file (a pipe)
-            return file.read(), mtime_ns
+            return file.read(), stamp
+
+
+def _stamp(info: os.stat_result) -> list[int]:
+    """What tells a file's versions apart besides its size: the modification time, and
+    the change time, which no one can set back (``cp -p``, ``rsync -t`` and coarse
+    mtimes give another file of the same size the same mtime)."""
+    return [info.st_mtime_ns, info.st_ctime_ns]
 
 
 @dataclasses.dataclass
@@ -176,7 +184,7 @@ class _Parsed:
     table: pa.Table
     messages: list[str]  # the warnings the read gives (damaged lines, a newer schema)
     size: int  # bytes of the file when read (a torn last line included)
-    mtime_ns: int
+    stamp: list[int]  # _stamp: modification and change time
     end: int  # the byte after the last complete line: where a later read continues
     tail: str  # digest of the complete lines' last bytes: the file was appended to
 
@@ -185,10 +193,10 @@ def _parse_file(path: Path, start: int = 0, required: bool = True) -> _Parsed:
     """The records of one file (from byte ``start``, a line's start) as an Arrow table;
     a torn last line is ignored. A file with content but no record raises (unless not
     ``required``). Warnings are returned, not given."""
-    data, mtime_ns = _file_bytes(path)
+    data, stamp = _file_bytes(path)
     end = data.rfind(b"\n") + 1  # whatever follows the last newline is a torn line
     tail = hashlib.sha1(data[max(0, end - _TAIL_BYTES) : end]).hexdigest()
-    parsed = _Parsed(_SCHEMA.empty_table(), [], len(data), mtime_ns, end, tail)
+    parsed = _Parsed(_SCHEMA.empty_table(), [], len(data), stamp, end, tail)
     if _PRINTABLE.search(data, start, end) is None:  # stops at the first printable byte
         if end == 0 and len(data) > 4096 and required:  # not one line: no records writer
             raise _not_records(path, "it has no line break in its first 4 KiB or more")
@@ -343,7 +351,7 @@ def _cache_key(parsed: _Parsed) -> dict:
         "schema": SCHEMA_VERSION,
         "fields": _FIELDS_DIGEST.hexdigest(),
         "size": parsed.size,
-        "mtime_ns": parsed.mtime_ns,
+        "stamp": parsed.stamp,
         "end": parsed.end,
         "tail": parsed.tail,
         "messages": parsed.messages,
@@ -356,7 +364,7 @@ def _cached_tables(path: Path) -> dict[str, pa.Table]:
     cache = records_cache_path(path)
     key, cached = _read_cache(cache)
     info = path.stat()
-    if cached is not None and (key["size"], key["mtime_ns"]) == (info.st_size, info.st_mtime_ns):
+    if cached is not None and (key["size"], key.get("stamp")) == (info.st_size, _stamp(info)):
         _give(key["messages"])
         return cached
     tables = None
