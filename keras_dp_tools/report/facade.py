@@ -123,9 +123,9 @@ class Report:
             return pd.DataFrame(columns=columns) if given is None else given
 
         self.runs = runs
-        # load passes the steps in parts: the wide frame is built on first access.
+        # load passes the steps in parts (StepParts): the wide frame is built on first
+        # access, and from then on it is what the analysis reads.
         self._steps = steps
-        self._wide_steps = steps if isinstance(steps, pd.DataFrame) else None
         self.replicas = frame(replicas, REPLICA_COLUMNS)
         self.windows = frame(windows, WINDOW_COLUMNS)
         self.gpu = frame(gpu, GPU_COLUMNS)
@@ -141,14 +141,13 @@ class Report:
         """One row per worker and recorded train-function call (see the class's
         Attributes); ``load`` builds it on first access, with the breakdown's columns
         (empty on every step without one)."""
-        if self._wide_steps is None:
-            # From now on the analysis reads this frame: a user's edits of it count.
-            self._steps = self._wide_steps = self._steps.wide()
-        return self._wide_steps
+        if not isinstance(self._steps, pd.DataFrame):
+            self._steps = self._steps.wide()  # a user's edits of it count from now on
+        return self._steps
 
     @steps.setter
     def steps(self, frame: pd.DataFrame) -> None:
-        self._steps = self._wide_steps = frame
+        self._steps = frame
 
     @property
     def step_parts(self) -> report_frames.StepParts:
