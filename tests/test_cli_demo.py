@@ -13,6 +13,7 @@ import pytest
 import keras_dp_tools as kdt
 from keras_dp_tools.tools.launch import free_ports
 from tests.helpers import REPO
+from tests.helpers.pages import text_summary
 from tests.helpers.processes import run_cli
 
 
@@ -31,8 +32,13 @@ def test_demo_records_one_row_per_trained_step(demo_run):
     assert report.windows["start_step"].tolist() == [10, 23, 36]
     assert set(report.windows["status"]) == {"analysed"}
     assert set(report.replicas["replica"]) == {0, 1}
-    assert "comm_share" in result.stdout
-    assert "median_step_ms" in result.stdout
+    # The labelled summary: each line a label, the value (shares in %), its unit, and
+    # the Report.summary() column it shows.
+    summary = text_summary(result.stdout)
+    assert summary["comm_share"]["label"] == "Communication share"
+    assert summary["comm_share"]["unit"] == "%"
+    assert summary["median_step_ms"]["unit"] == "ms"
+    assert "How to read it:" in result.stdout
     assert f"tensorboard --logdir {log_dir}" in result.stdout
 
 
@@ -117,7 +123,7 @@ def test_notebook_runs_on_the_demo_output(demo_run):
     )
     images = [output for output in outputs if "image/png" in output.get("data", {})]
     assert "Report(runs=1, workers=1, step_records=40" in texts
-    assert "median step time (ms)" in texts and "sync_wait_ms" in texts
+    assert "Median step time" in texts and "sync_wait_ms" in texts  # plots.summary_table
     assert len(images) == 4  # breakdown, comm share, sync wait, step time
     assert "GPU utilization: no GPU readings: the strategy uses no GPU" in texts
 

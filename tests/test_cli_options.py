@@ -9,6 +9,7 @@ import json
 import pytest
 
 from keras_dp_tools.tools.cli import HANDLERS, build_parser, main
+from tests.helpers.pages import text_summary
 from tests.helpers.processes import run_cli
 from tests.helpers.recorded_runs import COMM_HEAVY, write_run
 
@@ -72,6 +73,22 @@ def test_report_format_json_holds_the_summary_and_the_advice(tmp_path, capsys):
     # 4 of the 10 ms exposed all-reduce: communication-bound, the worst finding.
     assert data["advice"][0]["message"].startswith("Communication-bound")
     assert data["advice"][0]["severity"] == "error"
+
+
+def test_report_text_is_the_labelled_summary_with_how_to_read_it(tmp_path, capsys):
+    write_run(tmp_path, breakdown=COMM_HEAVY, replicas=4, global_batch=64, step_ms=10.0)
+
+    status = main(["report", str(tmp_path)])
+
+    out = capsys.readouterr().out
+    summary = text_summary(out)
+    assert status == 0 and out.startswith("Summary of run r1:")
+    # 3.5 ms of the 10 ms profiled step is exposed transfer: 0.35 in Report.summary().
+    comm_share = {"label": "Communication share", "values": ["35.0"], "unit": "%"}
+    assert summary["comm_share"] == comm_share
+    assert summary["gpu_util"]["values"] == ["not measured"]  # no GPU readings, not NaN
+    assert "NaN" not in out
+    assert "How to read it:" in out and "docs/reading.md" in out
 
 
 def test_report_format_csv_is_the_summary_one_row_per_run(tmp_path, capsys):

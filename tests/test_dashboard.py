@@ -1,22 +1,25 @@
 """The "Data parallel" TensorBoard dashboard: its data layer, and the page rendered by a
-real `tensorboard` in headless Chromium (skipped, saying why, where Chromium is missing)."""
+real `tensorboard` in headless Chromium (skipped, saying why, where Chromium is missing),
+which shows the same labelled summary as the HTML report and ``Report.text()``; its top
+is docs/images/dashboard.png (tests/helpers/screenshots.py)."""
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import subprocess
-from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
 
 import keras_dp_tools as kdt
+from keras_dp_tools.report.html import write_html
 from keras_dp_tools.report.tensorboard_plugin import data as dashboard
+from tests.helpers.pages import ReportPage, assert_shows, dashboard_summary, text_summary
 from tests.helpers.processes import get_json
 from tests.helpers.recorded_runs import write_run
+from tests.helpers.screenshots import keep_screenshot, page_structure
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
@@ -62,9 +65,11 @@ def test_large_run_stays_a_small_page(tmp_path):
     answer = data.run("big", None)
     svg = data.figure("step_time", "big", None, None)
 
-    summary = {row["metric"]: row["value"] for row in answer["summary"]}
-    assert summary["steps"] == 99_999  # the warm-up call is not counted
+    summary = {row["field"]: row["value"] for row in answer["summary"]}
+    shown = {row["field"]: row["shown"] for row in answer["summary"]}
+    assert summary["steps"] == 99_999 and shown["steps"] == "99,999"  # warm-up not counted
     assert summary["median_step_ms"] == pytest.approx(13.0)  # 10 + median of step % 7
+    assert shown["median_step_ms"] == "13"
     assert "mean of 50 consecutive rows" in svg
     assert len(svg) < 400_000  # 2,000 points, not 100,000
     json.dumps(answer)  # the route's answer is plain JSON
@@ -114,46 +119,6 @@ def browser() -> str | None:
     return next(filter(None, map(shutil.which, BROWSERS)), None)
 
 
-class DashboardPage(HTMLParser):
-    """What the test reads from the rendered page: texts by element id, the summary
-    table's values by metric, and the SVG charts."""
-
-    def __init__(self):
-        super().__init__()
-        self.texts: dict[str, str] = {}
-        self.summary: dict[str, str] = {}
-        self.svgs = 0
-        self.figures = 0
-        self._open: list[tuple[str, str | None]] = []
-        self._metric = None
-
-    def handle_starttag(self, tag, attrs):
-        attrs = dict(attrs)
-        if tag == "svg":
-            self.svgs += 1
-        if "figure" in (attrs.get("class") or "").split():
-            self.figures += 1
-        if tag == "tr" and "data-metric" in attrs:
-            self._metric = attrs["data-metric"]
-        collect = attrs.get("id")
-        if tag == "td" and "value" in (attrs.get("class") or "") and self._metric:
-            collect = f"summary:{self._metric}"
-        self._open.append((tag, collect))
-
-    def handle_endtag(self, tag):
-        while self._open:
-            opened, _ = self._open.pop()
-            if opened == tag:
-                break
-        if tag == "tr":
-            self._metric = None
-
-    def handle_data(self, text):
-        for _, collect in self._open:
-            if collect:
-                self.texts[collect] = self.texts.get(collect, "") + text
-
-
 def headless(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
     """Chromium without a display, sandbox (CI runs as root) or any host but loopback:
     the page must render from what TensorBoard serves."""
@@ -190,26 +155,33 @@ def test_dashboard_renders_in_chromium(demo_tensorboard, tmp_path):
     page_url = f"{base}/data/plugin_entry.html?name=data_parallel"
 
     dumped = headless("--window-size=1280,16000", "--dump-dom", page_url)
-    page = DashboardPage()
-    page.feed(dumped.stdout)
+    page = ReportPage(dumped.stdout)
     screenshot = tmp_path / "dashboard.png"
-    shot = headless("--window-size=1280,5200", f"--screenshot={screenshot}", page_url)
+    shot = headless("--window-size=1280,1600", f"--screenshot={screenshot}", page_url)
     if os.environ.get("KERAS_DP_SCREENSHOT_DIR"):
         shutil.copy(screenshot, Path(os.environ["KERAS_DP_SCREENSHOT_DIR"]) / screenshot.name)
 
     report = kdt.Report.load(log_dir)
     (run,) = report.runs["run"].unique()
     assert page.texts.get("run-id") == run, dumped.stdout[-3000:] + dumped.stderr[-2000:]
-    summary = report.summary().loc[run]
-    shown = {key.split(":", 1)[1]: text for key, text in page.texts.items() if ":" in key}
-    numbers = [name for name, value in summary.items() if isinstance(value, (int, float))]
-    assert {"median_step_ms", "comm_share", "wait_share"} <= set(numbers)
-    for name in numbers:
-        value = float(summary[name])
-        if math.isnan(value):
-            assert shown[name] == "–", name
-        else:
-            assert float(shown[name]) == pytest.approx(value, rel=1e-3), name
+    # One labelled summary everywhere: the page, its data (LogDirData.run), the HTML
+    # report and Report.text() show the same label, value and unit for every field of
+    # Report.summary(), and each value says what the number says (a share in %).
+    numbers = report.summary(advice=False).loc[run]
+    answer = dashboard.LogDirData(log_dir).run(run, None)
+    data = dashboard_summary(answer)
+    html_page = ReportPage(write_html(report, tmp_path / "report.html").read_text())
+    assert list(page.summary) == list(numbers.index)
+    assert page.summary == data == html_page.summary == text_summary(report.text())
+    for field, row in page.summary.items():
+        assert_shows(field, row["values"][0], numbers[field])
+    raw = {entry["field"]: entry["value"] for entry in answer["summary"]}
+    assert raw["comm_share"] == pytest.approx(numbers["comm_share"])  # the fraction
+    assert page.summary["comm_share"]["label"] == "Communication share"
+    assert page.summary["comm_share"]["unit"] == "%"
+    assert page.summary["gpu_util"]["values"] == ["not measured"]  # CPU replicas
+    assert page.reading == answer["reading"]["lines"] == html_page.reading
+    assert "fractions" not in page.texts.get("main", "")
     # The advice, each finding with its evidence and fix, as the advisor words it.
     advice = report.for_run(run).advice()
     text = page.texts.get("advice", "")
@@ -228,3 +200,7 @@ def test_dashboard_renders_in_chromium(demo_tensorboard, tmp_path):
     assert "Loading chart" not in dumped.stdout
     assert "No GPU readings for this run" in page.texts.get("gpu-note", "")
     assert shot.returncode == 0 and screenshot.stat().st_size > 10_000, shot.stderr[-2000:]
+    # The run's id is in its heading; section headings (h2) and the summary's labels
+    # are the page's structure. The windows' headings (h3) hold step numbers: left out.
+    headings = [h for h in page.headings if h.startswith(("h1 ", "h2 ")) and run not in h]
+    keep_screenshot("dashboard", screenshot, page_structure(page, headings))

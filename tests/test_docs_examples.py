@@ -70,7 +70,16 @@ def test_report_doc_plots_example_runs_on_a_recorded_run(tmp_path):
     # No GpuMonitor readings in this run: that plot says so instead of drawing.
     drawn = sorted(path.name for path in tmp_path.glob("*.png"))
     assert drawn == ["comm_share.png", "step_breakdown.png", "step_time.png", "sync_wait.png"]
-    assert "GPU utilization" in out and "median step time (ms)" in out
+    assert "GPU utilization" in out and "Median step time" in out
+
+
+def test_reading_doc_example_prints_the_labelled_summary_and_the_number(tmp_path):
+    write_run(tmp_path / "runs" / "exp1", breakdown=COMM_HEAVY)
+    out = run_example(python_block("docs/reading.md", "## The summary, row by row"), tmp_path)
+    # 3.5 ms of exposed transfer in each 10 ms profiled step: 35.0 %, a fraction of 0.35.
+    (line,) = [line for line in out.splitlines() if line.split()[:1] == ["comm_share"]]
+    assert line.split() == ["comm_share", "Communication", "share", "%", "35.0"]
+    assert float(out.splitlines()[-1]) == pytest.approx(0.35)
 
 
 def test_readme_quickstart_trains_two_replicas_and_reports(tmp_path):

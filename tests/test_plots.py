@@ -19,6 +19,7 @@ from tests.helpers.figures import (
     only_axes,
     tick_labels,
 )
+from tests.helpers.pages import ReportPage
 from tests.helpers.recorded_runs import (
     COMM_HEAVY,
     WAITING,
@@ -209,32 +210,38 @@ def test_plots_say_when_there_is_nothing_to_show(tmp_path):
     assert only_axes(plots.scaling(report)).texts[0].get_text().startswith("Needs runs")
 
 
-def test_summary_table_of_one_run_is_field_and_value(tmp_path):
+def test_summary_table_of_one_run_is_field_label_unit_and_value(tmp_path):
     write_run(tmp_path, breakdown=COMM_HEAVY, step_ms=10.0, global_batch=64)
     table = plots.summary_table(kdt.Report.load(tmp_path))
-    assert list(table.reset_index().columns) == ["field", "value"]
-    assert table.loc["median step time (ms)", "value"] == "10"
-    assert table.loc["throughput (examples/s)", "value"] == "6,400"  # 64 examples / 10 ms
-    assert table.loc["communication share (% of step)", "value"] == "35.0"
-    assert table.loc["global batch (examples)", "value"] == "64"
-    assert table.loc["GPU utilization (%)", "value"] == "-"  # not measured
-    assert table.loc["start (UTC)", "value"] == "1970-01-01 00:16:40"  # Unix 1000 s
+    assert list(table.columns) == ["field", "label", "unit", "value"]
+    rows = table.set_index("field")
+    assert rows.loc["median_step_ms"].tolist() == ["Median step time", "ms", "10"]
+    # 64 examples / 10 ms
+    assert rows.loc["examples_per_s"].tolist() == ["Throughput", "examples/s", "6,400"]
+    # 3.5 of the 10 ms profiled step is exposed transfer (4 exposed all-reduce, 0.5 wait).
+    assert rows.loc["comm_share"].tolist() == ["Communication share", "%", "35.0"]
+    assert rows.loc["wait_share", "value"] == "5.0"
+    assert rows.loc["global_batch"].tolist() == ["Global batch", "examples", "64"]
+    assert rows.loc["gpu_util"].tolist() == ["GPU utilization", "%", "not measured"]
+    assert rows.loc["start"].tolist() == ["Start", "UTC", "1970-01-01 00:16:40"]  # Unix 1000 s
 
 
 def test_summary_table_puts_runs_side_by_side(tmp_path):
     write_scaling_runs(tmp_path)
-    table = plots.summary_table(kdt.Report.load(tmp_path))
-    assert list(table.columns) == ["one", "four"]
-    assert table.loc["replicas"].tolist() == ["1", "4"]
-    assert table.loc["median step time (ms)"].tolist() == ["10", "20"]
+    table = plots.summary_table(kdt.Report.load(tmp_path)).set_index("field")
+    assert list(table.columns) == ["label", "unit", "one", "four"]
+    assert table.loc["replicas", ["one", "four"]].tolist() == ["1", "4"]
+    assert table.loc["median_step_ms", ["one", "four"]].tolist() == ["10", "20"]
 
 
 def test_html_report_shows_figures_and_says_what_it_left_out(windowed, tmp_path):
     page = write_html(windowed, tmp_path / "report.html").read_text()
     assert page.count("<img") == 4  # step time, breakdown, comm share, sync wait
     assert "<b>GPU utilization</b> left out: no GPU readings: the strategy uses no GPU" in page
-    assert "<th>field</th>" in page and "<th>value</th>" in page
-    assert "median step time (ms)" in page
+    shown = ReportPage(page)
+    assert shown.summary["median_step_ms"]["label"] == "Median step time"
+    assert shown.summary["median_step_ms"]["unit"] == "ms"
+    assert shown.headings[:3] == ["h1 keras_dp_tools report", "h2 Summary", "h3 How to read it"]
 
 
 def test_report_command_warns_nothing_of_ours(tmp_path, capsys):

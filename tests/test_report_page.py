@@ -1,7 +1,8 @@
 """The report of a real CPU run (the demo) as a person reads it: `keras-dp report --html`
 prints no warning, the page has no line across unmeasured steps, no empty figure, a
 summary that fits the page. PNGs of every figure and of the page (headless Chromium,
-where installed) are kept under the test's tmp dir, and in $KERAS_DP_ARTIFACTS when set."""
+where installed) are kept under the test's tmp dir, and in $KERAS_DP_ARTIFACTS when set;
+the page's top is docs/images/report.png (tests/helpers/screenshots.py)."""
 
 import os
 import shutil
@@ -13,7 +14,9 @@ import pytest
 import keras_dp_tools as kdt
 from keras_dp_tools.report import plots
 from tests.helpers.figures import assert_each_line_stays_in_one_window, only_axes
+from tests.helpers.pages import ReportPage
 from tests.helpers.processes import run_cli
+from tests.helpers.screenshots import keep_screenshot, page_structure
 
 pytestmark = pytest.mark.slow
 
@@ -67,7 +70,7 @@ def test_demo_plots_keep_windows_apart_and_leave_out_the_gpu(demo_run, tmp_path)
     gpu = figures["gpu_utilization"]
     assert isinstance(gpu, plots.Omitted) and "uses no GPU" in gpu.reason
     table = plots.summary_table(report)
-    assert list(table.reset_index().columns) == ["field", "value"]
+    assert list(table.columns) == ["field", "label", "unit", "value"]
 
 
 def test_page_has_no_empty_figure_and_says_why(page):
@@ -75,7 +78,10 @@ def test_page_has_no_empty_figure_and_says_why(page):
     html = path.read_text()
     assert html.count("<img") == 4  # step time, breakdown, comm share, sync wait
     assert "<b>GPU utilization</b> left out: no GPU readings: the strategy uses no GPU" in html
-    assert "<th>field</th>" in html and "<th>value</th>" in html
+    shown = ReportPage(html)
+    assert shown.summary["comm_share"]["label"] == "Communication share"
+    assert shown.summary["gpu_util"]["values"] == ["not measured"]  # CPU replicas
+    assert "How to read it" in shown.headings[2] and len(shown.reading) <= 6
 
 
 def chromium() -> str | None:
@@ -113,3 +119,5 @@ def test_page_fits_its_column_in_a_browser(page, tmp_path):
     # may reach into the 100 px margins.
     assert (pixels[:, -100:] < 250).sum() == 0
     assert (pixels[:, :100] < 250).sum() == 0
+    shown = ReportPage(path.read_text())
+    keep_screenshot("report", shot, page_structure(shown, shown.headings))

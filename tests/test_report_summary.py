@@ -1,8 +1,14 @@
-"""Report.summary's step counts, and steps another profiler captured. No TensorFlow."""
+"""Report.summary's step counts, steps another profiler captured, and the labelled
+summary every view shows. No TensorFlow."""
+
+import pytest
 
 from keras_dp_tools import Report
 from keras_dp_tools.records.writer import RecordWriter, worker_records_path
-from tests.helpers.recorded_runs import BALANCED, write_run
+from keras_dp_tools.report.html import write_html
+from keras_dp_tools.report.tensorboard_plugin.data import LogDirData
+from tests.helpers.pages import ReportPage, assert_shows, dashboard_summary, text_summary
+from tests.helpers.recorded_runs import BALANCED, COMM_HEAVY, write_run
 
 
 def test_summary_counts_the_steps_behind_each_statistic(tmp_path):
@@ -39,3 +45,48 @@ def test_a_run_without_a_profiler_measures_every_step_after_warmup(tmp_path):
     summary = Report.load(tmp_path).summary(advice=False).iloc[0]
 
     assert (summary["steps"], summary["measured_steps"], summary["breakdown_steps"]) == (11, 11, 0)
+
+
+def test_text_html_and_dashboard_show_the_same_labelled_summary(tmp_path):
+    # 10 ms steps of 64 examples; each profiled step: 3.5 ms exposed transfer, 0.5 ms wait.
+    write_run(tmp_path, breakdown=COMM_HEAVY, step_ms=10.0, global_batch=64)
+    report = Report.load(tmp_path)
+    numbers = report.summary(advice=False).loc["r1"]
+
+    text = text_summary(report.text())
+    page = ReportPage(write_html(report, tmp_path / "report.html").read_text())
+    dashboard = LogDirData(tmp_path).run("r1", None)
+    dashboard_rows = dashboard_summary(dashboard)
+
+    assert list(text) == list(numbers.index)  # every field, in the summary's order
+    assert page.summary == text and dashboard_rows == text
+    for field, row in text.items():
+        assert_shows(field, row["values"][0], numbers[field])
+    # Worked out by hand from the records: shares in %, units apart, NaN said in words.
+    assert text["comm_share"] == {"label": "Communication share", "values": ["35.0"], "unit": "%"}
+    assert text["wait_share"]["values"] == ["5.0"]
+    assert text["median_step_ms"] == {"label": "Median step time", "values": ["10"], "unit": "ms"}
+    assert text["examples_per_s"]["values"] == ["6,400"]
+    assert text["gpu_util"]["values"] == ["not measured"]
+    # The dashboard's JSON keeps the number for machines: the fraction, not the percent.
+    values = {entry["field"]: entry["value"] for entry in dashboard["summary"]}
+    assert values["comm_share"] == pytest.approx(0.35) and values["gpu_util"] is None
+    # How to read it, the same lines under each summary.
+    assert page.reading == dashboard["reading"]["lines"]
+    assert "\n".join(f"- {line}" for line in page.reading) in report.text()
+    note = " ".join(page.reading)
+    assert "do not add up to the step time" in note and "docs/reading.md" in note
+    assert "exposed all-reduce transfer only" in note
+
+
+def test_several_runs_are_columns_of_the_text_summary(tmp_path):
+    write_run(tmp_path / "a", run="a", replicas=2, step_ms=10.0)
+    write_run(tmp_path / "b", run="b", replicas=4, step_ms=12.0, start=2000.0)
+
+    text = Report.load(tmp_path).text()
+
+    assert text.startswith("Summary of runs a, b:")
+    rows = text_summary(text)
+    assert rows["replicas"]["values"] == ["2", "4"]
+    assert rows["median_step_ms"] == {"label": "Median step time", "values": ["10", "12"],
+                                      "unit": "ms"}  # fmt: skip

@@ -18,6 +18,7 @@ from keras_dp_tools.records.fields import FIELDS
 from keras_dp_tools.records.writer import RECORDS_DIRNAME
 from keras_dp_tools.report import plots
 from keras_dp_tools.report.facade import Report
+from keras_dp_tools.report.summary_fields import SUMMARY_FIELDS
 from tests.helpers.recorded_runs import COMM_HEAVY, write_run
 
 # Record plumbing, not data: the record's type and the records format's version.
@@ -161,7 +162,7 @@ def test_stacked_breakdown_parts_are_breakdown_columns():
 def test_every_summary_field_has_its_label_and_no_label_is_stale(tmp_path):
     write_run(tmp_path, breakdown=COMM_HEAVY, gpu_util=50.0)
     summary = Report.load(tmp_path).summary(advice=False)
-    assert set(summary.columns) ^ set(plots._SUMMARY_FIELDS) == set()
+    assert set(summary.columns) ^ set(SUMMARY_FIELDS) == set()
 
 
 def test_the_dashboards_view_of_a_worker_keeps_every_report_frame(tmp_path):

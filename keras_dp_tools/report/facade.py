@@ -248,8 +248,10 @@ class Report:
         return run_summaries.run_summary(self, advice=advice)
 
     def text(self) -> str:
-        """The summary (a column per run), the scaling table when the runs differ in
-        replicas, and the advice, as plain text for terminals and logs."""
+        """The labelled summary (a line per field: label, the value of each run, unit,
+        ``summary()`` column; shares in %) and how to read it, the scaling table when
+        the runs differ in replicas, and the advice, as plain text for terminals and
+        logs."""
         return report_text(self)
 
     def for_run(self, run: str) -> Report:

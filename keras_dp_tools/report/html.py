@@ -12,7 +12,7 @@ import io
 import os
 from pathlib import Path
 
-from keras_dp_tools.report import plots
+from keras_dp_tools.report import plots, summary_fields
 
 # Plots of one run, in reading order, with their captions.
 _RUN_PLOTS = (
@@ -27,7 +27,31 @@ _STYLE = (
     "table{border-collapse:collapse;font-size:small;}td,th{padding:2px 8px;text-align:left;}"
     "td+td,th+th{text-align:right;}tr:nth-child(even){background:#f4f4f4;}"
     "img{max-width:100%;}.note,.omitted{color:#555;font-size:small;}"
+    "td.unit,th.unit{text-align:left;}.reading{color:#444;font-size:small;}"
+    ".reading h3{margin-bottom:0;}"
 )
+
+
+def _summary_html(table) -> str:
+    """The labelled summary (``summary_fields.summary_table``): label, the value of each
+    run, unit; each row names its ``Report.summary()`` column; then how to read it."""
+    runs = summary_fields.value_columns(table)
+    cell = html.escape
+    header = "".join(f"<th>{cell(run)}</th>" for run in runs)
+    rows = "".join(
+        f'<tr data-field="{cell(row["field"])}" '
+        f'title="Report.summary() column {cell(row["field"])}">'
+        f'<td class="label">{cell(row["label"])}</td>'
+        + "".join(f'<td class="value">{cell(row[run])}</td>' for run in runs)
+        + f'<td class="unit">{cell(row["unit"])}</td></tr>'
+        for row in table.to_dict("records")
+    )
+    note = "".join(f"<li>{cell(sentence)}</li>" for sentence in summary_fields.READING_NOTE)
+    return (
+        f'<table id="summary"><tr><th></th>{header}<th class="unit">unit</th></tr>{rows}</table>'
+        f'<div class="reading" id="how-to-read"><h3>{cell(summary_fields.READING_TITLE)}</h3>'
+        f"<ul>{note}</ul></div>"
+    )
 
 
 def _figure_html(figure, caption: str) -> str:
@@ -71,8 +95,7 @@ def write_html(report, path: str | os.PathLike, title: str = "keras_dp_tools rep
     body = [
         f"<h1>{html.escape(title)}</h1>",
         "<h2>Summary</h2>",
-        plots.summary_table(report).reset_index().to_html(border=0, index=False),
-        f'<p class="note">{html.escape(plots.SUMMARY_NOTE)}</p>',
+        _summary_html(plots.summary_table(report)),
         "<h2>Advice</h2>",
         f"<ul>{advice_items}</ul>",
         "<h2>Plots</h2>",

@@ -25,7 +25,7 @@ if isinstance(figure, plots.Omitted):
     print(figure)  # e.g. "Where each profiled step goes: no profiled steps (...)"
 else:
     figure.savefig("breakdown.png")
-print(plots.summary_table(report))
+print(plots.summary_table(report).to_string(index=False))
 ```
 """
 
@@ -37,6 +37,8 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+
+from keras_dp_tools.report import summary_fields
 
 # Exclusive parts of a step, bottom to top, with their colours.
 _PARTS = {
@@ -418,65 +420,14 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
     return figure
 
 
-# Summary fields as a person reads them: a label with its unit, and how to write a value.
-def _number(value) -> str:
-    if abs(value) >= 100:
-        return f"{value:,.0f}"
-    return f"{value:.3g}"
-
-
-def _percent(share) -> str:
-    return f"{100 * share:.1f}"
-
-
-def _count(value) -> str:
-    return f"{int(value):,}"
-
-
-_SUMMARY_FIELDS = {
-    "start": ("start (UTC)", lambda time: time.strftime("%Y-%m-%d %H:%M:%S")),
-    "workers": ("workers", _count),
-    "replicas": ("replicas", _count),
-    "global_batch": ("global batch (examples)", _count),
-    "steps": ("steps (warm-up left out)", _count),
-    "measured_steps": ("steps in the step times (not profiled)", _count),
-    "breakdown_steps": ("steps in the breakdown (profiled)", _count),
-    "median_step_ms": ("median step time (ms)", _number),
-    "p90_step_ms": ("p90 step time (ms)", _number),
-    "examples_per_s": ("throughput (examples/s)", _number),
-    "step_time_from": ("step times from (column of Report.steps)", str),
-    "compute_ms": ("compute (ms)", _number),
-    "allreduce_ms": ("all-reduce (ms)", _number),
-    "gather_ms": ("all-gather of sparse gradients (ms)", _number),
-    "exposed_allreduce_ms": ("all-reduce not hidden by compute (ms)", _number),
-    "sync_wait_ms": ("sync wait (ms)", _number),
-    "input_ms": ("input (ms)", _number),
-    "other_ms": ("other (ms)", _number),
-    "comm_share": ("communication share (% of step)", _percent),
-    "wait_share": ("wait share (% of step)", _percent),
-    "busbw_gbps": ("all-reduce bus bandwidth (GB/s)", _number),
-    "gpu_util": ("GPU utilization (%)", _number),
-}
-SUMMARY_NOTE = (
-    "Step times and throughput leave out warm-up and profiled steps; compute to bus "
-    "bandwidth are medians over the profiled steps (mean over replicas); a dash: not measured."
-)
-
-
 def summary_table(report) -> pd.DataFrame:
-    """``report.summary()`` as text for people: one row per field, its unit in the
-    label; one column per run (named ``value`` when there is one run)."""
-    summary = report.summary(advice=False)
-    rows = {}
-    for column in summary.columns:
-        label, write = _SUMMARY_FIELDS.get(column, (column, str))
-        rows[label] = ["-" if pd.isna(value) else write(value) for value in summary[column]]
-    table = pd.DataFrame.from_dict(rows, orient="index", columns=list(summary.index))
-    if len(table.columns) == 1:
-        table.columns = ["value"]
-    table.index.name = "field"
-    table.columns.name = None
-    return table
+    """``report.summary()`` for people: one row per field with columns ``field`` (the
+    summary's column, e.g. ``comm_share``), ``label`` ("Communication share"), ``unit``
+    ("%") and the value as shown (shares in %, "not measured" where the run has none),
+    one column per run (named ``value`` when there is one run). The same table as
+    ``Report.text()``, the HTML report and the dashboard
+    (``keras_dp_tools.report.summary_fields``)."""
+    return summary_fields.summary_table(report.summary(advice=False))
 
 
 def worker_wait(report, run: str | None = None) -> Figure | Omitted:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pandas as pd
 
 from keras_dp_tools.analysis import workers as worker_analysis
+from keras_dp_tools.report.summary_fields import summary_table, summary_text
 
 # The straggler view's columns of Report.workers.
 _WORKER_TEXT_COLUMNS = [
@@ -19,19 +20,18 @@ _WORKER_TEXT_COLUMNS = [
 
 
 def report_text(report) -> str:
-    """The summary (a column per run), the scaling table when the runs differ in
-    replicas, the workers, and the advice. ``report``: a ``Report``."""
+    """The labelled summary (a column per run) and how to read it, the scaling table
+    when the runs differ in replicas, the workers, and the advice. ``report``: a
+    ``Report``."""
     if report.steps.empty:
         return no_steps_text(report.runs)
-    summary = report.summary(advice=False)
-    numbers = summary.select_dtypes("number").columns
-    summary[numbers] = summary[numbers].round(3)
-    summary["start"] = summary["start"].dt.floor("s")
     parts = job_text(report.job_findings())
-    parts.append("Summary (warm-up and profiled steps left out of step times):")
-    with pd.option_context("display.width", 160, "display.max_columns", 30):
-        parts.append(summary.T.to_string())
-        if report.steps["replicas"].nunique() > 1:
+    summary = report.summary(advice=False)
+    runs = ", ".join(map(str, summary.index))
+    parts.append(f"Summary of run {runs}:" if len(summary) == 1 else f"Summary of runs {runs}:")
+    parts += summary_text(summary_table(summary))
+    if report.steps["replicas"].nunique() > 1:
+        with pd.option_context("display.width", 160, "display.max_columns", 30):
             parts += ["", "Scaling:", report.compare().round(3).to_string(index=False)]
     parts += worker_text(report.workers, report.restarts)
     advice = report.advice()

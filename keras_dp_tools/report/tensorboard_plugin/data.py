@@ -20,6 +20,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from keras_dp_tools.report.summary_fields import READING_NOTE, READING_TITLE, summary_table
+
 # Most points a line chart gets; longer series are averaged over consecutive rows.
 MAX_POINTS = 2000
 # Most per-window breakdown charts listed (the latest ones).
@@ -121,6 +123,26 @@ def svg(figure, salt: str) -> str:
     return text[text.index("<svg") :]
 
 
+def summary_entries(summary: pd.DataFrame) -> list[dict]:
+    """One run's ``Report.summary()`` as the page shows it, a dict per field: ``field``
+    (the column), ``label``, ``unit``, ``value`` (the number, for machines) and
+    ``shown`` (the text people read: shares in %), from ``summary_fields``."""
+    if summary.empty:
+        return []
+    table = summary_table(summary.iloc[:1])
+    row = summary.iloc[0]
+    return [
+        {
+            "field": entry["field"],
+            "label": entry["label"],
+            "unit": entry["unit"],
+            "value": json_value(row[entry["field"]]),
+            "shown": entry["value"],
+        }
+        for entry in table.to_dict("records")
+    ]
+
+
 class LogDirData:
     """The dashboard's data for one log dir, reloaded when its records change."""
 
@@ -198,8 +220,7 @@ class LogDirData:
     def run(self, run: str, worker: int | None) -> dict:
         """Summary, advice, windows and sync wait of one run (one worker, or all)."""
         part = self._part(run, worker)
-        summary = part.summary()
-        row = summary.iloc[0] if len(summary) else pd.Series(dtype=object)
+        summary = part.summary(advice=False)
         # Each Finding as the page reads it (its message is the item's title).
         advice = [{**finding.to_dict(), "title": finding.message} for finding in part.advice()]
         header = part.runs.iloc[-1]
@@ -232,11 +253,8 @@ class LogDirData:
                     "tf_version",
                 )
             },
-            "summary": [
-                {"metric": str(name), "value": json_value(value)}
-                for name, value in row.items()
-                if name != "advice"
-            ],
+            "summary": summary_entries(summary),
+            "reading": {"title": READING_TITLE, "lines": list(READING_NOTE)},
             "advice": advice,
             "windows": table(
                 windows[

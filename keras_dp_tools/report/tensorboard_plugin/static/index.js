@@ -94,10 +94,8 @@ async function showRun() {
       `${format(h.global_batch)}, ${h.keras_package} ${h.keras_version}, TensorFlow ` +
       `${h.tf_version}, host ${h.hostname}; devices ${(h.devices || []).join(', ')}`),
     el('h2', {}, 'Summary'),
-    el('p', { class: 'note' },
-      'Report.summary(): warm-up and profiled steps are left out of the step times; ' +
-      'breakdown values are medians over profiled steps; shares are fractions of the step.'),
     summaryTable(data.summary),
+    readingNote(data.reading),
     el('h2', {}, 'Advice'),
     adviceList(data.advice),
     el('h2', {}, 'Step time'),
@@ -130,15 +128,26 @@ async function showRun() {
   });
 }
 
+// The labelled summary as the server wrote it (keras_dp_tools.report.summary_fields):
+// label, the value as shown (shares in %), unit; each row names its Report.summary() column.
 function summaryTable(rows) {
   return el('table', { id: 'summary' }, [
-    el('tr', {}, [el('th', { class: 'text' }, 'metric'), el('th', {}, 'value')]),
+    el('tr', {}, [el('th', { class: 'text' }, ''), el('th', {}, 'value'),
+      el('th', { class: 'text' }, 'unit')]),
     ...rows.map((row) =>
-      el('tr', { 'data-metric': row.metric }, [
-        el('td', { class: 'text' }, row.metric),
-        el('td', { class: 'value' }, format(row.value)),
+      el('tr', { 'data-field': row.field, title: `Report.summary() column ${row.field}` }, [
+        el('td', { class: 'text label' }, row.label),
+        el('td', { class: 'value' }, row.shown),
+        el('td', { class: 'text unit' }, row.unit),
       ]),
     ),
+  ]);
+}
+
+function readingNote(reading) {
+  return el('div', { class: 'reading', id: 'how-to-read' }, [
+    el('h3', {}, reading.title),
+    el('ul', {}, reading.lines.map((line) => el('li', {}, line))),
   ]);
 }
 
