@@ -131,7 +131,7 @@ def _ms(value: float) -> str:
 
 
 def _moves(evidence: dict, bytes_per_step: float) -> str:
-    """"2 x 94 MB" when reads and pushes are (about) equal, else their sum."""
+    """ "2 x 94 MB" when reads and pushes are (about) equal, else their sum."""
     read, push = evidence.get("read_bytes"), evidence.get("push_bytes")
     if read and push and abs(read - push) <= 0.05 * max(read, push):
         return f"2 × {_mb((read + push) / 2)}"
@@ -167,8 +167,7 @@ def loss_reason(row: pd.Series, winner: pd.Series) -> str:
         return text + (f"; {note}" if note else "")
     if row["candidate"] == BASELINE:
         return (
-            f"it has 1 replica against {int(winner['replicas'])}, and no communication "
-            "to save"
+            f"it has 1 replica against {int(winner['replicas'])}, and no communication to save"
             if pd.notna(winner["replicas"]) and winner["replicas"] > 1
             else "it has no communication to save"
         )
@@ -176,12 +175,13 @@ def loss_reason(row: pd.Series, winner: pd.Series) -> str:
         share = f" ({row['comm_share']:.0%})" if pd.notna(row["comm_share"]) else ""
         return (
             f"its exposed all-reduce takes {_ms(row['comm_ms'])} of a {_ms(step_ms)} "
-            f"step{share}"
-            + (f", {_mb(row['bytes_per_step'])} a step{source}" if has_bytes else "")
+            f"step{share}" + (f", {_mb(row['bytes_per_step'])} a step{source}" if has_bytes else "")
         )
     note = row["evidence_note"]
-    return f"where its time goes was not measured ({note})" if isinstance(note, str) else (
-        "where its time goes was not measured"
+    return (
+        f"where its time goes was not measured ({note})"
+        if isinstance(note, str)
+        else ("where its time goes was not measured")
     )
 
 

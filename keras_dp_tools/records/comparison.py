@@ -52,7 +52,9 @@ def write_comparison(log_dir: str | os.PathLike, record: dict) -> Path:
     in) atomically to ``log_dir/strategy_comparison.json``; returns the path."""
     unknown = set(record) - set(COMPARISON_FIELDS)
     if unknown:
-        raise ValueError(f"Unknown comparison field(s) {sorted(unknown)}; expected {COMPARISON_FIELDS}.")
+        raise ValueError(
+            f"Unknown comparison field(s) {sorted(unknown)}; expected {COMPARISON_FIELDS}."
+        )
     full = {"schema_version": COMPARISON_SCHEMA_VERSION, "kind": COMPARISON_KIND, **record}
     path = comparison_path(log_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -73,5 +75,7 @@ def read_comparison(log_dir: str | os.PathLike) -> dict | None:
     except json.JSONDecodeError as error:
         raise ValueError(f"{path} is not valid JSON ({error}).") from None
     if not isinstance(record, dict) or record.get("kind") != COMPARISON_KIND:
-        raise ValueError(f"{path} is not a strategy comparison record (no kind {COMPARISON_KIND!r}).")
+        raise ValueError(
+            f"{path} is not a strategy comparison record (no kind {COMPARISON_KIND!r})."
+        )
     return record

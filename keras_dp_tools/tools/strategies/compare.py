@@ -118,8 +118,15 @@ class StrategyComparison:
                 "kdt.compare_strategies(..., log_dir=...) or keras-dp compare-strategies."
             )
         table = pd.DataFrame(record["table"])
-        for column in ("examples_per_s", "spread_pct", "speedup", "step_ms", "comm_ms",
-                       "comm_share", "bytes_per_step"):
+        for column in (
+            "examples_per_s",
+            "spread_pct",
+            "speedup",
+            "step_ms",
+            "comm_ms",
+            "comm_share",
+            "bytes_per_step",
+        ):
             table[column] = pd.to_numeric(table[column]).astype(float)
         settings = record.get("settings") or {}
         return cls(
