@@ -101,6 +101,7 @@ def comparison_table(rows: list[dict]) -> pd.DataFrame:
     table = table.assign(_order=table["status"].map(_STATUS_ORDER).fillna(3))
     table = table.sort_values(["_order", "examples_per_s"], ascending=[True, False])
     table = table.drop(columns="_order").reset_index(drop=True)
+    table["replicas"] = table["replicas"].astype("Int64")  # empty where not measured
     return table[[*TABLE_COLUMNS, "evidence"]]
 
 
@@ -111,7 +112,7 @@ def speedup_note(table: pd.DataFrame) -> str | None:
     row = table[table["candidate"] == BASELINE]
     if row.empty:
         return f"no speed-up: {BASELINE} was not among the candidates"
-    return f"no speed-up: {BASELINE} was {row['status'].iloc[0]} ({row['reason'].iloc[0]})"
+    return f"no speed-up: {BASELINE} {row['status'].iloc[0]} ({row['reason'].iloc[0]})"
 
 
 def best(table: pd.DataFrame) -> str | None:

@@ -47,19 +47,25 @@ def _json_safe(value):
     return value
 
 
-def write_comparison(log_dir: str | os.PathLike, record: dict) -> Path:
-    """Writes ``record`` (``COMPARISON_FIELDS``, ``schema_version`` and ``kind`` filled
-    in) atomically to ``log_dir/strategy_comparison.json``; returns the path."""
-    unknown = set(record) - set(COMPARISON_FIELDS)
+def comparison_record(**fields) -> dict:
+    """The record of a comparison: ``fields`` (``COMPARISON_FIELDS`` but the first two)
+    with ``schema_version`` and ``kind``, NaN as None, ready for JSON."""
+    unknown = set(fields) - set(COMPARISON_FIELDS[2:])
     if unknown:
         raise ValueError(
-            f"Unknown comparison field(s) {sorted(unknown)}; expected {COMPARISON_FIELDS}."
+            f"Unknown comparison field(s) {sorted(unknown)}; expected {COMPARISON_FIELDS[2:]}."
         )
-    full = {"schema_version": COMPARISON_SCHEMA_VERSION, "kind": COMPARISON_KIND, **record}
+    record = {"schema_version": COMPARISON_SCHEMA_VERSION, "kind": COMPARISON_KIND, **fields}
+    return _json_safe(record)
+
+
+def write_comparison(log_dir: str | os.PathLike, record: dict) -> Path:
+    """Writes a ``comparison_record`` atomically (a temporary file, then renamed) to
+    ``log_dir/strategy_comparison.json``; returns the path."""
     path = comparison_path(log_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(json.dumps(_json_safe(full), indent=1, allow_nan=False), "utf-8")
+    temporary.write_text(json.dumps(record, indent=1, allow_nan=False), "utf-8")
     os.replace(temporary, path)
     return path
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from keras_dp_tools.records.contract import REPLICAS_ENV
-from keras_dp_tools.setup.devices import DEFAULT_CPU_REPLICAS
+from keras_dp_tools.setup.devices import DEFAULT_CPU_REPLICAS, requested_replicas
 from keras_dp_tools.tools.tuning.rounds import Launch
 
 TRIAL_MODULE = "keras_dp_tools.tools.strategies._strategy_trial"
@@ -51,10 +50,9 @@ class Machine:
 
     @classmethod
     def here(cls) -> Machine:
-        from keras_dp_tools.setup.devices import _requested_replicas
         from keras_dp_tools.tools.sweep import gpu_ids
 
-        return cls(tuple(gpu_ids()), _requested_replicas(None) or DEFAULT_CPU_REPLICAS)
+        return cls(tuple(gpu_ids()), requested_replicas(None) or DEFAULT_CPU_REPLICAS)
 
     @property
     def devices(self) -> int:
@@ -184,8 +182,3 @@ def launches(name: str, options: dict, machine: Machine, spec: dict, folder: Pat
         )
         for index in range(workers)
     ]
-
-
-def environment_note() -> str:
-    """Where the CPU count came from, for the settings record."""
-    return os.environ.get(REPLICAS_ENV, "") or f"default {DEFAULT_CPU_REPLICAS}"

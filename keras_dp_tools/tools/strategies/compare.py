@@ -22,7 +22,11 @@ import pandas as pd
 
 from keras_dp_tools.analysis import strategies as analysis
 from keras_dp_tools.common.validation import require_positive_int
-from keras_dp_tools.records.comparison import read_comparison, write_comparison
+from keras_dp_tools.records.comparison import (
+    comparison_record,
+    read_comparison,
+    write_comparison,
+)
 from keras_dp_tools.tools.strategies import candidates as registry
 from keras_dp_tools.tools.tuning.child import (
     check_dataset_contract,
@@ -75,6 +79,7 @@ class StrategyComparison:
     log_dir: Path
     codes: dict = field(default_factory=dict, repr=False)
     settings: dict = field(default_factory=dict, repr=False)
+    record: dict = field(default_factory=dict, repr=False)
 
     def shown(self) -> pd.DataFrame:
         """The table's columns for people, rounded."""
@@ -117,6 +122,12 @@ class StrategyComparison:
                 f"No strategy comparison in {log_dir} (no strategy_comparison.json): run "
                 "kdt.compare_strategies(..., log_dir=...) or keras-dp compare-strategies."
             )
+        return cls.from_record(record, Path(log_dir))
+
+    @classmethod
+    def from_record(cls, record: dict, log_dir: Path) -> StrategyComparison:
+        """The comparison a ``strategy_comparison.json`` record holds (one reading for
+        a fresh result and a loaded one)."""
         table = pd.DataFrame(record["table"])
         for column in (
             "examples_per_s",
@@ -137,6 +148,7 @@ class StrategyComparison:
             log_dir=Path(log_dir),
             codes=settings.get("codes", {}),
             settings=settings,
+            record=record,
         )
 
 
@@ -359,29 +371,19 @@ def compare_strategies(
         "build_model": references["build_model"],
         "make_dataset": references["dataset"],
     }
-    write_comparison(
-        root,
-        {
-            "time": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-            "table": table.to_dict("records"),
-            "verdict": verdict,
-            "best": best,
-            "code": codes.get(best),
-            "settings": settings,
-            "versions": _versions(),
-        },
-    )
-    if temporary and not outcome.failures:
-        shutil.rmtree(root, ignore_errors=True)
-    return StrategyComparison(
-        table=table,
+    record = comparison_record(
+        time=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        table=table.to_dict("records"),
+        verdict=verdict,
         best=best,
         code=codes.get(best),
-        verdict=verdict,
-        log_dir=root,
-        codes=codes,
         settings=settings,
+        versions=_versions(),
     )
+    write_comparison(root, record)
+    if temporary and not outcome.failures:
+        shutil.rmtree(root, ignore_errors=True)
+    return StrategyComparison.from_record(record, root)
 
 
 def _with_model_sizes(name: str, ready: dict, evidence: dict) -> dict:
