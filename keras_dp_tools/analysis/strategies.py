@@ -211,8 +211,9 @@ def verdict(table: pd.DataFrame) -> str:
     parts = [head]
     if gain_pct <= noise:
         parts.append(
-            f"{runner_up['candidate']} is within the round-to-round spread ({gain_pct:.0f}% "
-            f"slower, rounds spread up to {noise:.0f}%): treat the two as a tie"
+            f"{runner_up['candidate']} is within the round-to-round spread "
+            f"({winner['candidate']} is {gain_pct:.0f}% faster, rounds spread up to "
+            f"{noise:.0f}%): treat the two as a tie"
         )
         losers = measured.iloc[2:]
     else:

@@ -139,6 +139,7 @@ class StrategyComparison:
             "bytes_per_step",
         ):
             table[column] = pd.to_numeric(table[column]).astype(float)
+        table["replicas"] = pd.to_numeric(table["replicas"]).astype("Int64")
         settings = record.get("settings") or {}
         return cls(
             table=table,
@@ -328,7 +329,7 @@ def compare_strategies(
         timeout=timeout,
         say=say,
         log_dir=root,
-        describe_ready=lambda ready: f"ready ({ready['strategy']}, {ready['replicas']} replicas)",
+        describe_ready=lambda ready: f"ready ({ready['strategy']}, replicas: {ready['replicas']})",
     )
 
     rows = []
