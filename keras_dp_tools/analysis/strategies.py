@@ -31,6 +31,16 @@ TABLE_COLUMNS = [
     "round_examples_per_s",
     "evidence_note",
 ]
+# The numbers of the table (float; NaN where not measured).
+NUMBER_COLUMNS = [
+    "examples_per_s",
+    "spread_pct",
+    "speedup",
+    "step_ms",
+    "comm_ms",
+    "comm_share",
+    "bytes_per_step",
+]
 BASELINE = "one_device"
 _STATUS_ORDER = {"measured": 0, "failed": 1, "skipped": 2}
 

@@ -15,7 +15,12 @@ from __future__ import annotations
 import os
 import time
 
-from keras_dp_tools.tools.tuning.child import call_flexibly, load_function, serve, trial_dataset
+from keras_dp_tools.tools.tuning.child import (
+    load_function,
+    serve,
+    strategy_and_model,
+    trial_dataset,
+)
 
 _state: dict = {}
 
@@ -37,16 +42,7 @@ def _is_tf_keras(model) -> bool:
 
 
 def _set_up(spec: dict) -> dict:
-    namespace: dict = {}
-    exec(spec["code"], namespace)  # the very code the result shows the user
-    strategy = namespace["strategy"]
-    with strategy.scope():
-        model = call_flexibly(load_function(spec["build_model"]), strategy)
-    if not hasattr(model, "fit") or getattr(model, "optimizer", None) is None:
-        raise TypeError(
-            f"build_model must return a compiled Keras model, returned {type(model).__name__}"
-            " (call model.compile(...) before returning it)."
-        )
+    strategy, model = strategy_and_model(spec)
     if spec["candidate"] == "multi_worker_mirrored" and not _is_tf_keras(model):
         raise TypeError(
             f"build_model returned a Keras 3 model ({type(model).__module__}), whose fit "

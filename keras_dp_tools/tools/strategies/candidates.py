@@ -166,7 +166,8 @@ def launches(name: str, options: dict, machine: Machine, spec: dict, folder: Pat
     """The processes that run the candidate, the one that answers first."""
     if name == "parameter_server":
         module = parameter_server_module()
-        return [Launch(module.CHILD_MODULE, spec, folder / "output.log")]
+        # Its processes run tf_keras (Keras 3 has no parameter-server fit).
+        return [Launch(module.CHILD_MODULE, spec, folder / "output.log", LEGACY_KERAS_ENV)]
     if name != "multi_worker_mirrored":
         return [Launch(TRIAL_MODULE, spec, folder / "output.log")]
     from keras_dp_tools.tools.launch import free_ports

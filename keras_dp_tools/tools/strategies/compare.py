@@ -33,21 +33,13 @@ from keras_dp_tools.tools.tuning.child import (
     function_reference,
     refuse_inside_a_trial,
 )
-from keras_dp_tools.tools.tuning.rounds import run_in_rounds
+from keras_dp_tools.tools.tuning.rounds import WARMUP_STEPS, run_in_rounds
 
 # The columns people read; the table keeps the per-round rates and evidence too.
 SHOWN_COLUMNS = [
-    "candidate",
-    "status",
-    "replicas",
-    "examples_per_s",
-    "spread_pct",
-    "speedup",
-    "step_ms",
-    "comm_ms",
-    "comm_share",
-    "bytes_per_step",
-    "bytes_source",
+    column
+    for column in analysis.TABLE_COLUMNS
+    if column not in ("label", "reason", "round_examples_per_s", "evidence_note")
 ]
 
 
@@ -70,6 +62,8 @@ class StrategyComparison:
         log_dir: where the candidates' records, traces, logs and the comparison record are.
         codes: every candidate's code.
         settings: steps, rounds, per-replica batch, options of the comparison.
+        record: the ``strategy_comparison.json`` record (``keras-dp compare-strategies
+            --format json`` prints it).
     """
 
     table: pd.DataFrame
@@ -129,15 +123,7 @@ class StrategyComparison:
         """The comparison a ``strategy_comparison.json`` record holds (one reading for
         a fresh result and a loaded one)."""
         table = pd.DataFrame(record["table"])
-        for column in (
-            "examples_per_s",
-            "spread_pct",
-            "speedup",
-            "step_ms",
-            "comm_ms",
-            "comm_share",
-            "bytes_per_step",
-        ):
+        for column in analysis.NUMBER_COLUMNS:
             table[column] = pd.to_numeric(table[column]).astype(float)
         table["replicas"] = pd.to_numeric(table["replicas"]).astype("Int64")
         settings = record.get("settings") or {}
@@ -316,15 +302,14 @@ def compare_strategies(
             "candidate": name,
             "code": codes[name],
             "log_dir": str(root / name),
-            "warmup_steps": 3,
+            "warmup_steps": WARMUP_STEPS,
             "per_replica_batch": per_replica_batch,
             "options": dict(chosen[name]),
         }
         launches[name] = registry.launches(name, chosen[name], machine, spec, root / name)
     outcome = run_in_rounds(
         launches,
-        profile_command={"profile": 3},
-        time_command={"time": block},
+        block=block,
         rounds=rounds,
         timeout=timeout,
         say=say,

@@ -27,7 +27,7 @@ from keras_dp_tools.tools.tuning.child import (
     function_reference,
     refuse_inside_a_trial,
 )
-from keras_dp_tools.tools.tuning.rounds import Launch, run_in_rounds
+from keras_dp_tools.tools.tuning.rounds import WARMUP_STEPS, Launch, run_in_rounds
 
 TABLE_COLUMNS = [
     "candidate",
@@ -318,7 +318,7 @@ def tune_allreduce(
             **references,
             "code": codes[name],
             "log_dir": str(root / name),
-            "warmup_steps": 3,
+            "warmup_steps": WARMUP_STEPS,
             "per_replica_batch": per_replica_batch,
         }
         launches[name] = [
@@ -326,8 +326,7 @@ def tune_allreduce(
         ]
     outcome = run_in_rounds(
         launches,
-        profile_command={"profile": 3},
-        time_command={"time": block},
+        block=block,
         rounds=rounds,
         timeout=timeout,
         say=say,

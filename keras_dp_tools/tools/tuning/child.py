@@ -121,6 +121,23 @@ def trial_dataset(make_dataset, strategy, global_batch: int | None = None):
     return dataset
 
 
+def strategy_and_model(spec: dict):
+    """A trial's strategy, built by ``spec["code"]`` (the very code the result shows the
+    user, which assigns ``strategy``), and the compiled model ``spec["build_model"]``
+    returns inside its scope."""
+    namespace: dict = {}
+    exec(spec["code"], namespace)
+    strategy = namespace["strategy"]
+    with strategy.scope():
+        model = call_flexibly(load_function(spec["build_model"]), strategy)
+    if not hasattr(model, "fit") or getattr(model, "optimizer", None) is None:
+        raise TypeError(
+            f"build_model must return a compiled Keras model, returned {type(model).__name__}"
+            " (call model.compile(...) before returning it)."
+        )
+    return strategy, model
+
+
 def function_reference(function) -> str:
     """``"module:qualname"`` (or ``"script.py:qualname"``) for a module-level function,
     or the given string when it already is one."""

@@ -23,6 +23,9 @@ from pathlib import Path
 
 from keras_dp_tools.tools.tuning.child import Child, ChildFailed, ChildTimedOut, ContractError
 
+WARMUP_STEPS = 3  # steps each child trains before anything is measured (its "warmup_steps")
+PROFILE_STEPS = 3  # profiled steps per candidate
+
 
 @dataclass(frozen=True)
 class Launch:
@@ -99,18 +102,18 @@ def rotated(names: list[str], number: int) -> list[str]:
 def run_in_rounds(
     launches: dict[str, list[Launch]],
     *,
-    profile_command: dict,
-    time_command: dict,
+    block: int,
     rounds: int,
     timeout: float,
     say: Callable[[str], None],
     log_dir: Path,
     describe_ready: Callable[[dict], str] = lambda answer: "ready",
 ) -> Outcome:
-    """Runs each candidate (name -> its processes) through: ready, one profile command,
-    then ``rounds`` interleaved time commands. Never raises for one candidate's failure
-    (it lands in ``Outcome.failures``); raises ``ContractError`` when the user's functions
-    break the contract (every candidate would fail alike), after stopping every process.
+    """Runs each candidate (name -> its processes) through: ready, ``{"profile":
+    PROFILE_STEPS}``, then ``rounds`` interleaved ``{"time": block}`` commands. Never
+    raises for one candidate's failure (it lands in ``Outcome.failures``); raises
+    ``ContractError`` when the user's functions break the contract (every candidate would
+    fail alike), after stopping every process.
     """
     outcome = Outcome()
     groups: dict[str, Group] = {}
@@ -140,15 +143,15 @@ def run_in_rounds(
         for name in list(groups):  # one at a time: a profile must not share the CPU
             say(f"profiling {name}")
             try:
-                outcome.profile[name] = groups[name].request(profile_command, timeout)
+                outcome.profile[name] = groups[name].request({"profile": PROFILE_STEPS}, timeout)
             except ChildFailed as error:
                 fail(name, error)
         outcome.blocks = {name: [] for name in groups}
         for number in range(rounds):
-            say(f"round {number + 1}/{rounds}: {time_command['time']} steps each")
+            say(f"round {number + 1}/{rounds}: {block} steps each")
             for name in rotated(list(groups), number):
                 try:
-                    outcome.blocks[name].append(groups[name].request(time_command, timeout))
+                    outcome.blocks[name].append(groups[name].request({"time": block}, timeout))
                 except ChildFailed as error:
                     fail(name, error)
     finally:
