@@ -32,14 +32,8 @@ TABLE_COLUMNS = [
     "evidence_note",
 ]
 # The numbers of the table (float; NaN where not measured).
-NUMBER_COLUMNS = [
-    "examples_per_s",
-    "spread_pct",
-    "speedup",
-    "step_ms",
-    "comm_ms",
-    "comm_share",
-    "bytes_per_step",
+NUMBER_COLUMNS = TABLE_COLUMNS[
+    TABLE_COLUMNS.index("examples_per_s") : TABLE_COLUMNS.index("bytes_per_step") + 1
 ]
 BASELINE = "one_device"
 _STATUS_ORDER = {"measured": 0, "failed": 1, "skipped": 2}

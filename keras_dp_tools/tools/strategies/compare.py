@@ -33,7 +33,7 @@ from keras_dp_tools.tools.tuning.child import (
     function_reference,
     refuse_inside_a_trial,
 )
-from keras_dp_tools.tools.tuning.rounds import WARMUP_STEPS, run_in_rounds
+from keras_dp_tools.tools.tuning.rounds import WARMUP_STEPS, result_text, run_in_rounds
 
 # The columns people read; the table keeps the per-round rates and evidence too.
 SHOWN_COLUMNS = [
@@ -82,20 +82,9 @@ class StrategyComparison:
     def __str__(self) -> str:
         with pd.option_context("display.width", 200, "display.max_columns", 20):
             shown = self.shown().to_string(index=False)
-        reasons = [
-            f"  {row.candidate}: {row.reason}"
-            for row in self.table.itertuples()
-            if isinstance(row.reason, str)
-        ]
-        parts = [shown, "", self.verdict]
         note = analysis.speedup_note(self.table)
-        if note:
-            parts += [f"({note})"]
-        if reasons:
-            parts += ["", "Not measured:", *reasons]
-        if self.code:
-            parts += ["", "Use it with:", self.code]
-        return "\n".join(parts)
+        verdict = f"{self.verdict}\n({note})" if note else self.verdict
+        return result_text(shown, verdict, self.table, self.code)
 
     def _repr_html_(self) -> str:
         import html

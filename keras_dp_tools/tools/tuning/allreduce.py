@@ -27,7 +27,7 @@ from keras_dp_tools.tools.tuning.child import (
     function_reference,
     refuse_inside_a_trial,
 )
-from keras_dp_tools.tools.tuning.rounds import WARMUP_STEPS, Launch, run_in_rounds
+from keras_dp_tools.tools.tuning.rounds import WARMUP_STEPS, Launch, result_text, run_in_rounds
 
 TABLE_COLUMNS = [
     "candidate",
@@ -158,17 +158,7 @@ class AllReduceTuning:
     def __str__(self) -> str:
         with pd.option_context("display.width", 160, "display.max_columns", 20):
             shown = self.table.drop(columns="reason").round(3).to_string(index=False)
-        reasons = [
-            f"  {row.candidate}: {row.reason}"
-            for row in self.table.itertuples()
-            if isinstance(row.reason, str)
-        ]
-        parts = [shown, "", self.note]
-        if reasons:
-            parts += ["", "Not measured:", *reasons]
-        if self.code:
-            parts += ["", "Use it with:", self.code]
-        return "\n".join(parts)
+        return result_text(shown, self.note, self.table, self.code)
 
 
 def _devices_expression(devices) -> str:

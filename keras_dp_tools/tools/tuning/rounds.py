@@ -158,3 +158,20 @@ def run_in_rounds(
         for group in groups.values():
             group.close()
     return outcome
+
+
+def result_text(shown: str, decision: str, table, code: str | None) -> str:
+    """A tuning result for people: the ``shown`` table, the ``decision`` in words, the
+    reasons candidates were not measured (``table``'s ``reason`` column) and the
+    ``code`` that builds the winner."""
+    reasons = [
+        f"  {row.candidate}: {row.reason}"
+        for row in table.itertuples()
+        if isinstance(row.reason, str)
+    ]
+    parts = [shown, "", decision]
+    if reasons:
+        parts += ["", "Not measured:", *reasons]
+    if code:
+        parts += ["", "Use it with:", code]
+    return "\n".join(parts)
