@@ -358,6 +358,23 @@ def test_a_failing_and_a_hanging_candidate_leave_the_others_measured(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_contract_error_in_the_trials_is_raised_once(tmp_path):
+    # Given as a string, make_dataset is first read in the trials: every one would fail
+    # alike, so the comparison raises the contract's error instead of failing each.
+    with pytest.raises(TypeError, match=r"received make_dataset\(examples\)"):
+        compare_strategies(
+            f"{SCRIPT}:build_model",
+            f"{FAULTS}:make_dataset_of_examples",
+            ["one_device", "mirrored"],
+            steps=2,
+            rounds=2,
+            log_dir=tmp_path,
+            progress=None,
+        )
+    assert trial_processes(tmp_path) == []
+
+
+@pytest.mark.slow
 def test_the_command_prints_the_table_as_csv(tmp_path):
     done = run_cli(
         "compare-strategies",
