@@ -1,4 +1,6 @@
-"""A script for ``keras-dp tune-allreduce`` (and ``kdt.find_per_replica_batch``).
+"""A script for ``keras-dp tune-allreduce`` (and ``kdt.find_per_replica_batch``; its
+functions also serve ``keras-dp compare-strategies`` through
+``compare_strategies_script.py``).
 
 Their trial processes import this file and call its functions:
 
@@ -11,9 +13,12 @@ Nothing runs at import; run the command instead:
     keras-dp tune-allreduce examples/tune_allreduce_script.py --replicas 2 --steps 12
 """
 
-import keras
 import numpy as np
 import tensorflow as tf
+
+# Keras 3, or tf_keras where TF_USE_LEGACY_KERAS=1 (compare-strategies sets it for the
+# candidates whose fit needs tf_keras: multi-worker mirrored, parameter servers).
+keras = tf.keras
 
 PER_REPLICA_BATCH = 32
 FEATURES = 64

@@ -38,6 +38,8 @@ _EXPORTS = {
     "plan_scaling": "keras_dp_tools.setup.scaling",
     "warmup_schedule": "keras_dp_tools.setup.schedules",
     "tune_allreduce": "keras_dp_tools.tools.tuning.allreduce",
+    "compare_strategies": "keras_dp_tools.tools.strategies.compare",
+    "StrategyComparison": "keras_dp_tools.tools.strategies.compare",
     "find_per_replica_batch": "keras_dp_tools.tools.tuning.batch_finder",
     "what_if": "keras_dp_tools.analysis.what_if",
 }

@@ -31,10 +31,12 @@ PUBLIC_NAMES = {
     "ScalingPlan": "class",
     "Severity": "class",
     "StepTimer": "class",
+    "StrategyComparison": "class",
     "StrategyWarning": "class",
     "analyze_trace": "function",
     "callbacks": "function",
     "check_batching": "function",
+    "compare_strategies": "function",
     "configure_devices": "function",
     "find_per_replica_batch": "function",
     "lint_paths": "function",
@@ -267,6 +269,39 @@ READING_FIELDS = (
 )
 
 
+# strategy_comparison.json (keras_dp_tools/records/comparison.py): its fields, and the
+# columns of its table.
+COMPARISON_FIELDS = (
+    "schema_version",
+    "kind",
+    "time",
+    "table",
+    "verdict",
+    "best",
+    "code",
+    "settings",
+    "versions",
+)
+COMPARISON_TABLE_COLUMNS = (
+    "candidate",
+    "label",
+    "status",
+    "reason",
+    "replicas",
+    "examples_per_s",
+    "spread_pct",
+    "speedup",
+    "step_ms",
+    "comm_ms",
+    "comm_share",
+    "bytes_per_step",
+    "bytes_source",
+    "round_examples_per_s",
+    "evidence_note",
+    "evidence",
+)
+
+
 def kind(value) -> str:
     if inspect.ismodule(value):
         return "module"
@@ -347,3 +382,18 @@ def test_the_comparison_fails_on_a_rename_a_retype_and_an_addition():
     with pytest.raises(AssertionError, match="another order"):
         compare({"step_ms": "double", "step": "int64"}, snapshot, "fields", "X")
     compare(dict(snapshot), snapshot, "fields", "X")
+
+
+def test_the_strategy_comparison_record_is_todays():
+    from keras_dp_tools.analysis.strategies import TABLE_COLUMNS
+    from keras_dp_tools.records import comparison
+
+    live = dict.fromkeys(comparison.COMPARISON_FIELDS, "field")
+    compare(live, dict.fromkeys(COMPARISON_FIELDS, "field"), "fields", "COMPARISON_FIELDS")
+    columns = dict.fromkeys([*TABLE_COLUMNS, "evidence"], "column")
+    compare(
+        columns,
+        dict.fromkeys(COMPARISON_TABLE_COLUMNS, "column"),
+        "comparison table columns",
+        "COMPARISON_TABLE_COLUMNS",
+    )

@@ -27,6 +27,7 @@ LINTED = (
         ["sweep", "demo", "--replicas", "1,2"],
         ["launch", "--workers", "2"],
         ["tune-allreduce", "train.py"],
+        ["compare-strategies", "train.py"],
     ],
 )
 def test_logdir_is_log_dir_spelt_as_tensorboard_spells_it(argv):
@@ -55,7 +56,13 @@ def test_every_command_with_log_dir_also_takes_logdir():
     }
     with_log_dir = {name: opts for name, opts in with_log_dir.items() if "--log-dir" in opts}
 
-    assert sorted(with_log_dir) == ["demo", "launch", "sweep", "tune-allreduce"]
+    assert sorted(with_log_dir) == [
+        "compare-strategies",
+        "demo",
+        "launch",
+        "sweep",
+        "tune-allreduce",
+    ]
     for options in with_log_dir.values():
         assert options["--logdir"] == options["--log-dir"] == "log_dir"
 

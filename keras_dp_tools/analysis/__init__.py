@@ -4,7 +4,8 @@ TensorFlow session, no training needed.
 - ``trace``: reading XPlane files (parsing only);
 - ``breakdown``: one trace -> per step and replica, compute, all-reduce, input, ...;
 - the frame analyzers over records: ``frames`` (records -> DataFrames), ``summary``,
-  ``workers``, ``advice``, ``utilization``, ``what_if``, ``consistency``;
+  ``workers``, ``advice``, ``utilization``, ``what_if``, ``consistency``, and
+  ``strategies`` (a strategy comparison's table and verdict);
 - ``runner``: the one door from capture into the analysis (a window, a finished run).
 
 Names load on first use, so a callback importing the runner stays light.

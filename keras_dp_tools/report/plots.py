@@ -32,6 +32,7 @@ print(plots.summary_table(report).to_string(index=False))
 from __future__ import annotations
 
 import math
+import textwrap
 from dataclasses import dataclass
 
 import numpy as np
@@ -444,4 +445,55 @@ def worker_wait(report, run: str | None = None) -> Figure | Omitted:
         axes.plot(rows["step"], rows["worker_wait_ms"], label=f"worker {worker}", linewidth=0.8)
     axes.set(title=title, xlabel="global step", ylabel="ms")
     axes.legend()
+    return figure
+
+
+def strategy_comparison(comparison) -> Figure | Omitted:
+    """Examples per second of each measured strategy (the median over rounds), with
+    whiskers from the slowest to the fastest round; the candidates that failed or were
+    skipped are listed under the chart. ``comparison``: a ``StrategyComparison``
+    (``kdt.compare_strategies``, or ``StrategyComparison.load(log_dir)``).
+
+    Example:
+
+    ```python
+    import keras_dp_tools as kdt
+
+    comparison = kdt.StrategyComparison.load("runs/strategies")
+    kdt.plots.strategy_comparison(comparison).savefig("strategies.png")
+    ```
+    """
+    title = "Examples per second by strategy"
+    table = comparison.table
+    measured = table[table["status"] == "measured"].dropna(subset=["examples_per_s"])
+    missing = [
+        f"{row.candidate}: {row.status} ({row.reason})"
+        for row in table[table["status"] != "measured"].itertuples()
+    ]
+    if measured.empty:
+        return Omitted(title, "no candidate was measured" + (f" ({'; '.join(missing)})"))
+    rates = [
+        list(value) if len(value) else [rate]
+        for value, rate in zip(
+            measured["round_examples_per_s"], measured["examples_per_s"], strict=True
+        )
+    ]
+    medians = measured["examples_per_s"].to_numpy(float)
+    whiskers = np.array([medians - [min(r) for r in rates], [max(r) for r in rates] - medians])
+    figure = Figure(figsize=(7, 3.2 + 0.25 * len(missing)), layout="constrained")
+    axes = figure.subplots()
+    positions = np.arange(len(measured))
+    winner, other = "#55a868", "#4c72b0"
+    colours = [winner if name == comparison.best else other for name in measured["candidate"]]
+    axes.bar(positions, medians, width=0.6, yerr=whiskers, capsize=4, color=colours)
+    axes.set_xlim(-0.75, len(measured) - 0.25)
+    labels = [
+        f"{name}\n{speedup:.2f}x" if pd.notna(speedup) else name
+        for name, speedup in zip(measured["candidate"], measured["speedup"], strict=True)
+    ]
+    axes.set_xticks(positions, labels)
+    axes.set(title=title, ylabel="examples/s (median over rounds)")
+    if missing:  # a figure-level label: the constrained layout makes room for it
+        caption = textwrap.fill("Not measured: " + "; ".join(missing), 110)
+        figure.supxlabel(caption, fontsize=8, ha="left", x=0.01)
     return figure

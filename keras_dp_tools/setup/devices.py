@@ -17,7 +17,8 @@ DEFAULT_CPU_REPLICAS = 4
 __all__ = ["REPLICAS_ENV", "configure_devices", "gpu_ordinal", "mirrored_strategy"]
 
 
-def _requested_replicas(replicas: int | None) -> int | None:
+def requested_replicas(replicas: int | None) -> int | None:
+    """``replicas`` checked, else ``KERAS_DP_REPLICAS`` (None when neither is set)."""
     if replicas is not None:
         return require_positive_int("replicas", replicas)
     env = os.environ.get(REPLICAS_ENV, "").strip()
@@ -56,7 +57,7 @@ def configure_devices(replicas: int | None = None) -> list[str]:
     """
     import tensorflow as tf
 
-    replicas = _requested_replicas(replicas)
+    replicas = requested_replicas(replicas)
     # Visible ones: tf.config.set_visible_devices([], "GPU") means a CPU run.
     gpus = tf.config.get_visible_devices("GPU")
     if gpus:

@@ -1,5 +1,6 @@
 """Layer 6, tools: what a person runs: the ``keras-dp`` command, the demo, ``doctor``,
-``launch``, sweeps and the tuning helpers. They put the layers below together.
+``launch``, sweeps, the tuning helpers and the strategy comparison. They put the layers
+below together.
 
 May import: every layer.
 """

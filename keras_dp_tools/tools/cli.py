@@ -254,6 +254,35 @@ def build_parser() -> argparse.ArgumentParser:
     tune.add_argument("--rounds", type=positive_int, default=3, help="interleaved rounds (3)")
     tune.add_argument("--candidates", default=None, help="comma-separated names (default: all)")
     add_log_dir_option(tune, "keep records and logs here")
+    compare = commands.add_parser(
+        "compare-strategies",
+        help="train your model under each distribution strategy and say which is fastest",
+        description="Import SCRIPT in the processes of each candidate strategy (one device, "
+        "MirroredStrategy, CentralStorageStrategy, MultiWorkerMirroredStrategy with local "
+        "workers, ParameterServerStrategy with a local cluster), train its build_model() on "
+        "make_dataset(global_batch) at the same per-replica batch in interleaved rounds, and "
+        "print the table, the verdict and the code that builds the winner. Exit status 1 "
+        "when no candidate was measured. See docs/strategies.md.",
+    )
+    compare.add_argument("script", type=Path, help="a .py file with build_model and make_dataset")
+    compare.add_argument(
+        "--strategies", default=None, help="comma-separated candidate names (default: all)"
+    )
+    compare.add_argument(
+        "--per-replica-batch", type=positive_int, default=32, help="examples per replica (32)"
+    )
+    compare.add_argument("--steps", type=positive_int, default=30, help="timed steps each (30)")
+    compare.add_argument("--rounds", type=positive_int, default=3, help="interleaved rounds (3)")
+    compare.add_argument(
+        "--timeout",
+        type=positive_int,
+        default=600,
+        help="seconds a candidate may take to start, profile or run one round (600)",
+    )
+    add_log_dir_option(compare, "keep records, logs and strategy_comparison.json here")
+    add_format_option(
+        compare, "text: table, verdict and code; json: the comparison record; csv: the table"
+    )
     return parser
 
 
@@ -411,6 +440,44 @@ def run_tune_allreduce_command(args: argparse.Namespace) -> int:
     print()
     print(result)
     return 0 if result.best else 1
+
+
+def run_compare_strategies_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.tools.strategies.candidates import NAMES
+    from keras_dp_tools.tools.strategies.compare import SHOWN_COLUMNS, compare_strategies
+
+    script = _script_path(args.script)
+    names = None
+    if args.strategies is not None:
+        names = [name.strip() for name in args.strategies.split(",") if name.strip()]
+        unknown = [name for name in names if name not in NAMES]
+        if unknown or not names:
+            raise UsageError(
+                f"--strategies: unknown candidate(s) {unknown or args.strategies!r}; choose "
+                f"from {', '.join(NAMES)}."
+            )
+    if args.steps < args.rounds:
+        raise UsageError(f"--steps {args.steps} is fewer than --rounds {args.rounds}.")
+    lines = _text_stream(args)
+    result = compare_strategies(
+        f"{script}:build_model",
+        f"{script}:make_dataset",
+        names,
+        per_replica_batch=args.per_replica_batch,
+        steps=args.steps,
+        rounds=args.rounds,
+        log_dir=args.log_dir,
+        timeout=args.timeout,
+        progress=lambda line: print(line, file=lines, flush=True),
+    )
+    if args.format == "json":
+        print(json.dumps(result.record, indent=2))
+    elif args.format == "csv":
+        result.table[["label", *SHOWN_COLUMNS, "reason"]].to_csv(sys.stdout, index=False)
+    else:
+        print()
+        print(result)
+    return 0 if result.best else EXIT_FAILURE
 
 
 def _script_path(script: Path) -> Path:
@@ -585,6 +652,7 @@ HANDLERS = {
     "doctor": run_doctor_command,
     "launch": run_launch_command,
     "tune-allreduce": run_tune_allreduce_command,
+    "compare-strategies": run_compare_strategies_command,
 }
 
 

@@ -23,13 +23,11 @@ import pandas as pd
 from keras_dp_tools.common.validation import require_positive_int
 from keras_dp_tools.records.contract import REPLICAS_ENV
 from keras_dp_tools.tools.tuning.child import (
-    Child,
-    ChildFailed,
-    ContractError,
     check_dataset_contract,
     function_reference,
     refuse_inside_a_trial,
 )
+from keras_dp_tools.tools.tuning.rounds import WARMUP_STEPS, Launch, result_text, run_in_rounds
 
 TABLE_COLUMNS = [
     "candidate",
@@ -160,17 +158,7 @@ class AllReduceTuning:
     def __str__(self) -> str:
         with pd.option_context("display.width", 160, "display.max_columns", 20):
             shown = self.table.drop(columns="reason").round(3).to_string(index=False)
-        reasons = [
-            f"  {row.candidate}: {row.reason}"
-            for row in self.table.itertuples()
-            if isinstance(row.reason, str)
-        ]
-        parts = [shown, "", self.note]
-        if reasons:
-            parts += ["", "Not measured:", *reasons]
-        if self.code:
-            parts += ["", "Use it with:", self.code]
-        return "\n".join(parts)
+        return result_text(shown, self.note, self.table, self.code)
 
 
 def _devices_expression(devices) -> str:
@@ -309,68 +297,43 @@ def tune_allreduce(
 
     rows = {name: {"candidate": name, "status": "skipped", "reason": None} for name in names}
     codes = {name: CANDIDATES[name].code(devices_code) for name in names}
-    children: dict[str, Child] = {}
-    failed_any = False
-
-    def fail(name: str, error: Exception) -> None:
-        nonlocal failed_any
-        failed_any = True
-        rows[name].update(status="failed", reason=str(error)[-500:])
-        say(f"  {name}: failed: {str(error)[-300:]}")
-        child = children.pop(name, None)
-        if child is not None:
-            child.close(timeout=5)
-
-    try:
-        for name in names:
-            reason = _skip_reason(CANDIDATES[name], gpus)
-            if reason:
-                rows[name]["reason"] = reason
-                say(f"{name}: skipped ({reason})")
-                continue
-            spec = {
-                **references,
-                "code": codes[name],
-                "log_dir": str(root / name),
-                "warmup_steps": 3,
-                "per_replica_batch": per_replica_batch,
-            }
-            children[name] = Child(
-                "keras_dp_tools.tools.tuning._allreduce_trial", spec, root / name / "output.log"
-            )
-        say(f"starting {len(children)} candidate process(es) (logs under {root})")
-        for name in list(children):
-            try:
-                ready = children[name].wait(timeout)
-                rows[name]["cross_device_ops"] = ready["cross_device_ops"]
-                say(f"  {name}: ready ({ready['cross_device_ops']}, {ready['replicas']} replicas)")
-            except ChildFailed as error:
-                if error.contract:  # every candidate would fail alike: say it once
-                    raise ContractError(str(error)) from None
-                fail(name, error)
-        for name in list(children):  # one at a time: a profile must not share the CPU
-            say(f"profiling {name}")
-            try:
-                children[name].request({"profile": 3}, timeout)
-            except ChildFailed as error:
-                fail(name, error)
-        blocks: dict[str, list[tuple[int, int]]] = {name: [] for name in children}
-        for number in range(rounds):
-            order = list(children)
-            order = order[number % len(order) :] + order[: number % len(order)] if order else []
-            say(f"round {number + 1}/{rounds}: {block} steps each")
-            for name in order:
-                try:
-                    answer = children[name].request({"time": block}, timeout)
-                    blocks[name].append((answer["first_step"], answer["last_step"]))
-                except ChildFailed as error:
-                    fail(name, error)
-    finally:
-        for child in children.values():
-            child.close()
-
-    for name in children:
-        rows[name].update(_measure(root / name, blocks[name]), status="measured")
+    launches: dict[str, list[Launch]] = {}
+    for name in names:
+        reason = _skip_reason(CANDIDATES[name], gpus)
+        if reason:
+            rows[name]["reason"] = reason
+            say(f"{name}: skipped ({reason})")
+            continue
+        spec = {
+            **references,
+            "code": codes[name],
+            "log_dir": str(root / name),
+            "warmup_steps": WARMUP_STEPS,
+            "per_replica_batch": per_replica_batch,
+        }
+        launches[name] = [
+            Launch("keras_dp_tools.tools.tuning._allreduce_trial", spec, root / name / "output.log")
+        ]
+    outcome = run_in_rounds(
+        launches,
+        block=block,
+        rounds=rounds,
+        timeout=timeout,
+        say=say,
+        log_dir=root,
+        describe_ready=lambda ready: (
+            f"ready ({ready['cross_device_ops']}, {ready['replicas']} replicas)"
+        ),
+    )
+    for name, reason in outcome.failures.items():
+        rows[name].update(status="failed", reason=reason)
+    for name in outcome.measured:
+        blocks = [(answer["first_step"], answer["last_step"]) for answer in outcome.blocks[name]]
+        rows[name].update(
+            _measure(root / name, blocks),
+            status="measured",
+            cross_device_ops=outcome.ready[name]["cross_device_ops"],
+        )
     table = pd.DataFrame(list(rows.values())).reindex(columns=TABLE_COLUMNS)
     order = {"measured": 0, "failed": 1, "skipped": 2}
     table = table.sort_values(
@@ -381,7 +344,7 @@ def tune_allreduce(
     best = measured["candidate"].iloc[0] if len(measured) else None
     note = _decision(measured)
     say(note)
-    if temporary and not failed_any:
+    if temporary and not outcome.failures:
         shutil.rmtree(root, ignore_errors=True)
     return AllReduceTuning(
         table=table,

@@ -16,12 +16,14 @@ user's code) prints goes to stderr, which the parent writes to a log file.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import importlib.util
 import inspect
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -119,6 +121,23 @@ def trial_dataset(make_dataset, strategy, global_batch: int | None = None):
     return dataset
 
 
+def strategy_and_model(spec: dict):
+    """A trial's strategy, built by ``spec["code"]`` (the very code the result shows the
+    user, which assigns ``strategy``), and the compiled model ``spec["build_model"]``
+    returns inside its scope."""
+    namespace: dict = {}
+    exec(spec["code"], namespace)
+    strategy = namespace["strategy"]
+    with strategy.scope():
+        model = call_flexibly(load_function(spec["build_model"]), strategy)
+    if not hasattr(model, "fit") or getattr(model, "optimizer", None) is None:
+        raise TypeError(
+            f"build_model must return a compiled Keras model, returned {type(model).__name__}"
+            " (call model.compile(...) before returning it)."
+        )
+    return strategy, model
+
+
 def function_reference(function) -> str:
     """``"module:qualname"`` (or ``"script.py:qualname"``) for a module-level function,
     or the given string when it already is one."""
@@ -193,11 +212,16 @@ class ChildFailed(RuntimeError):
         self.contract = contract
 
 
+class ChildTimedOut(ChildFailed):
+    """The child gave no answer within the time it was given."""
+
+
 class Child:
     """One trial process: ``python -m module`` given ``spec`` (JSON) as its argument.
 
     ``request(command)`` sends a JSON line and waits for the child's answer; the first
-    answer (the child's "ready") comes from ``wait()``.
+    answer (the child's "ready") comes from ``wait()``. The child leads a process group
+    of its own, so that ``close`` also stops whatever processes it started.
     """
 
     def __init__(self, module: str, spec: dict, log_path: Path, env: dict | None = None):
@@ -210,6 +234,7 @@ class Child:
             stdout=subprocess.PIPE,
             stderr=self._log,
             text=True,
+            start_new_session=True,
             env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", TRIAL_PROCESS_ENV: "1", **(env or {})},
         )
         self._answers: queue.Queue = queue.Queue()
@@ -226,19 +251,23 @@ class Child:
         try:
             answer = self._answers.get(timeout=timeout)
         except queue.Empty:
-            raise ChildFailed(f"no answer within {timeout:.0f} s") from None
+            raise ChildTimedOut(f"timed out after {timeout:.0f} s") from None
         if answer is None:
             raise ChildFailed(self.exit_reason(self.process.wait()))
         if answer.get("error"):
             raise ChildFailed(answer["error"], contract=bool(answer.get("contract")))
         return answer
 
-    def request(self, command: dict, timeout: float | None = None) -> dict:
+    def send(self, command: dict) -> None:
+        """Sends a command without waiting for its answer (``wait`` gets it)."""
         try:
             self.process.stdin.write(json.dumps(command) + "\n")
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
             raise ChildFailed(self.exit_reason(self.process.wait())) from None
+
+    def request(self, command: dict, timeout: float | None = None) -> dict:
+        self.send(command)
         return self.wait(timeout)
 
     def exit_reason(self, code: int) -> str:
@@ -263,13 +292,18 @@ class Child:
         return " | ".join(text.splitlines()[-lines:]) or "(no output)"
 
     def close(self, timeout: float = 30):
+        """Closes the child's stdin (its cue to end) and waits ``timeout`` seconds for it
+        to exit, then kills its whole process group (it and what it started)."""
         if self.process.poll() is None:
             try:
                 self.process.stdin.close()
                 self.process.wait(timeout=timeout)
             except (OSError, subprocess.TimeoutExpired):
-                self.process.kill()
-                self.process.wait()
+                pass
+        # Its own children too, even when it exited first.
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
         self._log.close()
 
 
