@@ -12,6 +12,7 @@ import weakref
 import numpy as np
 
 from keras_dp_tools.capture.base import DataParallelCallback, find_in_fit
+from keras_dp_tools.checks.batching import walk_batch
 from keras_dp_tools.common.warn import warn
 
 logger = logging.getLogger("keras_dp_tools")
@@ -206,49 +207,6 @@ def _adapter(fit_locals):
     return adapter
 
 
-# Datasets that keep the batch of their input (a map is taken not to cut batches), and
-# those that batch (the attribute holding their batch size). Anything else between
-# fit and the batch (unbatch, rebatch, window, interleave...) leaves it unknown.
-_KEEP_BATCH = frozenset(
-    {
-        "_PrefetchDataset",
-        "_MapDataset",
-        "_ParallelMapDataset",
-        "CacheDataset",
-        "_CacheDataset",
-        "_RepeatDataset",
-        "_ShuffleDataset",
-        "_TakeDataset",
-        "_SkipDataset",
-        "_FilterDataset",
-        "_OptionsDataset",
-        "_IgnoreErrorsDataset",
-        "_ShardDataset",
-        "_AssertCardinalityDataset",
-    }
-)
-_BATCH_SIZE_ATTRIBUTE = {
-    "_BatchDataset": "_batch_size",
-    "_ParallelBatchDataset": "_batch_size",
-    "_PaddedBatchDataset": "_batch_size",
-    "_MapAndBatchDataset": "_batch_size_t",
-}
-
-
-def _batch_op_size(dataset) -> tuple[int | None, str]:
-    """The batch size of the batch op nearest to the dataset's output, found by walking
-    its Python objects: no data is read and the graph is not serialized (which copies
-    every in-memory array a dataset holds: 16 s and 3 GB for a 400 MB array here)."""
-    for _ in range(100):
-        kind = type(dataset).__name__
-        if kind in _BATCH_SIZE_ATTRIBUTE:
-            return _integer(getattr(dataset, _BATCH_SIZE_ATTRIBUTE[kind], None)), kind
-        if kind not in _KEEP_BATCH:
-            return None, f"its pipeline reaches a {kind} before any batch op"
-        dataset = getattr(dataset, "_input_dataset", None)
-    return None, "its pipeline has no batch op within 100 steps"
-
-
 def _dataset_global_batch(dataset) -> tuple[int | None, str]:
     """(batch, source) of a ``tf.data.Dataset``, read without consuming it: the static
     leading dimension (``batch(n, drop_remainder=True)``), else the size its batch op
@@ -259,7 +217,10 @@ def _dataset_global_batch(dataset) -> tuple[int | None, str]:
     shape = getattr(first, "shape", None)
     if shape is not None and shape.rank and shape[0] is not None:
         return int(shape[0]), BATCH_FROM_SHAPE
-    size, found = _batch_op_size(dataset)
+    batch, found = walk_batch(dataset)  # no data read, no graph serialized
+    size = batch.size if batch is not None else None
+    if batch is not None and size is None:  # an unbatch or a plain source came first
+        found = f"its pipeline reaches a {found} before any batch op"
     if size is None:
         return None, (
             f"{UNKNOWN_BATCH}: fit's dataset has no static batch size, and {found} "
