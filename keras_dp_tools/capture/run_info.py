@@ -301,6 +301,49 @@ def fit_global_batch() -> tuple[int | None, str]:
     return answer
 
 
+def _read_last_batch(fit_locals) -> tuple[int | None, int | None]:
+    import tensorflow as tf
+
+    adapter = _adapter(fit_locals)
+    if adapter is None:
+        return None, None
+    partial = _adapter_value(adapter, "has_partial_batch")
+    if isinstance(partial, bool) and _adapter_value(adapter, "batch_size"):
+        if not partial:  # arrays, which fit batches itself
+            return None, 0
+        batches = _adapter_value(adapter, "num_batches")  # Keras 3
+        if batches is None:
+            batches = _adapter_value(adapter, "get_size")  # tf_keras: batches per epoch
+        return _integer(batches), _integer(_adapter_value(adapter, "partial_batch_size"))
+    data = getattr(adapter, "_dataset", None)
+    if isinstance(data, tf.distribute.DistributedDataset):
+        data = getattr(data, "_original_dataset", None)  # its global batches
+    if isinstance(data, tf.data.Dataset):
+        batch = walk_batch(data)[0]
+        if batch is not None and batch.batched:
+            return batch.pass_batches, batch.remainder
+    return None, None
+
+
+def fit_last_batch() -> tuple[int | None, int | None]:
+    """(batches per pass, examples in a pass's smaller last batch) of the data of the
+    ``fit`` calling us, read without consuming it: ``(None, 0)`` when every batch is
+    full (``drop_remainder=True``, the examples divide by the batch, an endless input);
+    ``(n, r)`` when every ``n``-th step of the fit, counting from its first, trains on
+    ``r`` examples: arrays batched by ``fit``, and datasets where nothing after the
+    batch op reorders, drops or adds batches; ``(None, None)`` when a smaller batch may
+    come and cannot be placed (a generator of unknown length, ``batch().shuffle()``,
+    ``distribute_datasets_from_function``, ...)."""
+    fit_locals = find_in_fit(_fit_data, depth=25)
+    if fit_locals is None:
+        return None, None
+    try:
+        return _read_last_batch(fit_locals)
+    except Exception as error:  # an adapter of another Keras version: say so, train on
+        logger.info("could not read fit's last batch (%s)", error)
+        return None, None
+
+
 def _given_in_fit() -> int | None:
     """The ``global_batch`` a StepTimer of this fit was given, if any: every callback
     of the fit then writes the same header, whichever runs first."""
