@@ -71,7 +71,7 @@ _KEEP_ORDER = frozenset(
         "_AssertCardinalityDataset",
     }
 )
-KEEP_BATCH = _KEEP_ORDER | {
+_KEEP_BATCH = _KEEP_ORDER | {
     "_ShuffleDataset",
     "_TakeDataset",
     "_SkipDataset",
@@ -118,7 +118,7 @@ def walk_batch(dataset) -> tuple[DatasetBatch | None, str]:
             return _batch_op(dataset, kind, in_order), kind
         if kind in _UNBATCH_DATASETS or kind in _PLAIN_SOURCES:
             return DatasetBatch(None, None, batched=False), kind
-        if kind not in KEEP_BATCH:
+        if kind not in _KEEP_BATCH:
             return None, f"its pipeline reaches a {kind} before any batch op"
         in_order = in_order and kind in _KEEP_ORDER
         dataset = getattr(dataset, "_input_dataset", None)
