@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test docs lint format clean bench gpu-check
+.PHONY: demo test docs lint format clean bench gpu-check notebook
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -29,6 +29,12 @@ test: lint
 # a warning (a broken link, an unreadable docstring) fails, as in tests/test_docs_site.py.
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
+
+# notebooks/report.ipynb re-executed in place on a fresh 4-replica demo run (about a
+# minute), so the outputs saved in it are current. RUN=<log dir>: on that run instead.
+RUN ?=
+notebook: $(STAMP)
+	$(BIN)/python notebooks/regenerate.py $(if $(RUN),--log-dir $(RUN))
 
 # Interleaved A/B benchmarks (about 10 minutes) -> benchmarks/RESULTS.md.
 bench: $(STAMP)

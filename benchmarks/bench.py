@@ -516,6 +516,7 @@ def write_step_records(path: Path, rows: int) -> Path:
                 "step": step,
                 "steps": 1,
                 "step_ms": 20.0 + (step % 7),
+                "examples": 64,
                 "examples_per_s": 3200.0,
                 "warmup": step == 0,
             }

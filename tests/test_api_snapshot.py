@@ -96,6 +96,7 @@ RECORD_FIELDS = {
     "step": "int64",
     "steps": "int64",
     "step_ms": "double",
+    "examples": "int64",
     "examples_per_s": "double",
     "warmup": "bool",
     "window": "int64",

@@ -1,11 +1,13 @@
 """check_batching on real tf.data datasets, and BatchScalingCheck in a real fit."""
 
+import dataclasses
+import time
 import warnings
 
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.checks.batching import dataset_batch
+from keras_dp_tools.checks.batching import _graph_batch, dataset_batch, walk_batch
 from tests.helpers.training import dense_model, regression_data
 
 
@@ -175,6 +177,62 @@ def test_a_generator_of_unknown_length_may_keep_a_partial_batch(tf):
     ).batch(64)
     assert dataset_batch(dataset).remainder is None
     assert codes(dataset, per_replica=16) == ["partial-last-batch"]
+
+
+PIPELINES = {
+    "plain": lambda d: d.batch(64),
+    "dropped": lambda d: d.batch(64, drop_remainder=True),
+    "shuffle-prefetch": lambda d: d.shuffle(10).batch(32).prefetch(1),
+    "repeat-then-batch": lambda d: d.repeat().batch(32),
+    "batch-then-repeat": lambda d: d.batch(32).repeat(),
+    "padded": lambda d: d.padded_batch(256, drop_remainder=True),
+    "parallel": lambda d: d.map(lambda x: x, num_parallel_calls=2).batch(3, num_parallel_calls=2),
+    "batches-shuffled": lambda d: d.batch(7).shuffle(3),
+    "filtered": lambda d: d.filter(lambda x: x > 3).batch(8),
+    "taken": lambda d: d.batch(8).take(3),
+    "unbatch": lambda d: d.batch(64).unbatch(),
+    "unbatched": lambda d: d,
+}
+
+
+@pytest.mark.parametrize("make", PIPELINES.values(), ids=PIPELINES.keys())
+def test_the_python_walk_reads_what_the_graph_says(data, make):
+    """Two readers of one dataset: its Python objects and its serialized graph."""
+    dataset = make(data)
+
+    walked, _ = walk_batch(dataset)
+
+    assert walked is not None
+    assert dataclasses.replace(walked, pass_batches=None) == _graph_batch(dataset)
+
+
+def test_a_pass_places_its_smaller_last_batch_only_when_nothing_reorders_batches(data):
+    assert walk_batch(data.batch(64).prefetch(1))[0].pass_batches == 16  # 15 x 64 + 40
+    assert walk_batch(data.batch(32).repeat())[0].pass_batches == 32  # 31 x 32 + 8
+    assert walk_batch(data.batch(7).shuffle(3))[0].pass_batches is None
+    assert walk_batch(data.batch(64, drop_remainder=True))[0].pass_batches is None
+
+
+def test_a_large_in_memory_dataset_is_checked_without_serializing_it(tf):
+    """from_tensor_slices over 200 MB: the graph embeds the array (seconds to serialize);
+    the check reads the batch op instead, and still finds the missing multiply."""
+    import numpy as np
+
+    images = np.zeros((200_000, 250), "float32")  # 200 MB
+    labels = np.zeros(200_000, "int32")
+    dataset = tf.data.Dataset.from_tensor_slices((images, labels)).shuffle(10).batch(64)
+
+    started = time.perf_counter()
+    with pytest.warns(kdt.BatchScalingWarning, match="num_replicas_in_sync"):
+        findings = kdt.check_batching(dataset.prefetch(2), 4, per_replica_batch=64)
+    check_s = time.perf_counter() - started
+    started = time.perf_counter()
+    from_graph = _graph_batch(dataset)
+    graph_s = time.perf_counter() - started
+
+    assert [f.code for f in findings] == ["missing-multiply"]
+    assert from_graph.size == 64  # the old reader agrees on the batch...
+    assert check_s < 1.0 and check_s < graph_s / 10  # ...at a fraction of its time
 
 
 def test_arrays_are_refused_with_a_pointer_to_the_callback():

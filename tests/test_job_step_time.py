@@ -4,7 +4,11 @@ not of the worker whose own time inside the train call is shortest or longest.""
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.analysis.workers import SLOWEST_WORKER, job_step_times
+from keras_dp_tools.analysis.workers import (
+    SLOWEST_WORKER,
+    job_step_times,
+    measured_step_times,
+)
 from keras_dp_tools.records.writer import RecordWriter, worker_records_path
 from tests.helpers.processes import launch_job
 from tests.helpers.recorded_runs import header
@@ -31,6 +35,7 @@ def lockstep_run(
     stop_ms=50.0,
     first_step=0,
     start_s=100.0,
+    examples=None,
 ):
     """Two workers' records of one run, made the way the job runs: worker w enters call
     c when it is done with its host work after the previous call's end (``GAP_MS``, plus
@@ -41,7 +46,8 @@ def lockstep_run(
     the calls of steps [first, end): they run 30 ms longer, and stopping the profiler
     after the last takes worker 0 ``stop_ms`` before the next call. ``first_step`` and
     ``start_s`` (on worker 0's clock): where a new process (a restart) starts; its
-    records are added to those already in ``log_dir``."""
+    records are added to those already in ``log_dir``. ``examples(step)``: the call's
+    ``examples`` field, if given."""
     writers = [RecordWriter(worker_records_path(log_dir, worker)) for worker in (0, 1)]
     for worker, writer in enumerate(writers):
         writer.write(
@@ -73,6 +79,7 @@ def lockstep_run(
                     | {"step": step, "steps": steps_per_call, "warmup": step == first_step}
                     | {"time": (entry[worker] / 1e3 + CLOCKS_S[worker])}
                     | {"step_ms": (call_end - entry[worker]) / steps_per_call}
+                    | ({} if examples is None else {"examples": examples(step)})
                 )
             step += steps_per_call
     if window:
@@ -83,6 +90,17 @@ def lockstep_run(
     for writer in writers:
         writer.close()
     return kdt.Report.load(log_dir)
+
+
+def test_the_jobs_throughput_counts_a_smaller_last_batch_as_recorded(tmp_path):
+    """Each epoch's last step (11, 23) trained on 40 examples, the others on 64."""
+    report = lockstep_run(tmp_path, examples=lambda step: 40 if step % 12 == 11 else 64)
+
+    measured = measured_step_times(report.steps).set_index("step")
+    cadence_ms = GAP_MS + SLEEP_MS + OWN_MS  # by hand, as in the test below
+    expected = [(40 if step % 12 == 11 else 64) / cadence_ms * 1e3 for step in measured.index]
+    assert {11, 23} <= set(measured.index)
+    assert measured["examples_per_s"].to_numpy() == pytest.approx(expected)
 
 
 @pytest.mark.parametrize("steps_per_call", [1, 2])

@@ -5,7 +5,7 @@ import pytest
 
 import keras_dp_tools as kdt
 from keras_dp_tools.records.writer import worker_records_path
-from tests.helpers.training import GLOBAL_BATCH, dense_model, fit, iterations
+from tests.helpers.training import GLOBAL_BATCH, dense_model, fit, iterations, regression_data
 
 
 def test_one_record_per_step_with_positive_times(tmp_path, keras, strategy4):
@@ -150,3 +150,79 @@ def test_callbacks_of_one_fit_share_a_run_in_any_order(tmp_path, keras, strategy
     assert report.runs["run"].nunique() == 1
     assert report.runs.iloc[0]["global_batch"] == 32  # the later callback filled it in
     assert set(report.windows["run"]) == set(report.steps["run"])
+
+
+def _batch_sizes(dataset, batches):
+    """The examples of the first ``batches`` batches the data yields: read off the data."""
+    return [len(features) for features, _ in dataset.take(batches)]
+
+
+def _check_examples_per_step(report, sizes_by_step):
+    """Each call's examples and examples_per_s against the batches it trained on, and
+    the summary's throughput against the same, over the timed (non-warm-up) calls."""
+    steps = report.steps
+    calls = zip(steps["step"], steps["steps"], strict=True)
+    trained = [sum(sizes_by_step[first : first + n]) for first, n in calls]
+    assert steps["examples"].tolist() == trained
+    call_s = steps["step_ms"] * steps["steps"] / 1000
+    assert np.allclose(steps["examples_per_s"], np.array(trained) / call_s)
+    timed = ~steps["warmup"].astype(bool)
+    expected = (np.array(trained) / call_s)[timed.to_numpy()]
+    assert report.summary()["examples_per_s"].iloc[0] == pytest.approx(np.median(expected))
+
+
+def test_a_partial_last_batch_counts_the_examples_it_holds(tmp_path, tf, keras, strategy4):
+    """200 examples by 64: every epoch (one pass) ends with a batch of 8."""
+    x, y = regression_data(200)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(64).prefetch(1)
+
+    dense_model(keras, strategy4).fit(
+        dataset, epochs=3, verbose=0, callbacks=[kdt.StepTimer(tmp_path)]
+    )
+    report = kdt.Report.load(tmp_path)
+
+    assert _batch_sizes(dataset, 4) == [64, 64, 64, 8]
+    _check_examples_per_step(report, _batch_sizes(dataset.repeat(), 12))
+    assert report.steps["examples"].tolist()[3::4] == [8, 8, 8]
+
+
+def test_a_repeated_pass_places_its_partial_batch_across_epochs(tmp_path, tf, keras, strategy4):
+    """batch(64).repeat() with steps_per_epoch=3: the batch of 8 is every 4th step of
+    the fit, whichever epoch it falls in."""
+    x, y = regression_data(200)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(64).repeat()
+
+    dense_model(keras, strategy4).fit(
+        dataset, epochs=3, steps_per_epoch=3, verbose=0, callbacks=[kdt.StepTimer(tmp_path)]
+    )
+    report = kdt.Report.load(tmp_path)
+
+    assert report.steps["step"].tolist() == list(range(9))
+    _check_examples_per_step(report, _batch_sizes(dataset, 9))
+
+
+def test_calls_of_several_steps_count_the_partial_batch_they_ran(tmp_path, tf_keras, strategy4):
+    """Arrays batched by fit (200 by 64: 64, 64, 64, 8), 3 steps per call: the second
+    call of each epoch is the batch of 8 alone."""
+    x, y = regression_data(200)
+    model = dense_model(tf_keras, strategy4, steps_per_execution=3)
+
+    model.fit(x, y, batch_size=64, epochs=2, verbose=0, callbacks=[kdt.StepTimer(tmp_path)])
+    report = kdt.Report.load(tmp_path)
+
+    assert report.steps["steps"].tolist() == [3, 1, 3, 1]
+    _check_examples_per_step(report, [64, 64, 64, 8] * 2)
+
+
+def test_a_partial_batch_that_cannot_be_placed_is_said_not_guessed(tmp_path, tf, keras, strategy4):
+    """Shuffled batches: the batch of 8 can be any step of an epoch."""
+    x, y = regression_data(200)
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(64).shuffle(4)
+
+    dense_model(keras, strategy4).fit(
+        dataset, epochs=1, verbose=0, callbacks=[kdt.StepTimer(tmp_path)]
+    )
+    steps = kdt.Report.load(tmp_path).steps
+
+    assert steps["examples"].isna().all()
+    assert np.allclose(steps["examples_per_s"], 64 / steps["step_ms"] * 1000)  # all as full

@@ -68,6 +68,7 @@ TIMED_STEP_COLUMNS = [
     "replicas",
     "global_batch",
     "step_ms",
+    "examples",
     "examples_per_s",
     "warmup",
     "profiled",

@@ -535,8 +535,9 @@ def measured_step_times(steps: pd.DataFrame, disturbed: bool = False) -> pd.Data
 
     A single-worker run: each step record's ``step_ms`` and ``examples_per_s`` (its
     time inside the train call). A multi-worker run: each step once, at the job's pace
-    (``job_step_ms``, and ``global_batch`` over it); a worker's own ``step_ms`` there is
-    short on the worker the others wait for, and long on the others. A multi-worker run
+    (``job_step_ms``, and the step's ``examples``, else ``global_batch``, over it); a
+    worker's own ``step_ms`` there is short on the worker the others wait for, and long
+    on the others. A multi-worker run
     without any job step time (no two consecutive calls recorded by every worker: one
     call per epoch, a very short fit) gets the slowest worker's ``step_ms`` per step, a
     lower bound of the job's, and ``step_time_from`` says so. Warm-up and redone
@@ -585,15 +586,19 @@ def _measured_step_rows(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
     by_step = _by_job_step(steps, keep & multi)
     if by_step is None:
         # Of the multi-worker runs' steps, only what the grouping reads.
-        rows = steps.loc[keep & multi, [name for name in _BY_STEP_INPUT if name in steps]]
+        read = [name for name in (*_BY_STEP_INPUT, "examples") if name in steps]
+        rows = steps.loc[keep & multi, read]
         if "job_step_ms" not in rows:  # frames made without with_job_step_ms
             rows = rows.assign(job_step_ms=float("nan"))
+        if "examples" not in rows:  # frames of records written before the field
+            rows = rows.assign(examples=float("nan"))
         rows, runs = _run_codes(rows)
         by_step = rows.groupby(["run", "step"]).agg(
             steps=("steps", "first"),
             job_step_ms=("job_step_ms", "first"),
             slowest_step_ms=("step_ms", "max"),
             global_batch=("global_batch", "first"),
+            examples=("examples", "first"),
             profiled=("profiled", "any"),
         )
         by_step.index = _with_run_ids(by_step.index, runs)
@@ -650,6 +655,7 @@ def _by_job_step(steps: pd.DataFrame, chosen: np.ndarray) -> pd.DataFrame | None
             "job_step_ms": first("job_step_ms"),
             "slowest_step_ms": slowest[present],
             "global_batch": first("global_batch"),
+            "examples": first("examples") if "examples" in steps else np.nan,
             "profiled": profiled[present] > 0,
         },
         index=index,
@@ -687,10 +693,13 @@ def _measured_step_times(
             before = by_step["profiled"].groupby(level="run").shift(1, fill_value=False)
             by_step = by_step[~(by_step["profiled"] | before.astype(bool))]
         by_step = by_step.dropna(subset=["job_step_ms"]).reset_index()
+        steps = by_step["steps"].fillna(1)
+        # A call's examples where recorded (a pass's smaller last batch), else full batches.
+        per_step = (by_step["examples"] / steps).fillna(by_step["global_batch"])
         job = by_step.assign(
-            steps=by_step["steps"].fillna(1),
+            steps=steps,
             step_ms=by_step["job_step_ms"],
-            examples_per_s=by_step["global_batch"] / by_step["job_step_ms"] * 1e3,
+            examples_per_s=per_step / by_step["job_step_ms"] * 1e3,
         )
         parts.append(job[MEASURED_STEP_COLUMNS])
     parts = [part for part in parts if not part.empty]

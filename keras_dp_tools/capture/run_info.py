@@ -12,6 +12,7 @@ import weakref
 import numpy as np
 
 from keras_dp_tools.capture.base import DataParallelCallback, find_in_fit
+from keras_dp_tools.checks.batching import walk_batch
 from keras_dp_tools.common.warn import warn
 
 logger = logging.getLogger("keras_dp_tools")
@@ -206,49 +207,6 @@ def _adapter(fit_locals):
     return adapter
 
 
-# Datasets that keep the batch of their input (a map is taken not to cut batches), and
-# those that batch (the attribute holding their batch size). Anything else between
-# fit and the batch (unbatch, rebatch, window, interleave...) leaves it unknown.
-_KEEP_BATCH = frozenset(
-    {
-        "_PrefetchDataset",
-        "_MapDataset",
-        "_ParallelMapDataset",
-        "CacheDataset",
-        "_CacheDataset",
-        "_RepeatDataset",
-        "_ShuffleDataset",
-        "_TakeDataset",
-        "_SkipDataset",
-        "_FilterDataset",
-        "_OptionsDataset",
-        "_IgnoreErrorsDataset",
-        "_ShardDataset",
-        "_AssertCardinalityDataset",
-    }
-)
-_BATCH_SIZE_ATTRIBUTE = {
-    "_BatchDataset": "_batch_size",
-    "_ParallelBatchDataset": "_batch_size",
-    "_PaddedBatchDataset": "_batch_size",
-    "_MapAndBatchDataset": "_batch_size_t",
-}
-
-
-def _batch_op_size(dataset) -> tuple[int | None, str]:
-    """The batch size of the batch op nearest to the dataset's output, found by walking
-    its Python objects: no data is read and the graph is not serialized (which copies
-    every in-memory array a dataset holds: 16 s and 3 GB for a 400 MB array here)."""
-    for _ in range(100):
-        kind = type(dataset).__name__
-        if kind in _BATCH_SIZE_ATTRIBUTE:
-            return _integer(getattr(dataset, _BATCH_SIZE_ATTRIBUTE[kind], None)), kind
-        if kind not in _KEEP_BATCH:
-            return None, f"its pipeline reaches a {kind} before any batch op"
-        dataset = getattr(dataset, "_input_dataset", None)
-    return None, "its pipeline has no batch op within 100 steps"
-
-
 def _dataset_global_batch(dataset) -> tuple[int | None, str]:
     """(batch, source) of a ``tf.data.Dataset``, read without consuming it: the static
     leading dimension (``batch(n, drop_remainder=True)``), else the size its batch op
@@ -259,7 +217,10 @@ def _dataset_global_batch(dataset) -> tuple[int | None, str]:
     shape = getattr(first, "shape", None)
     if shape is not None and shape.rank and shape[0] is not None:
         return int(shape[0]), BATCH_FROM_SHAPE
-    size, found = _batch_op_size(dataset)
+    batch, found = walk_batch(dataset)  # no data read, no graph serialized
+    size = batch.size if batch is not None else None
+    if batch is not None and size is None:  # an unbatch or a plain source came first
+        found = f"its pipeline reaches a {found} before any batch op"
     if size is None:
         return None, (
             f"{UNKNOWN_BATCH}: fit's dataset has no static batch size, and {found} "
@@ -338,6 +299,49 @@ def fit_global_batch() -> tuple[int | None, str]:
     except TypeError:  # not weakly referable (or None): read again next time
         _last_read = (None, None)
     return answer
+
+
+def _read_last_batch(fit_locals) -> tuple[int | None, int | None]:
+    import tensorflow as tf
+
+    adapter = _adapter(fit_locals)
+    if adapter is None:
+        return None, None
+    partial = _adapter_value(adapter, "has_partial_batch")
+    if isinstance(partial, bool) and _adapter_value(adapter, "batch_size"):
+        if not partial:  # arrays, which fit batches itself
+            return None, 0
+        batches = _adapter_value(adapter, "num_batches")  # Keras 3
+        if batches is None:
+            batches = _adapter_value(adapter, "get_size")  # tf_keras: batches per epoch
+        return _integer(batches), _integer(_adapter_value(adapter, "partial_batch_size"))
+    data = getattr(adapter, "_dataset", None)
+    if isinstance(data, tf.distribute.DistributedDataset):
+        data = getattr(data, "_original_dataset", None)  # its global batches
+    if isinstance(data, tf.data.Dataset):
+        batch = walk_batch(data)[0]
+        if batch is not None and batch.batched:
+            return batch.pass_batches, batch.remainder
+    return None, None
+
+
+def fit_last_batch() -> tuple[int | None, int | None]:
+    """(batches per pass, examples in a pass's smaller last batch) of the data of the
+    ``fit`` calling us, read without consuming it: ``(None, 0)`` when every batch is
+    full (``drop_remainder=True``, the examples divide by the batch, an endless input);
+    ``(n, r)`` when every ``n``-th step of the fit, counting from its first, trains on
+    ``r`` examples: arrays batched by ``fit``, and datasets where nothing after the
+    batch op reorders, drops or adds batches; ``(None, None)`` when a smaller batch may
+    come and cannot be placed (a generator of unknown length, ``batch().shuffle()``,
+    ``distribute_datasets_from_function``, ...)."""
+    fit_locals = find_in_fit(_fit_data, depth=25)
+    if fit_locals is None:
+        return None, None
+    try:
+        return _read_last_batch(fit_locals)
+    except Exception as error:  # an adapter of another Keras version: say so, train on
+        logger.info("could not read fit's last batch (%s)", error)
+        return None, None
 
 
 def _given_in_fit() -> int | None:

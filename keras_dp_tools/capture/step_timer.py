@@ -11,13 +11,13 @@ import weakref
 from keras_dp_tools.capture.base import DataParallelCallback
 from keras_dp_tools.capture.profiler_windows import profiling_disturbs
 from keras_dp_tools.capture.recorder import Recorder
-from keras_dp_tools.capture.run_info import run_global_batch
+from keras_dp_tools.capture.run_info import fit_last_batch, run_global_batch
 from keras_dp_tools.capture.step_counter import StepCounter
 from keras_dp_tools.common.validation import require_positive_int
 
 SCALAR_BATCH = 64  # TensorBoard points handed to the recorder at once (and at epoch end)
 # The step record's fields after type, run and worker (records.STEP_FIELDS plus time).
-STEP_KEYS = ("time", "epoch", "step", "steps", "step_ms", "examples_per_s", "warmup")
+STEP_KEYS = ("time", "epoch", "step", "steps", "step_ms", "examples", "examples_per_s", "warmup")
 
 
 class StepTimer(DataParallelCallback):
@@ -30,6 +30,12 @@ class StepTimer(DataParallelCallback):
     fetched from the devices, so the time includes the whole step (input, compute,
     all-reduce, update). The first call of every ``fit`` includes tracing and
     compilation and is marked ``warmup``.
+
+    ``examples`` counts what the call trained on: ``global_batch`` per step, less what
+    a pass's smaller last batch lacks (``dataset.batch(64)`` over 1,000 examples: every
+    16th step has 40), placed where fit's data allows it (arrays, and datasets where
+    nothing after the batch op reorders batches); ``examples_per_s`` is that over the
+    call's time.
 
     Records go to ``<log_dir>/keras_dp/worker-<i>.jsonl``; TensorBoard scalars
     ``dp/step_ms`` and ``dp/examples_per_s`` to the run ``keras_dp/worker-<i>``, against
@@ -80,6 +86,11 @@ class StepTimer(DataParallelCallback):
         self._epoch = 0
         self._call_started = None
         self._run_batch = None  # this fit's global batch (run_global_batch)
+        # Where this fit's smaller batches fall (run_info.fit_last_batch), and the
+        # global step the fit began at, which the passes count from.
+        self._pass_batches: int | None = None
+        self._last_batch: int | None = None
+        self._fit_first_step = 0
         self._disturbed = False
         # TensorBoard points (step start, step, {tag: value}) not handed to the recorder
         # yet: handing them over in batches saves ~15 µs a step.
@@ -91,6 +102,8 @@ class StepTimer(DataParallelCallback):
         self._run_batch = run_global_batch(self.global_batch)[0]
         self._recorder = Recorder.for_fit(self.log_dir, self.model, self._run_batch)
         self._steps.start(self.model)
+        self._pass_batches, self._last_batch = fit_last_batch()
+        self._fit_first_step = self._steps.next_step
         _open_fits.add(self)
 
     def on_epoch_begin(self, epoch, logs=None):
@@ -110,13 +123,13 @@ class StepTimer(DataParallelCallback):
         warmup = self._steps.calls == 0
         step, steps = self._steps.end_call(batch)
         step_ms = 1000.0 * elapsed_s / steps
-        examples_per_s = (
-            self._run_batch * steps / elapsed_s if self._run_batch and elapsed_s > 0 else None
-        )
+        examples = self._examples(step, steps)
+        counted = examples if examples is not None else (self._run_batch or 0) * steps
+        examples_per_s = counted / elapsed_s if counted and elapsed_s > 0 else None
         self._recorder.write_values(
             "step",
             STEP_KEYS,
-            (started_at, self._epoch, step, steps, step_ms, examples_per_s, warmup),
+            (started_at, self._epoch, step, steps, step_ms, examples, examples_per_s, warmup),
         )
         if self.tensorboard:
             if warmup or self._disturbed or profiling_disturbs(self.log_dir, started_at):
@@ -127,6 +140,21 @@ class StepTimer(DataParallelCallback):
             if len(self._points) >= SCALAR_BATCH:
                 self._write_points()
         self._call_started = None
+
+    def _examples(self, step: int, steps: int) -> int | None:
+        """Examples the call of ``steps`` steps from global ``step`` trained on; None
+        when the global batch is unknown or a smaller batch cannot be placed."""
+        batch = self._run_batch
+        if not batch or self._last_batch is None:
+            return None
+        if self._last_batch == 0:
+            return batch * steps
+        if not self._pass_batches:
+            return None
+        # Each pass's last step (position n-1, 2n-1, ... since the fit began) is smaller.
+        first = step - self._fit_first_step
+        smaller = (first + steps) // self._pass_batches - first // self._pass_batches
+        return batch * steps - smaller * (batch - self._last_batch)
 
     def _write_points(self) -> None:
         points, self._points = self._points, []

@@ -2,8 +2,10 @@
 
 The classic bug: ``dataset.batch(64)`` under a 4-replica strategy trains with 16
 examples per replica, because a batch given to a strategy is the *global* batch. The
-check reads the batch size from the dataset itself (its static shapes, or the batch
-node of its graph) and never consumes data. For arrays given to ``fit(x, y,
+check reads the batch size from the dataset itself and never consumes data: from the
+batch op's Python object (``walk_batch``), else from the batch node of the dataset's
+serialized graph, which copies every in-memory array the dataset holds (seconds for a
+``from_tensor_slices`` over a few hundred MB). For arrays given to ``fit(x, y,
 batch_size=...)``, the batch is the one ``fit``'s data adapter makes
 (``adapter_batch``).
 """
@@ -38,14 +40,113 @@ class DatasetBatch:
     """What a dataset says about its batch: ``size`` (None if unknown or unbatched),
     ``drop_remainder`` (None if unknown), ``batched`` (False: no batch op found, None:
     cannot tell), ``remainder`` (examples in the smaller last batch of a pass: 0 when
-    every batch is full, None when the number of examples is unknown), and ``source``
-    (``"dataset"``, or ``"fit"`` for arrays that ``fit(batch_size=...)`` batches)."""
+    every batch is full, None when the number of examples is unknown), ``source``
+    (``"dataset"``, or ``"fit"`` for arrays that ``fit(batch_size=...)`` batches), and
+    ``pass_batches``: the batches of one pass over the data when the smaller last batch
+    is known to be the pass's last one in the stream ``fit`` reads (nothing after the
+    batch op reorders, drops or adds batches), else None."""
 
     size: int | None
     drop_remainder: bool | None
     batched: bool | None
     remainder: int | None = None
     source: str = "dataset"
+    pass_batches: int | None = None
+
+
+# Datasets that pass their input's batches on whole (a map is taken not to cut batches);
+# of them, those that also keep the batches' order and number, so that a pass's smaller
+# last batch stays its last; and the batch ops, with the attributes of their batch size
+# and drop_remainder. Any other dataset between the output and the batch op sends the
+# reading to the graph.
+_KEEP_ORDER = frozenset(
+    {
+        "_PrefetchDataset",
+        "_MapDataset",
+        "_ParallelMapDataset",
+        "CacheDataset",
+        "_CacheDataset",
+        "_RepeatDataset",
+        "_OptionsDataset",
+        "_AssertCardinalityDataset",
+    }
+)
+_KEEP_BATCH = _KEEP_ORDER | {
+    "_ShuffleDataset",
+    "_TakeDataset",
+    "_SkipDataset",
+    "_FilterDataset",
+    "_IgnoreErrorsDataset",
+    "_ShardDataset",
+}
+_BATCH_ATTRIBUTES = {
+    "_BatchDataset": ("_batch_size", "_drop_remainder"),
+    "_ParallelBatchDataset": ("_batch_size", "_drop_remainder"),
+    "_PaddedBatchDataset": ("_batch_size", "_drop_remainder"),
+    "_MapAndBatchDataset": ("_batch_size_t", "_drop_remainder_t"),
+}
+_UNBATCH_DATASETS = frozenset({"_UnbatchDataset"})
+# Sources that never batch: reaching one first means there is no batch op.
+_PLAIN_SOURCES = frozenset({"_TensorSliceDataset", "_RangeDataset"})
+_MAX_WALK = 100
+
+
+def _eager_value(value):
+    """A Python value of an eager tensor or number; None for a symbolic tensor (a
+    dataset built inside a ``tf.function``) or anything else."""
+    read = getattr(value, "numpy", None)
+    try:
+        return (read() if callable(read) else value).item()
+    except (AttributeError, NotImplementedError, TypeError, ValueError):
+        return value if isinstance(value, (bool, int)) else None
+
+
+def walk_batch(dataset) -> tuple[DatasetBatch | None, str]:
+    """What the batch op nearest to the dataset's output says, read off the dataset's
+    Python objects (``_input_dataset`` links): no data is read and no graph is
+    serialized. Returns (the ``DatasetBatch``, the kind of dataset that decided), or
+    (None, why not) when the walk meets a dataset it does not know; an unbatch, or a
+    plain source reached first, reads as not batched.
+
+    The remainder is the cardinality of the batch op's input (a cheap op) modulo the
+    batch size: 0 for an endless input, None when its cardinality is unknown.
+    """
+    in_order = True
+    for _ in range(_MAX_WALK):
+        kind = type(dataset).__name__
+        if kind in _BATCH_ATTRIBUTES:
+            return _batch_op(dataset, kind, in_order), kind
+        if kind in _UNBATCH_DATASETS or kind in _PLAIN_SOURCES:
+            return DatasetBatch(None, None, batched=False), kind
+        if kind not in _KEEP_BATCH:
+            return None, f"its pipeline reaches a {kind} before any batch op"
+        in_order = in_order and kind in _KEEP_ORDER
+        dataset = getattr(dataset, "_input_dataset", None)
+    return None, f"its pipeline has no batch op within {_MAX_WALK} steps"
+
+
+def _batch_op(dataset, kind: str, in_order: bool) -> DatasetBatch | None:
+    import tensorflow as tf
+
+    size_name, drop_name = _BATCH_ATTRIBUTES[kind]
+    size = _eager_value(getattr(dataset, size_name, None))
+    drop = _eager_value(getattr(dataset, drop_name, None))
+    if not isinstance(size, int) or not isinstance(drop, bool) or size <= 0:
+        return None
+    if drop:
+        return DatasetBatch(size, True, batched=True, remainder=0)
+    try:
+        examples = int(dataset._input_dataset.cardinality())
+    except (AttributeError, tf.errors.OpError, TypeError, ValueError):
+        return DatasetBatch(size, False, batched=True)
+    if examples == tf.data.INFINITE_CARDINALITY:
+        return DatasetBatch(size, False, batched=True, remainder=0)
+    if examples < 0:
+        return DatasetBatch(size, False, batched=True)
+    pass_batches = -(-examples // size) if in_order else None
+    return DatasetBatch(
+        size, False, batched=True, remainder=examples % size, pass_batches=pass_batches
+    )
 
 
 def _graph_batch(dataset) -> DatasetBatch | None:
@@ -111,24 +212,25 @@ def _remainder(graph, output, batch_input: str, size: int | None) -> int | None:
 def dataset_batch(dataset) -> DatasetBatch:
     """The batch size and remainder policy a ``tf.data.Dataset`` was batched with.
 
-    Read from the batch op of the dataset's graph. Without one, a leading dimension of
-    unknown size may still be a batch made by the source (a generator): ``batched`` is
-    then None (unknown). If the graph cannot be read, a known leading dimension of the
-    static shape is taken as the batch.
+    Read from the batch op nearest to the output: its Python object (``walk_batch``),
+    else the dataset's graph. Without one, a leading dimension of unknown size may still
+    be a batch made by the source (a generator): ``batched`` is then None (unknown). If
+    the graph cannot be read, a known leading dimension of the static shape is taken as
+    the batch.
     """
     import tensorflow as tf
 
     first = tf.nest.flatten(dataset.element_spec)[0]
     shape = getattr(first, "shape", None)
     leading = shape[0] if shape is not None and shape.rank else None
-    from_graph = _graph_batch(dataset)
-    if from_graph is None:  # no graph: trust the static shape
+    read = walk_batch(dataset)[0] or _graph_batch(dataset)
+    if read is None:  # no graph: trust the static shape
         if leading is not None:
             return DatasetBatch(int(leading), True, batched=True, remainder=0)
         return DatasetBatch(None, None, batched=None)
-    if not from_graph.batched and shape is not None and shape.rank and leading is None:
+    if not read.batched and shape is not None and shape.rank and leading is None:
         return DatasetBatch(None, None, batched=None)
-    return from_graph
+    return read
 
 
 def _adapter_value(adapter, name: str):

@@ -61,6 +61,8 @@ STEP_FIELDS: dict[str, pa.DataType] = {  # one record per executed train functio
     "step": pa.int64(),  # optimizer.iterations before the call: the first step covered
     "steps": pa.int64(),  # steps covered by the record (steps_per_execution)
     "step_ms": pa.float64(),  # host wall time per step (call time / steps)
+    # examples the call trained on (a pass's smaller last batch counted as it is)
+    "examples": pa.int64(),
     "examples_per_s": pa.float64(),
     "warmup": pa.bool_(),  # first call of a fit: includes tracing and compilation
 }

@@ -181,6 +181,7 @@ def _write_steps(out, common, entered, ends, epoch_steps, global_batch, others) 
             step,
             1,
             elapsed_ms,
+            global_batch,  # examples: every batch full
             global_batch / elapsed_ms * 1e3,
             step == 0,
         )
