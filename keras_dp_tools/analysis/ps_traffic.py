@@ -1,0 +1,186 @@
+"""What a parameter-server worker waits for: its steps, read from a profile of the
+worker, and the bytes its steps move between it and the parameter servers.
+
+What TensorFlow 2.21 records on a ParameterServerStrategy worker (a
+``tf.distribute.Server`` traced with ``tf.profiler.experimental.client.trace``; seen on
+a real run of ``_ps_trial``), all on the host plane:
+
+- each scheduled training function as ``EagerLocalExecute: __inference_train_function_<n>``
+  on a ``tf_Compute`` line: the worker's step, from the coordinator's request until the
+  function, its parts on the parameter servers included, has finished;
+- each variable read from a parameter server as a ``_Recv`` kernel that runs
+  asynchronously: ``ExecutorState::ProcessAsync::Start`` (stats ``kernel_type`` =
+  ``_Recv``, ``name``, ``step_id``, ``_p``) on the compute line when the worker asks for
+  the value, and ``ExecutorState::ProcessAsync::Done`` (``_c`` equal to that ``_p``) on
+  a gRPC queue line when it has arrived;
+- each gradient (and metric update) pushed to a parameter server as a ``_Send`` op
+  (``<op>/_<n>:_Send``) whose ``key`` stat names the destination,
+  ``src_device;incarnation;/job:ps/replica:0/task:<i>/device:CPU:0;edge;0:0``. A
+  ``_Send`` only hands the tensor over: the parameter server pulls it afterwards, and
+  applies it; the worker's function ends when that is done;
+- the worker's own ops as ``<scope>/<op>:<OpType>`` events.
+
+No event carries the size of what a ``_Recv`` or ``_Send`` moved, and there are no
+``RecvTensor`` RPC events; ``MemoryAllocation`` events have sizes, but only for tensors
+of 4 kB and more. So the bytes come from the model's sizes (``transfer_bytes``), and the
+trace gives the counts of reads and pushes per step and the time the worker waits.
+
+Per step: ``read_wait_ms`` is the time a read is pending while the worker computes
+nothing; ``push_wait_ms`` the time from the worker's last op or ``_Send`` to the end of
+the step (the parameter servers pull the gradients and apply them); ``comm_ms`` the
+union of both (the last metric reads fall inside the push wait).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable
+
+import numpy as np
+import pandas as pd
+
+from keras_dp_tools.analysis.breakdown.intervals import union_lengths
+from keras_dp_tools.analysis.trace.xspace import TraceEvent, host_planes, load_xspace, plane_events
+
+STEP_PREFIX = "EagerLocalExecute: "
+STEP_FUNCTION = "train_function"
+ASYNC_START = "ExecutorState::ProcessAsync::Start"
+ASYNC_DONE = "ExecutorState::ProcessAsync::Done"
+RECV = "_Recv"
+SEND_SUFFIX = ":_Send"
+PS_JOB = "/job:ps/"
+# A TF op event: "<scope>/<op>:<OpType>", no spaces and no "::" (TraceMe names have them).
+_OP_EVENT = re.compile(r"^[^\s:]+:[A-Za-z_]\w*$")
+_PS_PER_MS = 1e9
+
+STEP_COLUMNS = [
+    "start_ps",
+    "end_ps",
+    "step_ms",
+    "compute_ms",
+    "read_wait_ms",
+    "push_wait_ms",
+    "comm_ms",
+    "reads",
+    "pushes",
+]
+
+
+def _is_step(event: TraceEvent) -> bool:
+    return event.name.startswith(STEP_PREFIX) and STEP_FUNCTION in event.name
+
+
+def _is_push(event: TraceEvent) -> bool:
+    if not event.name.endswith(SEND_SUFFIX):
+        return False
+    parts = str(event.stats.get("key", "")).split(";")
+    return len(parts) > 2 and PS_JOB in parts[2] + "/"
+
+
+def _union_ps(spans: list[tuple[int, int]]) -> int:
+    if not spans:
+        return 0
+    spans = sorted(spans)
+    starts = np.array([s for s, _ in spans], dtype=np.int64)
+    ends = np.array([e for _, e in spans], dtype=np.int64)
+    return int(union_lengths(np.zeros(len(spans), dtype=np.int64), starts, ends, 1)[0])
+
+
+def _exposed_ps(waits: list[tuple[int, int]], busy: list[tuple[int, int]]) -> int:
+    """|union(waits) minus union(busy)| = |waits ∪ busy| - |busy|."""
+    return _union_ps(waits + busy) - _union_ps(busy)
+
+
+def worker_steps(events: Iterable[TraceEvent]) -> pd.DataFrame:
+    """One row per training step the traced worker ran (``STEP_COLUMNS``), in time
+    order. A worker runs one scheduled function at a time, so an event belongs to the
+    step whose span holds its start."""
+    events = list(events)
+    steps = sorted((e for e in events if _is_step(e)), key=lambda e: e.start_ps)
+    done = {
+        e.stats.get("_c"): e.end_ps
+        for e in events
+        if e.name == ASYNC_DONE and e.stats.get("kernel_type") == RECV
+    }
+    reads, pushes, ops = [], [], []
+    for event in events:
+        if event.name == ASYNC_START and event.stats.get("kernel_type") == RECV:
+            # "_recv_<arg>" kernels receive the function's arguments, not variables.
+            if not str(event.stats.get("name", "")).startswith("_recv_"):
+                end = done.get(event.stats.get("_p"))
+                if end is not None:
+                    reads.append((event.start_ps, end))
+        elif _is_push(event):
+            pushes.append((event.start_ps, event.end_ps))
+        elif _OP_EVENT.match(event.name) and not event.name.endswith(":" + RECV):
+            ops.append((event.start_ps, event.end_ps))
+    starts = np.array([s.start_ps for s in steps], dtype=np.int64)
+
+    def by_step(spans):
+        grouped: list[list[tuple[int, int]]] = [[] for _ in steps]
+        for start, end in spans:
+            index = int(np.searchsorted(starts, start, side="right")) - 1
+            if index >= 0 and start < steps[index].end_ps:
+                step = steps[index]
+                grouped[index].append((max(start, step.start_ps), min(end, step.end_ps)))
+        return grouped
+
+    rows = []
+    for step, step_reads, step_pushes, step_ops in zip(
+        steps, by_step(reads), by_step(pushes), by_step(ops), strict=True
+    ):
+        last_busy = max((end for _, end in step_ops + step_pushes), default=step.start_ps)
+        tail = [(last_busy, step.end_ps)] if step_ops else []
+        rows.append(
+            {
+                "start_ps": step.start_ps,
+                "end_ps": step.end_ps,
+                "step_ms": (step.end_ps - step.start_ps) / _PS_PER_MS,
+                "compute_ms": _union_ps(step_ops) / _PS_PER_MS,
+                "read_wait_ms": _exposed_ps(step_reads, step_ops) / _PS_PER_MS,
+                "push_wait_ms": (step.end_ps - last_busy) / _PS_PER_MS if step_ops else 0.0,
+                "comm_ms": _exposed_ps(step_reads + tail, step_ops) / _PS_PER_MS,
+                "reads": len(step_reads),
+                "pushes": len(step_pushes),
+            }
+        )
+    return pd.DataFrame(rows, columns=STEP_COLUMNS)
+
+
+def worker_steps_from_trace(path) -> pd.DataFrame:
+    """``worker_steps`` of the host plane(s) of one ``.xplane.pb`` file."""
+    space = load_xspace(path)
+    return worker_steps(e for plane in host_planes(space) for e in plane_events(plane))
+
+
+def transfer_bytes(variable_bytes: int, workers: int) -> dict:
+    """The bytes one step (a batch on each of ``workers`` workers) moves between the
+    workers and the parameter servers, from the model's sizes: each worker reads every
+    trainable variable once (``read_bytes``) and pushes a gradient of the same size
+    (``push_bytes``). Embedding tables move only the rows a batch touches, so for them
+    this is an upper bound."""
+    read = push = int(variable_bytes) * int(workers)
+    return {"read_bytes": read, "push_bytes": push, "bytes_per_step": read + push}
+
+
+def ps_evidence(steps: pd.DataFrame, variable_bytes: int, workers: int) -> dict:
+    """The candidate's evidence: medians over the traced worker's steps (``step_ms``,
+    ``compute_ms``, ``read_wait_ms``, ``push_wait_ms``, ``comm_ms``, reads and pushes per
+    worker step, ``dispatch_gap_ms``: the worker idle between two steps, waiting for the
+    coordinator's next one) and the bytes (``transfer_bytes``, ``bytes_source`` "model
+    sizes"). Without traced steps, only the bytes and a ``note``."""
+    evidence = {**transfer_bytes(variable_bytes, workers), "bytes_source": "model sizes"}
+    evidence.update(variable_bytes=int(variable_bytes), workers=int(workers))
+    if steps.empty:
+        evidence["note"] = "the worker's trace held no complete training step"
+        return evidence
+    for column in ("step_ms", "compute_ms", "read_wait_ms", "push_wait_ms", "comm_ms"):
+        evidence[column] = float(steps[column].median())
+    evidence["reads_per_worker_step"] = float(steps["reads"].median())
+    evidence["pushes_per_worker_step"] = float(steps["pushes"].median())
+    gaps = (steps["start_ps"].to_numpy()[1:] - steps["end_ps"].to_numpy()[:-1]) / _PS_PER_MS
+    if len(gaps):
+        evidence["dispatch_gap_ms"] = float(statistics.median(gaps.tolist()))
+    evidence["trace_steps"] = len(steps)
+    return evidence
