@@ -181,14 +181,13 @@ def test_a_workers_steps_reads_pushes_and_waits_from_its_trace():
     steps = worker_steps(events)
     assert len(steps) == 2
     first = steps.iloc[0]
-    # By hand: compute 3-5 and 5.5-6 = 2.5 ms. Reads pending 0.5-3, 4-4.5 (under
-    # compute), 7-8: 2.5 + 0 + 1 = 3.5 ms exposed. The worker's own work ends with its
-    # local send at 6.2 (after the push, 6.0-6.1), so it waits 10 - 6.2 = 3.8 ms for
-    # the parameter server, and both waits together are 2.5 + 3.8 = 6.3 ms (the read at
-    # 7-8 lies inside the push wait).
+    # By hand: compute 3-5 and 5.5-6 = 2.5 ms. The worker's own work ends with its
+    # local send at 6.2 (after the push, 6.0-6.1). Before that, reads pending 0.5-3
+    # and 4-4.5 (under compute): 2.5 ms of read wait. Then it waits 10 - 6.2 = 3.8 ms
+    # for the parameter server (the read at 7-8, a metric's value, inside it): 6.3 ms.
     assert first["step_ms"] == pytest.approx(10.0)
     assert first["compute_ms"] == pytest.approx(2.5)
-    assert first["read_wait_ms"] == pytest.approx(3.5)
+    assert first["read_wait_ms"] == pytest.approx(2.5)
     assert first["push_wait_ms"] == pytest.approx(3.8)
     assert first["comm_ms"] == pytest.approx(6.3)
     assert (first["reads"], first["pushes"]) == (3, 1)

@@ -8,11 +8,12 @@ a real run of ``_ps_trial``), all on the host plane:
 - each scheduled training function as ``EagerLocalExecute: __inference_train_function_<n>``
   on a ``tf_Compute`` line: the worker's step, from the coordinator's request until the
   function, its parts on the parameter servers included, has finished;
-- each variable read from a parameter server as a ``_Recv`` kernel that runs
-  asynchronously: ``ExecutorState::ProcessAsync::Start`` (stats ``kernel_type`` =
-  ``_Recv``, ``name``, ``step_id``, ``_p``) on the compute line when the worker asks for
-  the value, and ``ExecutorState::ProcessAsync::Done`` (``_c`` equal to that ``_p``) on
-  a gRPC queue line when it has arrived;
+- each value received from a parameter server (a variable, a metric's value, a control
+  edge) as a ``_Recv`` kernel that runs asynchronously:
+  ``ExecutorState::ProcessAsync::Start`` (stats ``kernel_type`` = ``_Recv``, ``name``,
+  ``step_id``, ``_p``) on the compute line when the worker asks for the value, and
+  ``ExecutorState::ProcessAsync::Done`` (``_c`` equal to that ``_p``) on a gRPC queue
+  line when it has arrived;
 - each gradient (and metric update) pushed to a parameter server as a ``_Send`` op
   (``<op>/_<n>:_Send``) whose ``key`` stat names the destination,
   ``src_device;incarnation;/job:ps/replica:0/task:<i>/device:CPU:0;edge;0:0``. A
@@ -26,11 +27,14 @@ tensor (on the run looked at, a 256 kB kernel's and none of the 1 kB biases'). S
 bytes come from the model's sizes (``transfer_bytes``), and the trace gives the counts
 of reads and pushes per step and the time the worker waits.
 
-Per step: ``read_wait_ms`` is the time a read is pending while the worker computes
-nothing (``compute_ms``: the union of its ops, sends and receives left out);
-``push_wait_ms`` the time from the worker's last op or ``_Send`` to the end of the step
-(the parameter servers pull the gradients and apply them); ``comm_ms`` the union of both
-(the last metric reads fall inside the push wait).
+Per step, the worker's own work ends with its last op or ``_Send``.
+``read_wait_ms``: the time before it during which a read is pending and the worker
+computes nothing (``compute_ms``: the union of its ops, sends and receives left out).
+``push_wait_ms``: from it to the end of the step, while the parameter servers pull the
+gradients and apply them; reads still pending then (every ``_Recv`` starts with the
+step, and the metrics' values come after the update) wait for that too. ``comm_ms``:
+both. On a real run over a 200 Mbit/s link (``benchmarks/strategies_netns.py``), 9
+``_Recv`` per step: the 6 variables, 2 metric values and a control edge.
 """
 
 from __future__ import annotations
@@ -140,16 +144,20 @@ def worker_steps(events: Iterable[TraceEvent]) -> pd.DataFrame:
         length = step.end_ps - step.start_ps
         # The worker's own work ends with its last op or send; the rest is waiting.
         last_busy = max((end for _, end in step_ops + step_sends), default=0)
-        tail = [(last_busy, length)] if step_ops else []
+        # A read still pending after that waits for the parameter servers to apply the
+        # pushes first (the metrics' values): it counts as push wait.
+        early_reads = [(start, min(end, last_busy)) for start, end in step_reads]
+        read_wait = _exposed_ps(early_reads, step_ops)
+        push_wait = length - last_busy if step_ops else 0
         rows.append(
             {
                 "start_ps": step.start_ps,
                 "end_ps": step.end_ps,
                 "step_ms": length / _PS_PER_MS,
                 "compute_ms": _union_ps(step_ops) / _PS_PER_MS,
-                "read_wait_ms": _exposed_ps(step_reads, step_ops) / _PS_PER_MS,
-                "push_wait_ms": (length - last_busy) / _PS_PER_MS if step_ops else 0.0,
-                "comm_ms": _exposed_ps(step_reads + tail, step_ops) / _PS_PER_MS,
+                "read_wait_ms": read_wait / _PS_PER_MS,
+                "push_wait_ms": push_wait / _PS_PER_MS,
+                "comm_ms": (read_wait + push_wait) / _PS_PER_MS,
                 "reads": len(step_reads),
                 "pushes": len(step_pushes),
             }
