@@ -114,6 +114,20 @@ def test_the_code_is_python_that_builds_the_strategy_from_tf_config():
     assert parameter_server.skip_reason({}) is None  # tf_keras is installed here
 
 
+def test_a_keras_3_model_is_refused_with_the_way_to_a_tf_keras_one(tf):
+    import keras
+
+    from keras_dp_tools.tools.tuning.child import require_tf_keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    with pytest.raises(TypeError, match="does not run under ParameterServerStrategy") as error:
+        require_tf_keras(model, "ParameterServerStrategy")
+    assert "import tf_keras as keras" in str(error.value)
+    import tf_keras
+
+    require_tf_keras(tf_keras.Sequential([tf_keras.layers.Dense(1)]), "ParameterServerStrategy")
+
+
 # -- the worker's trace -----------------------------------------------------------------
 
 WORKER = "/job:worker/replica:0/task:0/device:CPU:0"

@@ -43,8 +43,9 @@ from keras_dp_tools.tools.strategies.parameter_server import (
     resolve_options,
 )
 from keras_dp_tools.tools.tuning.child import (
-    call_flexibly,
+    build_in_scope,
     load_function,
+    require_tf_keras,
     serve,
     trial_dataset,
 )
@@ -161,23 +162,8 @@ def _set_up(spec: dict) -> dict:
     )
     import tensorflow as tf
 
-    namespace: dict = {}
-    exec(spec.get("code") or code(options), namespace)  # the very code the user is shown
-    strategy = namespace["strategy"]
-    with strategy.scope():
-        model = call_flexibly(load_function(spec["build_model"]), strategy)
-    if not hasattr(model, "fit") or getattr(model, "optimizer", None) is None:
-        raise TypeError(
-            f"build_model must return a compiled Keras model, returned {type(model).__name__}"
-            " (call model.compile(...) before returning it)."
-        )
-    if type(model).__module__.split(".")[0] != "tf_keras":
-        raise TypeError(
-            f"build_model returned a Keras 3 model ({type(model).__module__}), whose fit "
-            "does not run under ParameterServerStrategy: build it with tf.keras (this "
-            "trial sets TF_USE_LEGACY_KERAS=1, so tf.keras is tf_keras) or import "
-            "tf_keras as keras."
-        )
+    strategy, model = build_in_scope(spec.get("code") or code(options), spec["build_model"])
+    require_tf_keras(model, "ParameterServerStrategy")
     # Each worker reads its own copy of the dataset, one batch of per_replica_batch per
     # replica of the worker per step (the workers here have one device).
     worker_batch = spec["per_replica_batch"] * strategy.num_replicas_in_sync
@@ -261,6 +247,7 @@ def _time(steps: int) -> dict:
 
 def _profile(steps: int) -> dict:
     from keras_dp_tools.analysis.ps_traffic import ps_evidence, worker_steps_from_trace
+    from keras_dp_tools.analysis.trace.xspace import find_traces
 
     tf = _state["tf"]
     if "step_seconds" not in _state:
@@ -281,7 +268,10 @@ def _profile(steps: int) -> dict:
     tracer.start()
     while tracer.is_alive():  # train until the capture has ended
         _fit((steps + 2) * _state["workers"], [])
-    traces = sorted(folder.rglob("*.xplane.pb"))
+    try:
+        traces = find_traces(folder)
+    except FileNotFoundError:
+        traces = []
     if failures or not traces:
         why = f"{type(failures[0]).__name__}: {failures[0]}" if failures else "no trace file"
         evidence = ps_evidence(_empty_steps(), _state["variable_bytes"], _state["workers"])

@@ -6,7 +6,7 @@ meant to be run by hand.
 
 from __future__ import annotations
 
-from keras_dp_tools.tools.tuning.child import call_flexibly, load_function, serve, trial_dataset
+from keras_dp_tools.tools.tuning.child import build_in_scope, load_function, serve, trial_dataset
 
 _state: dict = {}
 
@@ -22,16 +22,7 @@ def _fit(steps: int, callbacks: list) -> tuple[int, int]:
 
 
 def _set_up(spec: dict) -> dict:
-    namespace: dict = {}
-    exec(spec["code"], namespace)  # the very code the result shows the user
-    strategy = namespace["strategy"]
-    with strategy.scope():
-        model = call_flexibly(load_function(spec["build_model"]), strategy)
-    if not hasattr(model, "fit") or getattr(model, "optimizer", None) is None:
-        raise TypeError(
-            f"build_model must return a compiled Keras model, returned {type(model).__name__}"
-            " (call model.compile(...) before returning it)."
-        )
+    strategy, model = build_in_scope(spec["code"], spec["build_model"])
     global_batch = spec.get("per_replica_batch")
     if global_batch:
         global_batch *= strategy.num_replicas_in_sync

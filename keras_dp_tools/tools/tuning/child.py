@@ -184,6 +184,34 @@ def call_flexibly(function, *arguments):
     return function(*arguments[: len(positional)])
 
 
+def build_in_scope(code: str, build_model: str):
+    """Runs ``code`` (the lines shown to the user, which set ``strategy``), then the
+    function ``build_model`` names inside that strategy's scope; returns ``(strategy,
+    model)``, a TypeError when the model is not a compiled Keras model."""
+    namespace: dict = {}
+    exec(code, namespace)  # the very code the result shows the user
+    strategy = namespace["strategy"]
+    with strategy.scope():
+        model = call_flexibly(load_function(build_model), strategy)
+    if not hasattr(model, "fit") or getattr(model, "optimizer", None) is None:
+        raise TypeError(
+            f"build_model must return a compiled Keras model, returned {type(model).__name__}"
+            " (call model.compile(...) before returning it)."
+        )
+    return strategy, model
+
+
+def require_tf_keras(model, strategy_name: str) -> None:
+    """A TypeError saying what to do when ``model`` is a Keras 3 model, whose ``fit``
+    does not run under ``strategy_name`` (the trial sets ``TF_USE_LEGACY_KERAS=1``)."""
+    if type(model).__module__.split(".")[0] != "tf_keras":
+        raise TypeError(
+            f"build_model returned a Keras 3 model ({type(model).__module__}), whose fit "
+            f"does not run under {strategy_name}: build it with tf.keras (this trial sets "
+            "TF_USE_LEGACY_KERAS=1, so tf.keras is tf_keras) or import tf_keras as keras."
+        )
+
+
 class ChildFailed(RuntimeError):
     """The child exited, or reported an error, before answering; ``contract`` is True
     when the error is the user's functions breaking the contract (not worth retrying)."""
