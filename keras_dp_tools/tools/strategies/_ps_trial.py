@@ -43,10 +43,10 @@ from keras_dp_tools.tools.strategies.parameter_server import (
     resolve_options,
 )
 from keras_dp_tools.tools.tuning.child import (
-    build_in_scope,
     load_function,
     require_tf_keras,
     serve,
+    strategy_and_model,
     trial_dataset,
 )
 
@@ -162,7 +162,7 @@ def _set_up(spec: dict) -> dict:
     )
     import tensorflow as tf
 
-    strategy, model = build_in_scope(spec.get("code") or code(options), spec["build_model"])
+    strategy, model = strategy_and_model({**spec, "code": spec.get("code") or code(options)})
     require_tf_keras(model, "ParameterServerStrategy")
     # Each worker reads its own copy of the dataset, one batch of per_replica_batch per
     # replica of the worker per step (the workers here have one device).

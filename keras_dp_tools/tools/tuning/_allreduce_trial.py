@@ -6,7 +6,12 @@ meant to be run by hand.
 
 from __future__ import annotations
 
-from keras_dp_tools.tools.tuning.child import build_in_scope, load_function, serve, trial_dataset
+from keras_dp_tools.tools.tuning.child import (
+    load_function,
+    serve,
+    strategy_and_model,
+    trial_dataset,
+)
 
 _state: dict = {}
 
@@ -22,7 +27,7 @@ def _fit(steps: int, callbacks: list) -> tuple[int, int]:
 
 
 def _set_up(spec: dict) -> dict:
-    strategy, model = build_in_scope(spec["code"], spec["build_model"])
+    strategy, model = strategy_and_model(spec)
     global_batch = spec.get("per_replica_batch")
     if global_batch:
         global_batch *= strategy.num_replicas_in_sync

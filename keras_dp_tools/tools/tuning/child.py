@@ -54,6 +54,17 @@ def refuse_inside_a_trial(what: str) -> None:
         )
 
 
+def require_tf_keras(model, strategy_name: str) -> None:
+    """A TypeError saying what to do when ``model`` is a Keras 3 model, whose ``fit``
+    does not run under ``strategy_name`` (the trial sets ``TF_USE_LEGACY_KERAS=1``)."""
+    if type(model).__module__.split(".")[0] != "tf_keras":
+        raise TypeError(
+            f"build_model returned a Keras 3 model ({type(model).__module__}), whose fit "
+            f"does not run under {strategy_name}: build it with tf.keras (this trial sets "
+            "TF_USE_LEGACY_KERAS=1, so tf.keras is tf_keras) or import tf_keras as keras."
+        )
+
+
 def dataset_spelling(make_dataset) -> str:
     """``"global_batch"`` for ``make_dataset(global_batch)`` (the contract), or
     ``"strategy"`` for ``make_dataset(strategy)`` / ``make_dataset()`` (accepted: they
@@ -119,6 +130,23 @@ def trial_dataset(make_dataset, strategy, global_batch: int | None = None):
     return dataset
 
 
+def strategy_and_model(spec: dict):
+    """A trial's strategy, built by ``spec["code"]`` (the very code the result shows the
+    user, which assigns ``strategy``), and the compiled model ``spec["build_model"]``
+    returns inside its scope."""
+    namespace: dict = {}
+    exec(spec["code"], namespace)
+    strategy = namespace["strategy"]
+    with strategy.scope():
+        model = call_flexibly(load_function(spec["build_model"]), strategy)
+    if not hasattr(model, "fit") or getattr(model, "optimizer", None) is None:
+        raise TypeError(
+            f"build_model must return a compiled Keras model, returned {type(model).__name__}"
+            " (call model.compile(...) before returning it)."
+        )
+    return strategy, model
+
+
 def function_reference(function) -> str:
     """``"module:qualname"`` (or ``"script.py:qualname"``) for a module-level function,
     or the given string when it already is one."""
@@ -182,34 +210,6 @@ def call_flexibly(function, *arguments):
         return function(*arguments)
     positional = [p for p in parameters if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     return function(*arguments[: len(positional)])
-
-
-def build_in_scope(code: str, build_model: str):
-    """Runs ``code`` (the lines shown to the user, which set ``strategy``), then the
-    function ``build_model`` names inside that strategy's scope; returns ``(strategy,
-    model)``, a TypeError when the model is not a compiled Keras model."""
-    namespace: dict = {}
-    exec(code, namespace)  # the very code the result shows the user
-    strategy = namespace["strategy"]
-    with strategy.scope():
-        model = call_flexibly(load_function(build_model), strategy)
-    if not hasattr(model, "fit") or getattr(model, "optimizer", None) is None:
-        raise TypeError(
-            f"build_model must return a compiled Keras model, returned {type(model).__name__}"
-            " (call model.compile(...) before returning it)."
-        )
-    return strategy, model
-
-
-def require_tf_keras(model, strategy_name: str) -> None:
-    """A TypeError saying what to do when ``model`` is a Keras 3 model, whose ``fit``
-    does not run under ``strategy_name`` (the trial sets ``TF_USE_LEGACY_KERAS=1``)."""
-    if type(model).__module__.split(".")[0] != "tf_keras":
-        raise TypeError(
-            f"build_model returned a Keras 3 model ({type(model).__module__}), whose fit "
-            f"does not run under {strategy_name}: build it with tf.keras (this trial sets "
-            "TF_USE_LEGACY_KERAS=1, so tf.keras is tf_keras) or import tf_keras as keras."
-        )
 
 
 class ChildFailed(RuntimeError):
