@@ -1182,7 +1182,8 @@ def strategies_netns_markdown(result: dict) -> list[str]:
     if "step_ms" in evidence:
         lines += [
             "",
-            f"Why (worker 0's trace, median of {evidence['trace_steps']} steps): a worker's "
+            f"Why (worker 0's trace, medians of {evidence['trace_steps']} steps, so the parts "
+            "need not add up): a worker's "
             f"step takes {evidence['step_ms']:,.0f} ms, of which it waits "
             f"{evidence['comm_ms']:,.0f} ms on the parameter server "
             f"({evidence['read_wait_ms']:,.0f} ms for variable reads, "
@@ -1191,7 +1192,9 @@ def strategies_netns_markdown(result: dict) -> list[str]:
             f"worker) moves {evidence['read_bytes'] / 1e6:.1f} MB of reads and "
             f"{evidence['push_bytes'] / 1e6:.1f} MB of pushes ({evidence['bytes_source']}): "
             f"{summary['link_ms_per_step']:,.0f} ms at the measured link rate if they take "
-            f"turns on it. {evidence['reads_per_worker_step']:.0f} receives and "
+            f"turns on it, {summary['link_ms_per_step_duplex']:,.0f} ms if reads (one way) "
+            f"and pushes (the other) overlap fully. {evidence['reads_per_worker_step']:.0f} "
+            "receives and "
             f"{evidence['pushes_per_worker_step']:.0f} sends to the parameter server per "
             "worker step in the trace.",
         ]

@@ -270,15 +270,20 @@ def summary(result: dict) -> dict:
     ps, mirrored = rates["parameter_server"], rates["mirrored"]
     ratios = [m / p for m, p in zip(mirrored, ps, strict=True)]
     evidence = result["evidence"]
-    link_seconds = evidence["bytes_per_step"] / (result["link_mbytes_per_s"] * 1e6)
+    link_bytes_per_s = result["link_mbytes_per_s"] * 1e6
     return {
         "factor": statistics.median(ratios),
         "factor_min": min(ratios),
         "factor_max": max(ratios),
         "ps_examples_per_s": statistics.median(ps),
         "mirrored_examples_per_s": statistics.median(mirrored),
-        # All workers' reads and pushes cross the one link of the parameter server.
-        "link_ms_per_step": 1000 * link_seconds,
+        # All workers' reads and pushes cross the parameter server's one link: reads one
+        # way, pushes the other. Taking turns, a step needs both times; overlapping
+        # fully (the link is full duplex), the longer one.
+        "link_ms_per_step": 1000 * evidence["bytes_per_step"] / link_bytes_per_s,
+        "link_ms_per_step_duplex": 1000
+        * max(evidence["read_bytes"], evidence["push_bytes"])
+        / link_bytes_per_s,
     }
 
 
