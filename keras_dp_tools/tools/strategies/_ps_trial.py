@@ -246,7 +246,11 @@ def _time(steps: int) -> dict:
 
 
 def _profile(steps: int) -> dict:
-    from keras_dp_tools.analysis.ps_traffic import ps_evidence, worker_steps_from_trace
+    from keras_dp_tools.analysis.ps_traffic import (
+        ps_evidence,
+        worker_steps,
+        worker_steps_from_trace,
+    )
     from keras_dp_tools.analysis.trace.xspace import find_traces
 
     tf = _state["tf"]
@@ -274,21 +278,13 @@ def _profile(steps: int) -> dict:
         traces = []
     if failures or not traces:
         why = f"{type(failures[0]).__name__}: {failures[0]}" if failures else "no trace file"
-        evidence = ps_evidence(_empty_steps(), _state["variable_bytes"], _state["workers"])
+        evidence = ps_evidence(worker_steps([]), _state["variable_bytes"], _state["workers"])
         evidence["note"] = f"worker 0 could not be traced ({why})"
         return {"evidence": evidence}
     table = worker_steps_from_trace(traces[-1])
     evidence = ps_evidence(table, _state["variable_bytes"], _state["workers"])
     evidence["trace"] = str(traces[-1])
     return {"evidence": evidence}
-
-
-def _empty_steps():
-    import pandas as pd
-
-    from keras_dp_tools.analysis.ps_traffic import STEP_COLUMNS
-
-    return pd.DataFrame(columns=STEP_COLUMNS)
 
 
 def _command(command: dict) -> dict:
