@@ -27,15 +27,19 @@ Options (``compare_strategies(options={"parameter_server": {...}})``):
   to run the parameter servers in the network namespace NS. ``ip netns exec`` execs
   the server in place, so it stays the trial's child and dies with it.
 
-Example, parameter servers behind a link (namespace ``kdtps`` holds 10.231.0.2 and
-reaches this host's 10.231.0.1 over a veth pair; ``benchmarks/strategies_netns.py``
-builds one):
+Example, the parameter servers behind a link: ``benchmarks/strategies_netns.py`` makes
+two network namespaces joined by a rate-limited veth pair, ``kdtA`` (10.232.0.1) for the
+parameter server and ``kdtB`` (10.232.0.2) for everything else, and runs
+``compare_strategies`` inside ``kdtB`` with
 
     options = {"parameter_server": {
         "workers": 2, "ps": 1,
-        "hosts": {"chief": "10.231.0.1", "worker": "10.231.0.1", "ps": "10.231.0.2"},
-        "command_prefix": {"ps": ["ip", "netns", "exec", "kdtps"]},
+        "hosts": {"chief": "10.232.0.2", "worker": "10.232.0.2", "ps": "10.232.0.1"},
+        "command_prefix": {"ps": ["ip", "netns", "exec", "kdtA"]},
     }}
+
+Every variable read and gradient push then crosses the link; the coordinator's calls to
+the workers stay inside ``kdtB``.
 """
 
 from __future__ import annotations
