@@ -150,10 +150,9 @@ def ps_options(config: dict) -> dict:
     }
 
 
-def inside(config: dict) -> dict:
+def inside(config: dict, log_dir: Path) -> dict:
     import keras_dp_tools as kdt
 
-    log_dir = Path(tempfile.mkdtemp(prefix="kdt-netns-"))
     base = {
         "parameters": parameters(),
         "variable_bytes": parameters() * 4,
@@ -299,7 +298,9 @@ def main(argv=None) -> int:
     parser.add_argument("--inside", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.inside:
-        print(json.dumps(inside(json.loads(args.inside)), default=str))
+        config = json.loads(args.inside)
+        with tempfile.TemporaryDirectory(prefix="kdt-netns-") as scratch:
+            print(json.dumps(inside(config, Path(scratch)), default=str))
         return 0
     result = outside(args)
     result["summary"] = summary(result)
