@@ -1132,6 +1132,78 @@ def markdown(results: dict, smoke: bool) -> str:
     return "\n".join(lines) + "\n"
 
 
+def bench_strategies_netns(smoke: bool) -> dict:
+    """``benchmarks/strategies_netns.py`` (root: network namespaces) as a child."""
+    command = [sys.executable, str(ROOT / "benchmarks" / "strategies_netns.py"), "--json"]
+    if smoke:
+        command += ["--width", "64", "--steps", "1", "--rounds", "1"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=3600)
+    if done.returncode:
+        raise SystemExit(f"strategies-netns failed:\n{done.stdout[-2000:]}{done.stderr[-4000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def strategies_netns_markdown(result: dict) -> list[str]:
+    """The "ParameterServerStrategy over a rate-limited link" section."""
+    summary, evidence = result["summary"], result["evidence"]
+    rates = result["examples_per_s"]
+
+    def per_round(name):
+        return ", ".join(f"{rate:,.1f}" for rate in rates[name])
+
+    factor = f"{summary['factor']:.1f}x slower"
+    if summary["factor"] < 1:
+        factor = f"{1 / summary['factor']:.1f}x faster"
+    how = "through `compare_strategies`"
+    if result["via"] != "compare_strategies":
+        how = "by hand (the parameter-server trial as a child, MirroredStrategy's fit in turns)"
+
+    lines = [
+        "## ParameterServerStrategy over a rate-limited link vs MirroredStrategy (issue 28)",
+        "",
+        f"A dense model of {result['parameters']:,} parameters "
+        f"({result['variable_bytes'] / 1e6:.1f} MB of float32), {result['per_replica_batch']} "
+        f"examples per replica. `parameter_server`: {result['workers']} workers and the "
+        "coordinator in one network namespace, 1 parameter server in another, joined by a "
+        f"veth pair that `tc` limits to {result['rate']} each way (TCP measured "
+        f"{result['link_mbytes_per_s']:.1f} MB/s over it). `mirrored`: MirroredStrategy over "
+        f"{result['workers']} logical CPUs in the workers' namespace (no link). "
+        f"{result['steps']} steps x {result['rounds']} interleaved rounds, measured {how} "
+        "(`benchmarks/strategies_netns.py`).",
+        "",
+        "| candidate | examples/s (median) | per round |",
+        "|---|---|---|",
+        f"| mirrored | {summary['mirrored_examples_per_s']:,.1f} | {per_round('mirrored')} |",
+        f"| parameter_server | {summary['ps_examples_per_s']:,.1f} | "
+        f"{per_round('parameter_server')} |",
+        "",
+        f"**The parameter-server candidate is {factor}** (MirroredStrategy's examples/s "
+        f"over its, per round: {summary['factor_min']:.1f}-{summary['factor_max']:.1f}).",
+    ]
+    if "step_ms" in evidence:
+        lines += [
+            "",
+            f"Why (worker 0's trace, medians of {evidence['trace_steps']} steps, so the parts "
+            "need not add up): a worker's "
+            f"step takes {evidence['step_ms']:,.0f} ms, of which it waits "
+            f"{evidence['comm_ms']:,.0f} ms on the parameter server "
+            f"({evidence['read_wait_ms']:,.0f} ms for variable reads, "
+            f"{evidence['push_wait_ms']:,.0f} ms for its gradients to be pulled and applied)"
+            f" and computes {evidence['compute_ms']:,.0f} ms. A step (a batch on every "
+            f"worker) moves {evidence['read_bytes'] / 1e6:.1f} MB of reads and "
+            f"{evidence['push_bytes'] / 1e6:.1f} MB of pushes ({evidence['bytes_source']}): "
+            f"{summary['link_ms_per_step']:,.0f} ms at the measured link rate if they take "
+            f"turns on it, {summary['link_ms_per_step_duplex']:,.0f} ms if reads (one way) "
+            f"and pushes (the other) overlap fully. {evidence['reads_per_worker_step']:.0f} "
+            "receives and "
+            f"{evidence['pushes_per_worker_step']:.0f} sends to the parameter server per "
+            "worker step in the trace.",
+        ]
+    if result.get("verdict"):
+        lines += ["", f"Verdict: {result['verdict']}"]
+    return lines
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true", help="tiny run: checks the script")
@@ -1144,7 +1216,7 @@ def main(argv=None) -> int:
     )
     parser.add_argument(
         "--only",
-        choices=["training", "synthetic", "gpu", "cluster", "cluster-trace"],
+        choices=["training", "synthetic", "gpu", "cluster", "cluster-trace", "strategies-netns"],
         help="run one section and replace only it (and the notes) in the existing output",
     )
     parser.add_argument(
@@ -1155,6 +1227,9 @@ def main(argv=None) -> int:
     )
     args = parser.parse_args(argv)
     smoke = args.smoke
+    if args.only == "strategies-netns":  # root only: not part of a full run
+        section = strategies_netns_markdown(bench_strategies_netns(smoke))
+        return write_section(args, section, smoke)
     if args.only == "synthetic":  # no training: the analysis runs in fresh processes
         with tempfile.TemporaryDirectory(prefix="kdp_bench_") as scratch:
             sizes = [2000] if smoke else [10_000, 100_000, 1_000_000]

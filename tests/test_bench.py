@@ -34,3 +34,24 @@ def test_bench_smoke_run_writes_the_results_table(tmp_path):
     assert "| tiny |" in table and "| 2,000 |" in table and "| 1,000 |" in table
     assert "4 workers x 6,000 steps" in table and "first (JSON Lines -> cache)" in table
     assert "| 2 | " in table and "| 0 | 4 | 1 in 4 of 4 steps |" in table  # 2 workers, none failed
+
+
+@pytest.mark.slow
+def test_strategies_netns_smoke_run_writes_its_section(tmp_path):
+    from tests.helpers.netns import namespaces_unavailable
+
+    reason = namespaces_unavailable()
+    if reason:
+        pytest.skip(reason)
+    pytest.importorskip("tf_keras", reason="the parameter-server candidate needs tf_keras")
+    output = tmp_path / "RESULTS.md"
+    script = str(ROOT / "benchmarks" / "bench.py")
+    command = [sys.executable, script, "--smoke", "--only", "strategies-netns"]
+    run = subprocess.run(
+        [*command, "--output", str(output)], capture_output=True, text=True, timeout=900
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    table = output.read_text()
+    assert "ParameterServerStrategy over a rate-limited link" in table
+    assert "| parameter_server |" in table and "| mirrored |" in table
+    assert "The parameter-server candidate is " in table

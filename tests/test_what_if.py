@@ -2,11 +2,9 @@
 all-reduce costs and against real runs over a rate-limited link between namespaces."""
 
 import os
-import shutil
 import subprocess
 import sys
 import time
-from contextlib import contextmanager
 from types import SimpleNamespace
 
 import pandas as pd
@@ -15,6 +13,7 @@ import pytest
 from keras_dp_tools.analysis.what_if import what_if
 from keras_dp_tools.report.facade import Report
 from tests.helpers import REPO
+from tests.helpers.netns import linked_namespaces, namespaces_unavailable, set_rate
 
 MB = 1e6
 
@@ -124,54 +123,6 @@ def test_runs_it_cannot_predict_are_refused_with_what_is_missing():
         what_if(_report(), bandwidth_gbps=-1)
 
 
-def _ip(*args):
-    subprocess.run(["ip", *args], check=True, capture_output=True, text=True, timeout=30)
-
-
-def _set_rate(namespaces, rate):
-    for namespace, device in namespaces:
-        _ip(
-            "netns",
-            "exec",
-            namespace,
-            "tc",
-            "qdisc",
-            "replace",
-            "dev",
-            device,
-            "root",
-            "tbf",
-            "rate",
-            rate,
-            "burst",
-            "32kb",
-            "latency",
-            "50ms",
-        )
-
-
-@contextmanager
-def _linked_namespaces():
-    """Two network namespaces joined by a veth pair (addresses only inside them),
-    deleted afterwards; yields their (namespace, device, address) triples."""
-    tag = f"kdt{os.getpid() % 100000}"
-    subnet = f"10.231.{os.getpid() % 250}"
-    ends = [(f"{tag}a", f"{tag}va", f"{subnet}.1"), (f"{tag}b", f"{tag}vb", f"{subnet}.2")]
-    try:
-        for namespace, _, _ in ends:
-            _ip("netns", "add", namespace)
-        _ip("link", "add", ends[0][1], "type", "veth", "peer", "name", ends[1][1])
-        for namespace, device, address in ends:
-            _ip("link", "set", device, "netns", namespace)
-            _ip("-n", namespace, "addr", "add", f"{address}/24", "dev", device)
-            _ip("-n", namespace, "link", "set", device, "up")
-            _ip("-n", namespace, "link", "set", "lo", "up")
-        yield ends
-    finally:
-        for namespace, _, _ in ends:  # deleting a namespace deletes its veth end
-            subprocess.run(["ip", "netns", "del", namespace], capture_output=True, timeout=30)
-
-
 def _train_two_workers(ends, log_dir, rates, steps):
     """Two workers, one in each namespace, train ``steps`` steps per link rate (one
     process start for all rates); returns one Report per rate."""
@@ -189,7 +140,7 @@ def _train_two_workers(ends, log_dir, rates, steps):
     ]  # fmt: skip
     try:
         for phase, rate in enumerate(rates):
-            _set_rate([(namespace, device) for namespace, device, _ in ends], rate)
+            set_rate([(namespace, device) for namespace, device, _ in ends], rate)
             (log_dir / f"go-{phase}").touch()
             deadline = time.monotonic() + 300
             while not all((log_dir / f"done-{phase}-{i}").exists() for i in range(2)):
@@ -212,18 +163,16 @@ def _train_two_workers(ends, log_dir, rates, steps):
 
 
 def _needs_namespaces():
-    if os.geteuid() != 0:
-        pytest.skip("network namespaces need root (CI runs as root)")
-    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
-    if missing:
-        pytest.skip(f"{' and '.join(missing)} not installed (iproute2)")
+    reason = namespaces_unavailable()
+    if reason:
+        pytest.skip(reason)
     pytest.importorskip("tf_keras", reason="two-worker training needs tf_keras")
 
 
 @pytest.mark.slow
 def test_a_200_mbit_run_predicts_the_100_mbit_step_time_within_15_percent(tmp_path):
     _needs_namespaces()
-    with _linked_namespaces() as ends:
+    with linked_namespaces() as ends:
         fast, slow = _train_two_workers(ends, tmp_path / "link", ["200mbit", "100mbit"], steps=20)
     # 200 Mbit/s = 0.025 GB/s; 100 Mbit/s = 0.0125 GB/s.
     predicted = what_if(fast, bandwidth_gbps=0.0125, measured_bandwidth_gbps=0.025).iloc[0]

@@ -56,6 +56,17 @@ def refuse_inside_a_trial(what: str) -> None:
         )
 
 
+def require_tf_keras(model, strategy_name: str) -> None:
+    """A TypeError saying what to do when ``model`` is a Keras 3 model, whose ``fit``
+    does not run under ``strategy_name`` (the trial sets ``TF_USE_LEGACY_KERAS=1``)."""
+    if type(model).__module__.split(".")[0] != "tf_keras":
+        raise TypeError(
+            f"build_model returned a Keras 3 model ({type(model).__module__}), whose fit "
+            f"does not run under {strategy_name}: build it with tf.keras (this trial sets "
+            "TF_USE_LEGACY_KERAS=1, so tf.keras is tf_keras) or import tf_keras as keras."
+        )
+
+
 def dataset_spelling(make_dataset) -> str:
     """``"global_batch"`` for ``make_dataset(global_batch)`` (the contract), or
     ``"strategy"`` for ``make_dataset(strategy)`` / ``make_dataset()`` (accepted: they
