@@ -1155,8 +1155,6 @@ def strategies_netns_markdown(result: dict) -> list[str]:
     if summary["factor"] < 1:
         factor = f"{1 / summary['factor']:.1f}x faster"
     how = "through `compare_strategies`"
-    if result["via"] != "compare_strategies":
-        how = "by hand (the parameter-server trial as a child, MirroredStrategy's fit in turns)"
 
     lines = [
         "## ParameterServerStrategy over a rate-limited link vs MirroredStrategy (issue 28)",

@@ -6,10 +6,8 @@ B, joined by a veth pair whose both ends ``tc`` limits to ``--rate``; every vari
 read and gradient push crosses it. MirroredStrategy trains the same model over as many
 logical CPUs as there are workers, in B, with no link. Each round times both, in turns.
 
-When ``keras_dp_tools.tools.strategies.compare`` is there (the ``compare_strategies``
-of issue 28), the measurement is ``compare_strategies(strategies=["mirrored",
-"parameter_server"], options=...)``; otherwise the parameter-server trial is run as a
-``Child`` and MirroredStrategy in this process, in the same interleaved rounds.
+The measurement is ``kdt.compare_strategies(strategies=["mirrored", "parameter_server"],
+options=...)``, the parameter server's addresses and namespace in its options.
 
     python benchmarks/strategies_netns.py [--rate 200mbit] [--width 1024] [--json]
 
@@ -25,7 +23,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -161,11 +158,7 @@ def inside(config: dict, log_dir: Path) -> dict:
         "steps": config["steps"],
         "rounds": config["rounds"],
     }
-    try:
-        from keras_dp_tools.tools.strategies.compare import compare_strategies
-    except ImportError:
-        return {**base, **_by_hand(config, log_dir, kdt)}
-    comparison = compare_strategies(
+    comparison = kdt.compare_strategies(
         f"{__file__}:build_model",
         f"{__file__}:make_dataset",
         strategies=["mirrored", "parameter_server"],
@@ -184,79 +177,11 @@ def inside(config: dict, log_dir: Path) -> dict:
     rates = {name: list(table.loc[name, "round_examples_per_s"]) for name in table.index}
     return {
         **base,
-        "via": "compare_strategies",
         "examples_per_s": rates,
         "evidence": table.loc["parameter_server", "evidence"],
         "verdict": comparison.verdict,
         "table": comparison.table.drop(columns=["evidence"]).to_dict("records"),
     }
-
-
-def _by_hand(config: dict, log_dir: Path, kdt) -> dict:
-    """The PS trial as a Child and MirroredStrategy in this process, in turns."""
-    from keras_dp_tools.tools.strategies import parameter_server
-    from keras_dp_tools.tools.tuning.child import Child
-
-    workers, batch, steps = config["workers"], config["per_replica_batch"], config["steps"]
-    options = ps_options(config)
-    spec = {
-        "build_model": f"{__file__}:build_model",
-        "dataset": f"{__file__}:make_dataset",
-        "per_replica_batch": batch,
-        "warmup_steps": 2,
-        "log_dir": str(log_dir / "parameter_server"),
-        "options": options,
-        "code": parameter_server.code(options),
-    }
-    child = Child(parameter_server.CHILD_MODULE, spec, log_dir / "parameter_server" / "output.log")
-    try:
-        devices = kdt.configure_devices(workers)
-        import tensorflow as tf
-
-        strategy = tf.distribute.MirroredStrategy(devices)
-        with strategy.scope():
-            model = build_model()
-        dataset = make_dataset(batch * workers).repeat()
-        mirrored_fit = _timed_fit(model, dataset)
-        mirrored_fit(2)  # warm-up
-        child.wait(timeout=1800)
-        rates = {"mirrored": [], "parameter_server": []}
-        for round_ in range(config["rounds"]):
-            order = ["mirrored", "parameter_server"][:: 1 if round_ % 2 == 0 else -1]
-            for name in order:
-                if name == "mirrored":
-                    seconds = mirrored_fit(steps)
-                    rates[name].append(steps * batch * workers / seconds)
-                else:
-                    answer = child.request({"time": steps}, timeout=1800)
-                    rates[name].append(answer["examples"] / answer["seconds"])
-                print(f"round {round_ + 1}: {name} {rates[name][-1]:.1f} examples/s",
-                      file=sys.stderr, flush=True)  # fmt: skip
-        evidence = child.request({"profile": 3}, timeout=1800)["evidence"]
-    finally:
-        child.close()
-    return {"via": "by hand", "examples_per_s": rates, "evidence": evidence}
-
-
-def _timed_fit(model, dataset):
-    """``fit(steps)`` -> wall seconds of ``steps`` steps, from the end of one extra first
-    step to the end of the last (fit's start-up left out)."""
-    import keras
-
-    class StepEnds(keras.callbacks.Callback):
-        def __init__(self):
-            super().__init__()
-            self.ends = []
-
-        def on_train_batch_end(self, batch, logs=None):
-            self.ends.append(time.perf_counter())
-
-    def fit(steps: int) -> float:
-        ends = StepEnds()
-        model.fit(dataset, steps_per_epoch=steps + 1, epochs=1, verbose=0, callbacks=[ends])
-        return ends.ends[-1] - ends.ends[0]
-
-    return fit
 
 
 # -- results ----------------------------------------------------------------------------

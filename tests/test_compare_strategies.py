@@ -35,8 +35,14 @@ from tests.helpers.processes import run_cli
 
 SCRIPT = REPO / "examples" / "compare_strategies_script.py"
 FAULTS = REPO / "tests" / "jobs" / "strategy_faults.py"
-# The candidates the measuring test runs; the lead adds "parameter_server" after the merge.
-MEASURED = ["one_device", "mirrored", "central_storage", "multi_worker_mirrored"]
+# The candidates the measuring test runs.
+MEASURED = [
+    "one_device",
+    "mirrored",
+    "central_storage",
+    "multi_worker_mirrored",
+    "parameter_server",
+]
 PER_REPLICA_BATCH = 16
 
 
@@ -206,8 +212,11 @@ def test_skip_reasons_name_what_is_missing(monkeypatch):
     assert candidates.skip_reason("mirrored", {"replicas": 4}, two_gpus) == (
         "needs 4 GPUs, 2 are visible"
     )
-    monkeypatch.setattr(candidates.importlib.util, "find_spec", lambda name: None)
-    assert "needs tf_keras" in candidates.skip_reason("multi_worker_mirrored", {"workers": 2}, cpu)
+    import importlib.util
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    for name, options in (("multi_worker_mirrored", {"workers": 2}), ("parameter_server", {})):
+        assert "needs tf_keras" in candidates.skip_reason(name, options, cpu), name
 
 
 # -- the record ---------------------------------------------------------------------------
@@ -298,8 +307,14 @@ def test_each_candidate_is_measured_and_the_verdict_names_the_fastest(tmp_path):
         ), (name, entry["reason"])
     measured = table[table["status"] == "measured"]
     assert {"one_device", "mirrored", "central_storage"} <= set(measured.index)
-    # Replicas as each child's strategy reported them (MWMS: 2 workers, 1 CPU each).
-    expected = {"one_device": 1, "mirrored": 4, "central_storage": 4, "multi_worker_mirrored": 2}
+    # Replicas as each child reported them (MWMS: 2 workers, 1 CPU each; PS: 2 workers).
+    expected = {
+        "one_device": 1,
+        "mirrored": 4,
+        "central_storage": 4,
+        "multi_worker_mirrored": 2,
+        "parameter_server": 2,
+    }
     assert measured["replicas"].to_dict() == {name: expected[name] for name in measured.index}
     # The ranking follows each candidate's own rounds: medians of the per-round rates.
     rates = {name: statistics.median(r) for name, r in measured["round_examples_per_s"].items()}

@@ -5,7 +5,8 @@ TensorFlow session, no training needed.
 - ``breakdown``: one trace -> per step and replica, compute, all-reduce, input, ...;
 - the frame analyzers over records: ``frames`` (records -> DataFrames), ``summary``,
   ``workers``, ``advice``, ``utilization``, ``what_if``, ``consistency``, and
-  ``strategies`` (a strategy comparison's table and verdict);
+  ``strategies`` (a strategy comparison's table and verdict); ``ps_traffic`` (a
+  parameter-server worker's trace -> its variable reads, gradient pushes and waits per step);
 - ``runner``: the one door from capture into the analysis (a window, a finished run).
 
 Names load on first use, so a callback importing the runner stays light.

@@ -17,6 +17,7 @@ import time
 
 from keras_dp_tools.tools.tuning.child import (
     load_function,
+    require_tf_keras,
     serve,
     strategy_and_model,
     trial_dataset,
@@ -37,19 +38,10 @@ def _iterations() -> int:
     return int(np.asarray(_state["model"].optimizer.iterations))
 
 
-def _is_tf_keras(model) -> bool:
-    return type(model).__module__.split(".")[0] == "tf_keras"
-
-
 def _set_up(spec: dict) -> dict:
     strategy, model = strategy_and_model(spec)
-    if spec["candidate"] == "multi_worker_mirrored" and not _is_tf_keras(model):
-        raise TypeError(
-            f"build_model returned a Keras 3 model ({type(model).__module__}), whose fit "
-            "fails under MultiWorkerMirroredStrategy (keras-team/keras#20585): build it "
-            "with tf.keras (this trial sets TF_USE_LEGACY_KERAS=1, so tf.keras is tf_keras)"
-            " or import tf_keras as keras."
-        )
+    if spec["candidate"] == "multi_worker_mirrored":
+        require_tf_keras(model, "MultiWorkerMirroredStrategy (keras-team/keras#20585)")
     global_batch = spec["per_replica_batch"] * strategy.num_replicas_in_sync
     dataset = trial_dataset(load_function(spec["dataset"]), strategy, global_batch)
     _state.update(

@@ -10,18 +10,17 @@ replicas, one device each; on GPUs each worker gets one GPU.
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from keras_dp_tools.records.contract import REPLICAS_ENV
 from keras_dp_tools.setup.devices import DEFAULT_CPU_REPLICAS, requested_replicas
+from keras_dp_tools.tools.strategies import parameter_server
+from keras_dp_tools.tools.tuning.child import tf_keras_missing
 from keras_dp_tools.tools.tuning.rounds import Launch
 
 TRIAL_MODULE = "keras_dp_tools.tools.strategies._strategy_trial"
-PS_MODULE = "keras_dp_tools.tools.strategies.parameter_server"
 NAMES = (
     "one_device",
     "mirrored",
@@ -59,33 +58,13 @@ class Machine:
         return len(self.gpus) or self.cpu_replicas
 
 
-def tf_keras_missing() -> str | None:
-    if importlib.util.find_spec("tf_keras") is None:
-        return (
-            "needs tf_keras (Keras 3's fit fails under this strategy: keras-team/keras#20585); "
-            "pip install tf-keras"
-        )
-    return None
-
-
-def parameter_server_module():
-    """The parameter-server candidate's module, or None where this build has none."""
-    try:
-        return importlib.import_module(PS_MODULE)
-    except ModuleNotFoundError as error:
-        if error.name != PS_MODULE:
-            raise
-        return None
-
-
 def default_options(name: str, machine: Machine) -> dict:
     if name == "one_device":
         return {}
     if name == "multi_worker_mirrored":
         return {"workers": machine.devices}
     if name == "parameter_server":
-        module = parameter_server_module()
-        return dict(module.DEFAULT_OPTIONS) if module else {}
+        return dict(parameter_server.DEFAULT_OPTIONS)
     return {"replicas": machine.devices}
 
 
@@ -96,19 +75,16 @@ def replicas(name: str, options: dict) -> int:
     if name == "multi_worker_mirrored":
         return int(options["workers"])
     if name == "parameter_server":
-        return parameter_server_module().replicas(options)
+        return parameter_server.replicas(options)
     return int(options["replicas"])
 
 
 def skip_reason(name: str, options: dict, machine: Machine) -> str | None:
     """Why ``name`` cannot run here with ``options`` (None when it can)."""
     if name == "parameter_server":
-        module = parameter_server_module()
-        if module is None:
-            return "this build of keras_dp_tools has no parameter-server candidate"
-        return module.skip_reason(options)
+        return parameter_server.skip_reason(options)
     if name == "multi_worker_mirrored":
-        missing = tf_keras_missing()
+        missing = tf_keras_missing(LABELS[name])
         if missing:
             return missing
     wanted = replicas(name, options)
@@ -126,7 +102,7 @@ def _device(machine: Machine) -> str:
 def code(name: str, options: dict, machine: Machine) -> str:
     """The Python lines that build the candidate's strategy (what ``.code`` shows)."""
     if name == "parameter_server":
-        return parameter_server_module().code(options)
+        return parameter_server.code(options)
     lines = ["import tensorflow as tf"]
     if name == "one_device":
         lines.append(f'strategy = tf.distribute.OneDeviceStrategy("{_device(machine)}")')
@@ -165,9 +141,10 @@ def _worker_env(machine: Machine, index: int, cluster: dict) -> dict:
 def launches(name: str, options: dict, machine: Machine, spec: dict, folder: Path) -> list[Launch]:
     """The processes that run the candidate, the one that answers first."""
     if name == "parameter_server":
-        module = parameter_server_module()
         # Its processes run tf_keras (Keras 3 has no parameter-server fit).
-        return [Launch(module.CHILD_MODULE, spec, folder / "output.log", LEGACY_KERAS_ENV)]
+        return [
+            Launch(parameter_server.CHILD_MODULE, spec, folder / "output.log", LEGACY_KERAS_ENV)
+        ]
     if name != "multi_worker_mirrored":
         return [Launch(TRIAL_MODULE, spec, folder / "output.log")]
     from keras_dp_tools.tools.launch import free_ports

@@ -44,8 +44,9 @@ the workers stay inside ``kdtB``.
 
 from __future__ import annotations
 
-import importlib.util
 import numbers
+
+from keras_dp_tools.tools.tuning.child import tf_keras_missing
 
 CHILD_MODULE = "keras_dp_tools.tools.strategies._ps_trial"
 SERVER_MODULE = "keras_dp_tools.tools.strategies._ps_server"
@@ -100,12 +101,7 @@ def resolve_options(options: dict | None) -> dict:
 def skip_reason(options: dict) -> str | None:
     """Why the candidate cannot run here (None when it can): it needs tf_keras."""
     resolve_options(options)  # bad options are an error, not a reason to skip
-    if importlib.util.find_spec("tf_keras") is None:
-        return (
-            "ParameterServerStrategy's fit needs tf_keras (Keras 3's fit does not run "
-            "under it): pip install tf-keras"
-        )
-    return None
+    return tf_keras_missing("ParameterServerStrategy")
 
 
 def replicas(options: dict) -> int:

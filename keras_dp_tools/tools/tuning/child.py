@@ -56,6 +56,17 @@ def refuse_inside_a_trial(what: str) -> None:
         )
 
 
+def tf_keras_missing(strategy_name: str) -> str | None:
+    """Why a candidate under ``strategy_name`` cannot run here when tf_keras is not
+    installed (Keras 3's fit does not run under the multi-worker strategies), else None."""
+    if importlib.util.find_spec("tf_keras") is None:
+        return (
+            f"{strategy_name}'s fit needs tf_keras (Keras 3's fit does not run under it: "
+            "keras-team/keras#20585): pip install tf-keras"
+        )
+    return None
+
+
 def require_tf_keras(model, strategy_name: str) -> None:
     """A TypeError saying what to do when ``model`` is a Keras 3 model, whose ``fit``
     does not run under ``strategy_name`` (the trial sets ``TF_USE_LEGACY_KERAS=1``)."""
