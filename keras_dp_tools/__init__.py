@@ -9,7 +9,7 @@ TensorFlow when training starts.
 from keras_dp_tools.capture import EXPORTS as CAPTURE_EXPORTS  # a light import
 from keras_dp_tools.common.lazy import lazy_exports
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 # Public name -> defining module; ``(module, None)`` is the module itself (``plots``).
 # The callbacks live in ``keras_dp_tools.capture``, so ``kdt.callbacks`` (the function)

@@ -106,3 +106,18 @@ def test_readme_make_targets_exist(command):
     target = command.split()[1]
     assert re.search(rf"^{target}:", (REPO / "Makefile").read_text(), re.M)
     assert command in (REPO / "README.md").read_text()
+
+
+def test_the_changelog_has_release_sections_and_the_newest_is_the_version():
+    """Keep a Changelog: [Unreleased] first, then releases newest first, each dated, with
+    only the standard subsections; the newest release is the package's version."""
+    text = (REPO / "CHANGELOG.md").read_text()
+    releases = re.findall(r"^## \[([^\]]+)\](?: - (\d{4}-\d{2}-\d{2}))?$", text, re.M)
+    subsections = set(re.findall(r"^### (.+)$", text, re.M))
+
+    assert releases[0] == ("Unreleased", "")
+    versions = [tuple(int(part) for part in version.split(".")) for version, _ in releases[1:]]
+    assert versions and versions == sorted(versions, reverse=True), releases
+    assert all(date for _, date in releases[1:]), "every release has a date"
+    assert releases[1][0] == kdt.__version__
+    assert subsections <= {"Added", "Changed", "Deprecated", "Removed", "Fixed", "Security"}
