@@ -15,72 +15,9 @@ from keras_dp_tools.report.html import write_html
 from keras_dp_tools.report.tensorboard_plugin.data import LogDirData
 from keras_dp_tools.tools.cli import main
 from keras_dp_tools.tools.strategies.compare import StrategyComparison
-from tests.helpers.comparisons import blocks, row, write_comparison_dir
+from tests.helpers.comparisons import CODE, assert_known_table, write_known_comparison
 from tests.helpers.pages import ReportPage
 from tests.helpers.recorded_runs import write_run
-
-# mirrored: rounds of 45,678 examples in 1.0, 0.9 and 1.1 s: median 45,678 examples/s,
-# spread (50,753.3 - 41,525.5) / 45,678 = 20.2 %; 100 ms a step (median of 100, 90,
-# 110 ms over 10 steps); its profiled step 40 ms, 10 ms of it exposed all-reduce (25.0 %),
-# 330,756 bytes a step. one_device: 12,345 examples/s in every round. Speed-up of
-# mirrored: 45,678 / 12,345 = 3.70.
-MIRRORED = {
-    "Candidate": "mirrored",
-    "Strategy": "MirroredStrategy",
-    "Status": "measured",
-    "Replicas": "4",
-    "Examples/s": "45,678",
-    "± spread (%)": "20.2",
-    "Speed-up (x)": "3.70",
-    "Step time (ms)": "100",
-    "Exposed comm (ms)": "10",
-    "Comm share (%)": "25.0",
-    "Bytes per step (source)": "330.8 kB (model sizes)",
-}
-ONE_DEVICE = {
-    "Examples/s": "12,345",
-    "± spread (%)": "0",
-    "Speed-up (x)": "1.00",
-    "Exposed comm (ms)": "0",
-    "Bytes per step (source)": "not measured",
-}
-CENTRAL_STORAGE = {
-    "Status": "failed: RuntimeError: no",
-    "Examples/s": "not measured",
-    "Speed-up (x)": "not measured",
-}
-CODE = (
-    "import tensorflow as tf\nimport keras_dp_tools as kdt\n"
-    "strategy = tf.distribute.MirroredStrategy(kdt.configure_devices(4))"
-)
-
-
-def write_known_comparison(log_dir):
-    return write_comparison_dir(
-        log_dir,
-        [
-            row("one_device", replicas=1, blocks=blocks(1, 1, 1, examples=12_345),
-                evidence={"step_ms": 20.0, "comm_ms": 0.0}),
-            row("mirrored", replicas=4, blocks=blocks(1.0, 0.9, 1.1, examples=45_678),
-                evidence={"step_ms": 40.0, "comm_ms": 10.0, "bytes_per_step": 330_756,
-                          "bytes_source": "model sizes"}),
-            row("central_storage", "failed", reason="RuntimeError: no"),
-        ],
-    )  # fmt: skip
-
-
-def by_candidate(rows: list[list[str]]) -> dict[str, dict[str, str]]:
-    """A table's rows (header first, cell texts) by the candidate they are about."""
-    header, *body = rows
-    return {cells[0]: dict(zip(header, cells, strict=True)) for cells in body}
-
-
-def assert_known_table(rows: list[list[str]]) -> None:
-    table = by_candidate(rows)
-    assert list(table) == ["mirrored", "one_device", "central_storage"]  # fastest first
-    assert table["mirrored"] == MIRRORED
-    assert ONE_DEVICE.items() <= table["one_device"].items()
-    assert CENTRAL_STORAGE.items() <= table["central_storage"].items()
 
 
 def test_the_html_report_shows_the_verdict_table_chart_and_winners_code(tmp_path):
