@@ -34,7 +34,7 @@ def test_the_html_report_shows_the_verdict_table_chart_and_winners_code(tmp_path
     assert "Not measured: central_storage failed." in verdict
     assert_known_table(page.tables["comparison-0-table"])
     assert page.texts["comparison-0-code"] == " ".join(CODE.split())
-    assert 'alt="Examples per second by strategy"' in page_text  # the chart, inlined
+    assert 'alt="Median over rounds; whiskers' in page_text and "data:image/png" in page_text
     assert "30 timed steps per candidate in 3 rounds" in page.texts["comparison-0"]
     assert page.summary["median_step_ms"]["label"] == "Median step time"  # the run too
 

@@ -55,7 +55,7 @@ DISPLAY_FIELDS = {
     "replicas": SummaryField("Replicas", "", count_text),
     "examples_per_s": SummaryField("Examples/s", "", number_text),  # median over rounds
     "spread_pct": SummaryField("± spread", "%", number_text),  # the rounds' range / median
-    "speedup": SummaryField("Speed-up", "x", lambda value: f"{value:.2f}"),  # one_device's
+    "speedup": SummaryField("Speed-up", f"x {analysis.BASELINE}", lambda value: f"{value:.2f}"),
     "step_ms": SummaryField("Step time", "ms", number_text),
     "comm_ms": SummaryField("Exposed comm", "ms", number_text),  # per profiled step
     "comm_share": SummaryField("Comm share", "%", percent_text),  # of the profiled step

@@ -33,6 +33,7 @@ _STYLE = (
     "td.unit,th.unit{text-align:left;}.reading{color:#444;font-size:small;}"
     ".reading h3{margin-bottom:0;}"
     "td.text,th.text{text-align:left;}pre.code{background:#f4f4f4;padding:6px 8px;}"
+    ".comparison td{white-space:nowrap;}"
 )
 
 
@@ -85,6 +86,9 @@ def _run_figures(report) -> list[str]:
     return parts
 
 
+_CHART_CAPTION = "Median over rounds; whiskers from the slowest to the fastest round"
+
+
 def _comparison_html(found: comparison_view.RecordedComparison, index: int) -> str:
     """One comparison: how it was measured, the verdict, the labelled table, the chart
     and the winner's code."""
@@ -117,7 +121,7 @@ def _comparison_html(found: comparison_view.RecordedComparison, index: int) -> s
         f'<p class="note">{cell(found.settings_line())}</p>'
         f'<p class="verdict" id="comparison-{index}-verdict">{cell(found.verdict)}</p>{note}'
         f'<table id="comparison-{index}-table"><tr>{header}</tr>{rows}</table>'
-        + _figure_html(plots.strategy_comparison(found), "Examples per second by strategy")
+        + _figure_html(plots.strategy_comparison(found), _CHART_CAPTION)
         + code
         + "</section>"
     )

@@ -64,7 +64,7 @@ MIRRORED = {
     "Replicas": "4",
     "Examples/s": "45,678",
     "± spread (%)": "20.2",
-    "Speed-up (x)": "3.70",
+    "Speed-up (x one_device)": "3.70",
     "Step time (ms)": "100",
     "Exposed comm (ms)": "10",
     "Comm share (%)": "25.0",
@@ -73,14 +73,14 @@ MIRRORED = {
 ONE_DEVICE = {
     "Examples/s": "12,345",
     "± spread (%)": "0",
-    "Speed-up (x)": "1.00",
+    "Speed-up (x one_device)": "1.00",
     "Exposed comm (ms)": "0",
     "Bytes per step (source)": "not measured",
 }
 CENTRAL_STORAGE = {
     "Status": "failed: RuntimeError: no",
     "Examples/s": "not measured",
-    "Speed-up (x)": "not measured",
+    "Speed-up (x one_device)": "not measured",
 }
 CODE = (
     "import tensorflow as tf\nimport keras_dp_tools as kdt\n"
