@@ -91,6 +91,16 @@ def test_a_log_dir_with_only_a_comparison_is_shown_by_the_dashboard_and_the_repo
     assert data_out["strategy_comparisons"][0]["best"] == "mirrored"
 
 
+def test_a_broken_comparison_record_is_named_and_the_runs_still_reported(tmp_path, capsys):
+    write_run(tmp_path, steps=12)
+    (tmp_path / "strategy_comparison.json").write_text("{}")
+
+    assert main(["report", str(tmp_path), "--html", str(tmp_path / "page.html")]) == 0
+    err = capsys.readouterr().err
+    assert "strategy comparison left out" in err and "not a strategy comparison record" in err
+    assert "h2 Summary" in ReportPage((tmp_path / "page.html").read_text()).headings
+
+
 def test_an_empty_log_dir_still_says_there_are_no_records(tmp_path, capsys):
     assert not LogDirData(tmp_path).has_data()
     assert main(["report", str(tmp_path)]) == 1
