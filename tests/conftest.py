@@ -12,14 +12,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-import sys
-import time
-from pathlib import Path
 
 import pytest
 
-from keras_dp_tools.tools.launch import free_ports
-from tests.helpers.processes import get_json, run_cli
+from tests.helpers.processes import get_json, run_cli, tensorboard_server
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 if not os.environ.get("KERAS_DP_TEST_GPUS"):
@@ -86,38 +82,12 @@ def demo_tensorboard(demo_run):
     """A real ``tensorboard --logdir`` on the demo's log dir, on a free loopback port,
     once all its plugins are up and our scalars are loaded: (base URL, log dir)."""
     log_dir, _ = demo_run
-    (port,) = free_ports(1)
-    tensorboard = Path(sys.executable).with_name("tensorboard")
-    server = subprocess.Popen(
-        [str(tensorboard), "--logdir", str(log_dir), "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    base = f"http://127.0.0.1:{port}"
 
-    def ready() -> bool:
-        try:
-            listing = get_json(f"{base}/data/plugins_listing", timeout=5)
-            tags = get_json(f"{base}/data/plugin/scalars/tags", timeout=5)
-        except OSError:
-            return False
-        return bool(listing.get("data_parallel", {}).get("enabled")) and (
-            "keras_dp/worker-0" in tags
-        )
+    def scalars_loaded(base: str) -> bool:
+        return "keras_dp/worker-0" in get_json(f"{base}/data/plugin/scalars/tags", timeout=5)
 
-    try:
-        deadline = time.monotonic() + 120
-        while not ready():
-            if server.poll() is not None:
-                pytest.fail(f"tensorboard exited: {server.stderr.read()[-2000:]}")
-            if time.monotonic() > deadline:
-                pytest.fail("tensorboard did not serve the demo's log dir within 120 s")
-            time.sleep(1)
+    with tensorboard_server(log_dir, scalars_loaded) as base:
         yield base, log_dir
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 @pytest.fixture(scope="session")

@@ -16,7 +16,6 @@ import pytest
 
 from keras_dp_tools.analysis.strategies import (
     best,
-    candidate_row,
     comparison_table,
     speedup_note,
     verdict,
@@ -30,6 +29,7 @@ from keras_dp_tools.records.comparison import (
 from keras_dp_tools.tools.strategies import candidates
 from keras_dp_tools.tools.strategies.compare import StrategyComparison, compare_strategies
 from tests.helpers import REPO
+from tests.helpers.comparisons import blocks, row
 from tests.helpers.doc_blocks import python_block
 from tests.helpers.processes import run_cli
 
@@ -44,14 +44,6 @@ MEASURED = [
     "parameter_server",
 ]
 PER_REPLICA_BATCH = 16
-
-
-def blocks(*seconds, examples=1000, steps=10):
-    return [{"steps": steps, "examples": examples, "seconds": s} for s in seconds]
-
-
-def row(name, status="measured", **kwargs):
-    return candidate_row(name, candidates.LABELS[name], status, **kwargs)
 
 
 # -- the table and the verdict, on hand-made measurements ---------------------------------

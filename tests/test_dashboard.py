@@ -1,7 +1,8 @@
 """The "Data parallel" TensorBoard dashboard: its data layer, and the page rendered by a
 real `tensorboard` in headless Chromium (skipped, saying why, where Chromium is missing),
 which shows the same labelled summary as the HTML report and ``Report.text()``; its top
-is docs/images/dashboard.png (tests/helpers/screenshots.py)."""
+is docs/images/dashboard.png (tests/helpers/screenshots.py). A log dir that holds only a
+strategy comparison renders its section."""
 
 from __future__ import annotations
 
@@ -16,8 +17,9 @@ import pytest
 import keras_dp_tools as kdt
 from keras_dp_tools.report.html import write_html
 from keras_dp_tools.report.tensorboard_plugin import data as dashboard
+from tests.helpers.comparisons import CODE, assert_known_table, write_known_comparison
 from tests.helpers.pages import ReportPage, assert_shows, dashboard_summary, text_summary
-from tests.helpers.processes import get_json
+from tests.helpers.processes import get_json, tensorboard_server
 from tests.helpers.recorded_runs import write_run
 from tests.helpers.screenshots import keep_screenshot, page_structure
 
@@ -204,3 +206,27 @@ def test_dashboard_renders_in_chromium(demo_tensorboard, tmp_path):
     # are the page's structure. The windows' headings (h3) hold step numbers: left out.
     headings = [h for h in page.headings if h.startswith(("h1 ", "h2 ")) and run not in h]
     keep_screenshot("dashboard", screenshot, page_structure(page, headings))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    browser() is None,
+    reason="needs Chromium for the browser test (apt-get install chromium; .ci/run does)",
+)
+def test_a_strategy_comparison_alone_renders_in_chromium(tmp_path):
+    log_dir = tmp_path / "logs"
+    write_known_comparison(log_dir)  # no training records at all
+
+    with tensorboard_server(log_dir, ready=lambda base: True) as base:
+        page_url = f"{base}/data/plugin_entry.html?name=data_parallel"
+        dumped = headless("--window-size=1280,4000", "--dump-dom", page_url)
+    page = ReportPage(dumped.stdout)
+
+    assert "h2 Strategy comparison" in page.headings, dumped.stdout[-3000:]
+    verdict = page.texts["comparison-0-verdict"]
+    assert verdict.startswith("mirrored: 3.70x one_device (45678 examples/s)")
+    assert_known_table(page.tables["comparison-0-table"])
+    assert page.texts["comparison-0-code"] == " ".join(CODE.split())
+    assert page.svgs >= 1 and "Loading chart" not in dumped.stdout  # the chart, as SVG
+    assert "Examples per second by strategy" in dumped.stdout
+    assert "besides the strategy comparison" in page.texts["no-runs"]

@@ -109,6 +109,17 @@ def comparison_table(rows: list[dict]) -> pd.DataFrame:
     return table[[*TABLE_COLUMNS, "evidence"]]
 
 
+def table_from_record(record: dict) -> pd.DataFrame:
+    """The table a ``strategy_comparison.json`` record holds
+    (``keras_dp_tools.records.comparison``), typed as ``comparison_table`` returns it:
+    the numbers as float (NaN where the record has null), ``replicas`` as Int64."""
+    table = pd.DataFrame(record["table"], columns=None if record["table"] else TABLE_COLUMNS)
+    for column in NUMBER_COLUMNS:
+        table[column] = pd.to_numeric(table[column]).astype(float)
+    table["replicas"] = pd.to_numeric(table["replicas"]).astype("Int64")
+    return table
+
+
 def speedup_note(table: pd.DataFrame) -> str | None:
     """Why the speed-ups are empty, if they are."""
     if table["speedup"].notna().any() or not (table["status"] == "measured").any():

@@ -70,6 +70,16 @@ def write_comparison(log_dir: str | os.PathLike, record: dict) -> Path:
     return path
 
 
+def find_comparisons(log_dir: str | os.PathLike) -> list[Path]:
+    """The folders under ``log_dir`` (itself included, searched recursively, as the
+    records are) that hold a ``strategy_comparison.json``, sorted; [] when none do or
+    ``log_dir`` is not a folder."""
+    root = Path(log_dir)
+    if not root.is_dir():
+        return []
+    return sorted(path.parent for path in root.glob(f"**/{COMPARISON_FILE}") if path.is_file())
+
+
 def read_comparison(log_dir: str | os.PathLike) -> dict | None:
     """The comparison recorded in ``log_dir`` (None when there is none). Raises
     ValueError for a file that is not a comparison record."""

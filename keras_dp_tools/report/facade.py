@@ -95,6 +95,8 @@ class Report:
             ``load``'s ``merge_runs``), runs merged, workers missing or from another
             job. ``job_findings()`` adds the workers' clocks; ``advice()`` and
             ``text()`` include them all.
+        log_dirs: the folders ``load`` was given (``write_html`` shows the strategy
+            comparisons recorded under them).
 
     Example:
 
@@ -135,6 +137,8 @@ class Report:
         self._workers = workers if callable(workers) else frame(workers, WORKER_COLUMNS)
         self.restarts = frame(restarts, RESTART_COLUMNS)
         self.jobs: list[Finding] = []  # load sets them (analysis.jobs)
+        # The folders load searched: where the HTML report looks for strategy comparisons.
+        self.log_dirs: list[Path] = []
 
     @property
     def steps(self) -> pd.DataFrame:
@@ -206,8 +210,11 @@ class Report:
             ValueError: ``merge_runs`` is none of the above, names unknown runs or
                 a run twice, or runs that share a worker index.
         """
-        files = ((path, 0) for path in find_record_files(sources))
-        return cls.from_files(files, merge_runs=merge_runs)
+        given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
+        files = ((path, 0) for path in find_record_files(given))
+        report = cls.from_files(files, merge_runs=merge_runs)
+        report.log_dirs = [Path(source) for source in given if Path(source).is_dir()]
+        return report
 
     @classmethod
     def from_files(

@@ -1,7 +1,9 @@
 """A static HTML page of a report: summary, advice and plots, in one self-contained file.
 
 The figures and the summary table come from ``keras_dp_tools.report.plots``, as in the notebook.
-A plot with nothing to draw (GPU utilization on a CPU run) is one line saying why.
+A plot with nothing to draw (GPU utilization on a CPU run) is one line saying why. A
+strategy comparison recorded in the log dir (``kdt.compare_strategies``) gets a section
+of its own (``keras_dp_tools.report.comparison``), also on a page with no runs.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import io
 import os
 from pathlib import Path
 
+from keras_dp_tools.report import comparison as comparison_view
 from keras_dp_tools.report import plots, summary_fields
 
 # Plots of one run, in reading order, with their captions.
@@ -29,6 +32,8 @@ _STYLE = (
     "img{max-width:100%;}.note,.omitted{color:#555;font-size:small;}"
     "td.unit,th.unit{text-align:left;}.reading{color:#444;font-size:small;}"
     ".reading h3{margin-bottom:0;}"
+    "td.text,th.text{text-align:left;}pre.code{background:#f4f4f4;padding:6px 8px;}"
+    ".comparison td{white-space:nowrap;}"
 )
 
 
@@ -81,9 +86,48 @@ def _run_figures(report) -> list[str]:
     return parts
 
 
-def write_html(report, path: str | os.PathLike, title: str = "keras_dp_tools report") -> Path:
-    """Writes ``report`` as one HTML file (images inlined) and returns its path."""
-    path = Path(path)
+_CHART_CAPTION = "Median over rounds; whiskers from the slowest to the fastest round"
+
+
+def _comparison_html(found: comparison_view.RecordedComparison, index: int) -> str:
+    """One comparison: how it was measured, the verdict, the labelled table, the chart
+    and the winner's code."""
+    cell = html.escape
+    shown = comparison_view.display_table(found.table)
+    text = [comparison_view.heading(column) for column in comparison_view.TEXT_COLUMNS]
+    header = "".join(
+        f'<th class="{"text" if name in text else "value"}">{cell(name)}</th>'
+        for name in shown.columns
+    )
+    rows = "".join(
+        f'<tr data-candidate="{cell(candidate)}">'
+        + "".join(
+            f'<td class="{"text" if name in text else "value"}">{cell(value)}</td>'
+            for name, value in zip(shown.columns, values, strict=True)
+        )
+        + "</tr>"
+        for candidate, values in zip(found.table["candidate"], shown.values.tolist(), strict=True)
+    )
+    note = f'<p class="note">({cell(found.note)})</p>' if found.note else ""
+    code = (
+        f"<p>The code that builds the winner, {cell(found.best)}:</p>"
+        f'<pre class="code" id="comparison-{index}-code">{cell(found.code)}</pre>'
+        if found.code
+        else ""
+    )
+    return (
+        f'<section class="comparison" id="comparison-{index}">'
+        f"<h2>{cell(found.title)}</h2>"
+        f'<p class="note">{cell(found.settings_line())}</p>'
+        f'<p class="verdict" id="comparison-{index}-verdict">{cell(found.verdict)}</p>{note}'
+        f'<table id="comparison-{index}-table"><tr>{header}</tr>{rows}</table>'
+        + _figure_html(plots.strategy_comparison(found), _CHART_CAPTION)
+        + code
+        + "</section>"
+    )
+
+
+def _report_html(report) -> list[str]:
     advice_items = (
         "".join(
             f"<li><b>{html.escape(finding.severity)}: {html.escape(finding.message)}</b>. "
@@ -92,14 +136,53 @@ def write_html(report, path: str | os.PathLike, title: str = "keras_dp_tools rep
         )
         or "<li>No findings: nothing stands out in the recorded numbers.</li>"
     )
-    body = [
-        f"<h1>{html.escape(title)}</h1>",
+    return [
         "<h2>Summary</h2>",
         _summary_html(plots.summary_table(report)),
         "<h2>Advice</h2>",
         f"<ul>{advice_items}</ul>",
         "<h2>Plots</h2>",
         *_run_figures(report),
+    ]
+
+
+def write_html(
+    report,
+    path: str | os.PathLike,
+    title: str = "keras_dp_tools report",
+    comparisons: list | None = None,
+) -> Path:
+    """Writes ``report`` as one HTML file (images inlined) and returns its path.
+
+    Args:
+        report: a ``kdt.Report``, or None for a page of strategy comparisons alone.
+        path: the HTML file to write.
+        title: the page's title.
+        comparisons: the strategy comparisons to show
+            (``keras_dp_tools.report.comparison.load_comparisons``); by default those
+            recorded under the log dirs the report was loaded from (``report.log_dirs``).
+            Each gets a "Strategy comparison" section above the runs.
+
+    Example:
+
+    ```python
+    report = kdt.Report.load("runs/strategies")
+    write_html(report, "report.html")  # the runs, and the comparison recorded there
+    ```
+    """
+    path = Path(path)
+    if comparisons is None:
+        log_dirs = getattr(report, "log_dirs", [])
+        comparisons = comparison_view.load_comparisons(log_dirs)
+    if report is None and not comparisons:
+        raise ValueError(
+            "Nothing to write: no report (None) and no strategy comparison; pass a "
+            "kdt.Report, or comparisons=load_comparisons(log_dir)."
+        )
+    body = [
+        f"<h1>{html.escape(title)}</h1>",
+        *(_comparison_html(found, index) for index, found in enumerate(comparisons)),
+        *(_report_html(report) if report is not None else []),
     ]
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(

@@ -32,6 +32,7 @@ print(plots.summary_table(report).to_string(index=False))
 from __future__ import annotations
 
 import math
+import os
 import textwrap
 from dataclasses import dataclass
 
@@ -452,7 +453,8 @@ def strategy_comparison(comparison) -> Figure | Omitted:
     """Examples per second of each measured strategy (the median over rounds), with
     whiskers from the slowest to the fastest round; the candidates that failed or were
     skipped are listed under the chart. ``comparison``: a ``StrategyComparison``
-    (``kdt.compare_strategies``, or ``StrategyComparison.load(log_dir)``).
+    (``kdt.compare_strategies``, or ``StrategyComparison.load(log_dir)``), or the log dir
+    that holds its ``strategy_comparison.json``.
 
     Example:
 
@@ -463,6 +465,10 @@ def strategy_comparison(comparison) -> Figure | Omitted:
     kdt.plots.strategy_comparison(comparison).savefig("strategies.png")
     ```
     """
+    if isinstance(comparison, (str, os.PathLike)):
+        from keras_dp_tools.report.comparison import RecordedComparison
+
+        comparison = RecordedComparison.load(comparison)
     title = "Examples per second by strategy"
     table = comparison.table
     measured = table[table["status"] == "measured"].dropna(subset=["examples_per_s"])

@@ -43,17 +43,20 @@ READING_NOTE = (
 )
 
 
-def _number(value) -> str:
+def number_text(value) -> str:
+    """A measured number: thousands separated from 100 up ("12,345"), else 3 digits."""
     if abs(value) >= 100:
         return f"{value:,.0f}"
     return f"{value:.3g}"
 
 
-def _share(share) -> str:
+def percent_text(share) -> str:
+    """A fraction in percent, one decimal: 0.072 -> "7.2"."""
     return f"{100 * share:.1f}"
 
 
-def _count(value) -> str:
+def count_text(value) -> str:
+    """A count, thousands separated."""
     return f"{int(value):,}"
 
 
@@ -80,27 +83,27 @@ class SummaryField:
 # Every Report.summary() column but ``advice``, in the summary's order.
 SUMMARY_FIELDS = {
     "start": SummaryField("Start", "UTC", _time),
-    "workers": SummaryField("Workers", "", _count),
-    "replicas": SummaryField("Replicas", "", _count),
-    "global_batch": SummaryField("Global batch", "examples", _count),
-    "steps": SummaryField("Steps (warm-up left out)", "", _count),
-    "measured_steps": SummaryField("Steps behind the step times (not profiled)", "", _count),
-    "breakdown_steps": SummaryField("Steps behind the breakdown (profiled)", "", _count),
-    "median_step_ms": SummaryField("Median step time", "ms", _number),
-    "p90_step_ms": SummaryField("90th percentile step time", "ms", _number),
-    "examples_per_s": SummaryField("Throughput", "examples/s", _number),
+    "workers": SummaryField("Workers", "", count_text),
+    "replicas": SummaryField("Replicas", "", count_text),
+    "global_batch": SummaryField("Global batch", "examples", count_text),
+    "steps": SummaryField("Steps (warm-up left out)", "", count_text),
+    "measured_steps": SummaryField("Steps behind the step times (not profiled)", "", count_text),
+    "breakdown_steps": SummaryField("Steps behind the breakdown (profiled)", "", count_text),
+    "median_step_ms": SummaryField("Median step time", "ms", number_text),
+    "p90_step_ms": SummaryField("90th percentile step time", "ms", number_text),
+    "examples_per_s": SummaryField("Throughput", "examples/s", number_text),
     "step_time_from": SummaryField("Step times from (column of Report.steps)", "", str),
-    "compute_ms": SummaryField("Compute", "ms", _number),
-    "allreduce_ms": SummaryField("All-reduce (wait + transfer)", "ms", _number),
-    "gather_ms": SummaryField("All-gather of sparse gradients", "ms", _number),
-    "exposed_allreduce_ms": SummaryField("All-reduce not hidden by compute", "ms", _number),
-    "sync_wait_ms": SummaryField("Sync wait (for the slowest replica)", "ms", _number),
-    "input_ms": SummaryField("Input", "ms", _number),
-    "other_ms": SummaryField("Other (host, launch, idle)", "ms", _number),
-    "comm_share": SummaryField("Communication share", "%", _share),
-    "wait_share": SummaryField("Wait share", "%", _share),
-    "busbw_gbps": SummaryField("All-reduce bus bandwidth", "GB/s", _number),
-    "gpu_util": SummaryField("GPU utilization", "%", _number),
+    "compute_ms": SummaryField("Compute", "ms", number_text),
+    "allreduce_ms": SummaryField("All-reduce (wait + transfer)", "ms", number_text),
+    "gather_ms": SummaryField("All-gather of sparse gradients", "ms", number_text),
+    "exposed_allreduce_ms": SummaryField("All-reduce not hidden by compute", "ms", number_text),
+    "sync_wait_ms": SummaryField("Sync wait (for the slowest replica)", "ms", number_text),
+    "input_ms": SummaryField("Input", "ms", number_text),
+    "other_ms": SummaryField("Other (host, launch, idle)", "ms", number_text),
+    "comm_share": SummaryField("Communication share", "%", percent_text),
+    "wait_share": SummaryField("Wait share", "%", percent_text),
+    "busbw_gbps": SummaryField("All-reduce bus bandwidth", "GB/s", number_text),
+    "gpu_util": SummaryField("GPU utilization", "%", number_text),
 }
 
 

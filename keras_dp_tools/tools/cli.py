@@ -148,8 +148,11 @@ def build_parser() -> argparse.ArgumentParser:
         "report",
         help="print a run's summary and advice (optionally an HTML page with plots)",
         description="Load the records under LOG_DIR (all runs and workers) and print the "
-        "summary, the scaling table when runs differ in replicas, and the advice. "
-        f"{EXIT_STATUSES} --html on a run with no steps yet is a runtime failure (1).",
+        "summary, the scaling table when runs differ in replicas, and the advice; then "
+        "each strategy comparison recorded under LOG_DIR (strategy_comparison.json of "
+        "compare-strategies), also when it is all the log dir holds. "
+        f"{EXIT_STATUSES} --html on a run with no steps yet (and no comparison) is a "
+        "runtime failure (1).",
     )
     report.add_argument("log_dir", type=Path, help="a log dir (searched recursively)")
     report.add_argument("--html", type=Path, default=None, help="also write this HTML page")
@@ -335,43 +338,82 @@ def merge_runs_option(values: list[str] | None):
 
 def run_report_command(args: argparse.Namespace) -> int:
     from keras_dp_tools.analysis.jobs import MergeRunsError
+    from keras_dp_tools.report.comparison import load_comparisons
 
+    try:
+        comparisons = load_comparisons(args.log_dir)
+    except ValueError as error:  # a broken comparison record must not hide the runs
+        print(f"keras-dp report: strategy comparison left out: {error}", file=sys.stderr)
+        comparisons = []
     try:
         report = keras_dp_tools.Report.load(
             args.log_dir, merge_runs=merge_runs_option(args.merge_runs)
         )
     except MergeRunsError as error:  # runs named that cannot be merged: bad input
         raise UsageError(f"--merge-runs: {error}") from None
+    except FileNotFoundError:
+        if not comparisons:
+            raise
+        report = None  # a strategy comparison alone: it is the report
     if args.format == "json":
-        print(json.dumps(_report_data(report), indent=2))
+        print(json.dumps(_report_data(report, comparisons), indent=2))
     elif args.format == "csv":  # as Report.to_csv writes summary.csv
-        report.summary(advice=False).reset_index().to_csv(sys.stdout, index=False)
+        if report is not None:
+            report.summary(advice=False).reset_index().to_csv(sys.stdout, index=False)
+        else:
+            for found in comparisons:
+                _comparison_csv(found.table)
     else:
-        print(report.text())
+        print(report.text() if report is not None else "No training records.")
+        for found in comparisons:
+            print(f"\n{found.title}\n\n{_strategy_comparison(found)}")
     if not args.html:
         return 0
-    if report.steps.empty:
-        print(
-            f"keras-dp report: no HTML report written: the records under {args.log_dir} "
-            "hold no training steps yet (is the run still starting, or did it stop before "
-            "its first step?)",
-            file=sys.stderr,
-        )
-        return EXIT_FAILURE
+    if report is not None and report.steps.empty:
+        if not comparisons:
+            print(
+                f"keras-dp report: no HTML report written: the records under {args.log_dir} "
+                "hold no training steps yet (is the run still starting, or did it stop "
+                "before its first step?)",
+                file=sys.stderr,
+            )
+            return EXIT_FAILURE
+        report = None  # the page shows the comparison alone
     from keras_dp_tools.report.html import write_html
 
     # On stdout only beside the text: JSON or CSV there stay parseable.
-    print(f"\nHTML report: {write_html(report, args.html)}", file=_text_stream(args))
+    page = write_html(report, args.html, comparisons=comparisons)
+    print(f"\nHTML report: {page}", file=_text_stream(args))
     return 0
 
 
-def _report_data(report) -> dict:
-    """``report --format json``: the summary's rows (JSON's null for what is unknown) and
-    the advice's findings."""
-    summary = report.summary(advice=False).reset_index()
+def _strategy_comparison(found):
+    """A recorded comparison as ``compare_strategies`` returns it (its text, its table)."""
+    from keras_dp_tools.tools.strategies.compare import StrategyComparison
+
+    return StrategyComparison.from_record(found.record, found.log_dir)
+
+
+def _comparison_csv(table) -> None:
+    """``compare-strategies --format csv``: the table's numbers, a row per candidate."""
+    from keras_dp_tools.tools.strategies.compare import SHOWN_COLUMNS
+
+    table[["label", *SHOWN_COLUMNS, "reason"]].to_csv(sys.stdout, index=False)
+
+
+def _report_data(report, comparisons) -> dict:
+    """``report --format json``: the summary's rows (JSON's null for what is unknown),
+    the advice's findings, and the strategy comparisons' records."""
+    if report is None:
+        summary, advice = [], []
+    else:
+        summary = report.summary(advice=False).reset_index()
+        summary = json.loads(summary.to_json(orient="records"))
+        advice = [finding.to_dict() for finding in report.advice()]
     return {
-        "summary": json.loads(summary.to_json(orient="records")),
-        "advice": [finding.to_dict() for finding in report.advice()],
+        "summary": summary,
+        "advice": advice,
+        "strategy_comparisons": [found.record for found in comparisons],
     }
 
 
@@ -444,7 +486,7 @@ def run_tune_allreduce_command(args: argparse.Namespace) -> int:
 
 def run_compare_strategies_command(args: argparse.Namespace) -> int:
     from keras_dp_tools.tools.strategies.candidates import NAMES
-    from keras_dp_tools.tools.strategies.compare import SHOWN_COLUMNS, compare_strategies
+    from keras_dp_tools.tools.strategies.compare import compare_strategies
 
     script = _script_path(args.script)
     names = None
@@ -473,7 +515,7 @@ def run_compare_strategies_command(args: argparse.Namespace) -> int:
     if args.format == "json":
         print(json.dumps(result.record, indent=2))
     elif args.format == "csv":
-        result.table[["label", *SHOWN_COLUMNS, "reason"]].to_csv(sys.stdout, index=False)
+        _comparison_csv(result.table)
     else:
         print()
         print(result)

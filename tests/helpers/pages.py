@@ -19,7 +19,8 @@ PERCENT_OF_FRACTION = {"comm_share", "wait_share"}
 class ReportPage(HTMLParser):
     """A rendered page (the HTML report, or the dashboard's DOM): texts by element id,
     headings in order (``"h2 Summary"``), the summary table's rows by ``data-field``
-    (``{"label", "values", "unit"}``), the "How to read it" lines, SVG and figure counts."""
+    (``{"label", "values", "unit"}``), the "How to read it" lines, SVG and figure counts,
+    and every table with an id as rows of cell texts (``tables``)."""
 
     def __init__(self, html: str = ""):
         super().__init__()
@@ -29,6 +30,8 @@ class ReportPage(HTMLParser):
         self.reading: list[str] = []
         self.svgs = 0
         self.figures = 0
+        self.tables: dict[str, list[list[str]]] = {}
+        self._table: str | None = None
         self._open: list[tuple] = []  # (tag, text parts, id, classes) of open elements
         self._row: dict | None = None
         self._in_reading = 0
@@ -46,6 +49,11 @@ class ReportPage(HTMLParser):
         if tag == "tr" and "data-field" in attrs:
             self._row = {"label": "", "values": [], "unit": ""}
             self.summary[attrs["data-field"]] = self._row
+        if tag == "table" and attrs.get("id"):
+            self._table = attrs["id"]
+            self.tables[self._table] = []
+        if tag == "tr" and self._table:
+            self.tables[self._table].append([])
         if attrs.get("id") == "how-to-read":
             self._in_reading = len(self._open) + 1
         self._open.append((tag, [], attrs.get("id"), classes))
@@ -60,6 +68,10 @@ class ReportPage(HTMLParser):
                 self.texts[element_id] = text
             if opened in ("h1", "h2", "h3"):
                 self.headings.append(f"{opened} {text}")
+            if opened in ("td", "th") and self._table:
+                self.tables[self._table][-1].append(text)
+            if opened == "table":
+                self._table = None
             if opened == "li" and self._in_reading:
                 self.reading.append(text)
             if opened == "td" and self._row is not None:

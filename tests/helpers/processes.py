@@ -1,5 +1,5 @@
-"""Starting the CLI or the workers of a job in fresh processes, and reading a local
-server's JSON answers."""
+"""Starting the CLI or the workers of a job in fresh processes, a real TensorBoard on a
+log dir, and reading a local server's JSON answers."""
 
 from __future__ import annotations
 
@@ -8,7 +8,11 @@ import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from tests.helpers import REPO
 
@@ -60,6 +64,48 @@ def get_json(url: str, timeout: float = 30):
         if response.headers.get("Content-Encoding") == "gzip":
             body = gzip.decompress(body)
         return json.loads(body)
+
+
+@contextmanager
+def tensorboard_server(
+    log_dir, ready: Callable[[str], bool], timeout: float = 120
+) -> Iterator[str]:
+    """A real ``tensorboard --logdir log_dir`` on a free loopback port, once the Data
+    parallel tab is enabled and ``ready(base_url)`` holds; yields the base URL and stops
+    the server after."""
+    import pytest
+
+    from keras_dp_tools.tools.launch import free_ports
+
+    (port,) = free_ports(1)
+    tensorboard = Path(sys.executable).with_name("tensorboard")
+    server = subprocess.Popen(
+        [str(tensorboard), "--logdir", str(log_dir), "--host", "127.0.0.1", "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+
+    def serving() -> bool:
+        try:
+            listing = get_json(f"{base}/data/plugins_listing", timeout=5)
+            return bool(listing.get("data_parallel", {}).get("enabled")) and ready(base)
+        except OSError:
+            return False
+
+    try:
+        deadline = time.monotonic() + timeout
+        while not serving():
+            if server.poll() is not None:
+                pytest.fail(f"tensorboard exited: {server.stderr.read()[-2000:]}")
+            if time.monotonic() > deadline:
+                pytest.fail(f"tensorboard did not serve {log_dir} within {timeout:.0f} s")
+            time.sleep(1)
+        yield base
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
 
 
 def run_workers_by_hand(

@@ -5,6 +5,8 @@ and SVG text, so it is testable without a server. The report is reloaded when a 
 file changed (mtime or size), so a log dir that is still being written stays current;
 figures are the ``keras_dp_tools.report.plots`` figures (the notebook's and the HTML report's),
 rendered as SVG on the server from a copy of the data thinned to what a chart can show.
+A strategy comparison recorded under the log dir (``strategy_comparison.json``) is
+shown too (``comparisons``), also when the log dir holds no records.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from keras_dp_tools.report import comparison as comparison_view
 from keras_dp_tools.report.summary_fields import READING_NOTE, READING_TITLE, summary_table
 
 # Most points a line chart gets; longer series are averaged over consecutive rows.
@@ -54,6 +57,19 @@ def _files_key(log_dir: Path) -> tuple:
         except OSError:  # removed between the listing and now
             continue
         key.append((str(path), stat.st_mtime_ns, stat.st_size))
+    return tuple(key)
+
+
+def _comparisons_key(log_dir: Path) -> tuple:
+    from keras_dp_tools.records.comparison import comparison_path, find_comparisons
+
+    key = []
+    for folder in find_comparisons(log_dir):
+        try:
+            stat = comparison_path(folder).stat()
+        except OSError:  # replaced between the listing and now
+            continue
+        key.append((str(folder), stat.st_mtime_ns, stat.st_size))
     return tuple(key)
 
 
@@ -154,6 +170,9 @@ class LogDirData:
         self._report = None
         self._error: str | None = None
         self._figures: OrderedDict[tuple, str] = OrderedDict()
+        self._comparisons_key: tuple | None = None
+        self._comparisons: list = []
+        self._comparisons_error: str | None = None
 
     # -- loading -------------------------------------------------------------
 
@@ -182,16 +201,71 @@ class LogDirData:
         except (OSError, ValueError) as error:  # a file being replaced, a bad record
             self._error = f"{type(error).__name__}: {error}"
 
+    def recorded_comparisons(self) -> list:
+        """The strategy comparisons under the log dir (``report.comparison.
+        RecordedComparison``), reread when a record changed."""
+        key = _comparisons_key(self.log_dir) if self.log_dir else ()
+        with self._lock:
+            if key != self._comparisons_key:
+                self._comparisons_key = key
+                try:
+                    found = [
+                        comparison_view.RecordedComparison.load(folder, self.log_dir)
+                        for folder, _, _ in key
+                    ]
+                    self._comparisons, self._comparisons_error = found, None
+                except (OSError, ValueError) as error:  # a record being replaced, a bad one
+                    self._comparisons_error = f"{type(error).__name__}: {error}"
+            return self._comparisons
+
     def has_records(self) -> bool:
         return bool(self.log_dir) and bool(_files_key(self.log_dir))
 
+    def has_data(self) -> bool:
+        """Records, or a strategy comparison: something for the dashboard to show."""
+        return self.has_records() or (bool(self.log_dir) and bool(_comparisons_key(self.log_dir)))
+
     # -- routes ----------------------------------------------------------------
 
+    def comparisons(self) -> list[dict]:
+        """Each strategy comparison under the log dir as the page shows it: ``where``
+        (its folder under the log dir, "" for the log dir), ``title``, ``settings``
+        (how it was measured), ``verdict``, ``note``, ``table`` (the labelled display
+        table, ``text_columns`` its text columns), ``best`` and ``code``."""
+        shown = []
+        text = [comparison_view.heading(column) for column in comparison_view.TEXT_COLUMNS]
+        for found in self.recorded_comparisons():
+            display = comparison_view.display_table(found.table)
+            shown.append(
+                {
+                    "where": found.where,
+                    "title": found.title,
+                    "settings": found.settings_line(),
+                    "verdict": found.verdict,
+                    "note": found.note,
+                    "candidates": [str(name) for name in found.table["candidate"]],
+                    "table": table(display),
+                    "text_columns": text,
+                    "best": found.best,
+                    "code": found.code,
+                }
+            )
+        return shown
+
     def runs(self) -> dict:
-        """Runs with their workers, newest first, and the scaling table for a sweep."""
+        """Runs with their workers, newest first, the scaling table for a sweep, and the
+        strategy comparisons (``comparisons``)."""
+        comparisons = self.comparisons()
+        errors = [error for error in (self._error, self._comparisons_error) if error]
+        error = "; ".join(errors) or None
         report = self.report()
         if report is None:
-            return {"log_dir": str(self.log_dir), "runs": [], "error": self._error}
+            return {
+                "log_dir": str(self.log_dir),
+                "runs": [],
+                "error": error,
+                "comparisons": comparisons,
+            }
         runs = report.runs.groupby("run", sort=False).agg(
             start=("time", "min"),
             workers=("worker", lambda workers: sorted({int(w) for w in workers})),
@@ -213,8 +287,9 @@ class LogDirData:
         return {
             "log_dir": str(self.log_dir),
             "runs": listing,
-            "error": self._error,
+            "error": error,
             "scaling": table(report.compare().round(4)) if sweep else None,
+            "comparisons": comparisons,
         }
 
     def run(self, run: str, worker: int | None) -> dict:
@@ -278,20 +353,33 @@ class LogDirData:
         }
 
     def figure(
-        self, name: str, run: str | None, worker: int | None, window_index: int | None
+        self,
+        name: str,
+        run: str | None,
+        worker: int | None,
+        window_index: int | None,
+        comparison: str | None = None,
     ) -> str:
         """One figure as SVG text (cached until the records change); ``window_index``
-        picks one profiler window of the breakdown figure."""
-        report = self.report()
-        if report is None:
-            raise LookupError("The log dir holds no keras_dp_tools records yet.")
-        cache_key = (self._key, name, run, worker, window_index)
+        picks one profiler window of the breakdown figure, ``comparison`` (a ``where``
+        of ``comparisons()``) the comparison of the ``strategy_comparison`` chart."""
+        if name == "strategy_comparison":
+            found = self._comparison(comparison or "")
+            report, cache_key = None, (self._comparisons_key, name, found.where)
+        else:
+            report = self.report()
+            if report is None:
+                raise LookupError("The log dir holds no keras_dp_tools records yet.")
+            cache_key = (self._key, name, run, worker, window_index)
         with self._lock:
             if cache_key in self._figures:
                 self._figures.move_to_end(cache_key)
                 return self._figures[cache_key]
-        figure = self._draw(report, name, run, worker, window_index)
-        text = svg(figure, salt=f"{name}-{run}-{worker}-{window_index}")
+        if report is None:
+            figure = self._draw_comparison(found)
+        else:
+            figure = self._draw(report, name, run, worker, window_index)
+        text = svg(figure, salt=f"{name}-{run}-{worker}-{window_index}-{comparison}")
         with self._lock:
             self._figures[cache_key] = text
             while len(self._figures) > _FIGURE_CACHE_SIZE:
@@ -299,6 +387,24 @@ class LogDirData:
         return text
 
     # -- helpers -----------------------------------------------------------------
+
+    def _comparison(self, where: str):
+        found = {found.where: found for found in self.recorded_comparisons()}
+        if where not in found:
+            known = ", ".join(repr(key) for key in found) or "none"
+            raise LookupError(
+                f"No strategy comparison at {where!r} in {self.log_dir}; it has {known}."
+            )
+        return found[where]
+
+    @staticmethod
+    def _draw_comparison(found):
+        from keras_dp_tools.report import plots
+
+        figure = plots.strategy_comparison(found)
+        if isinstance(figure, plots.Omitted):
+            raise LookupError(str(figure))
+        return figure
 
     def _part(self, run: str, worker: int | None):
         report = self.report()

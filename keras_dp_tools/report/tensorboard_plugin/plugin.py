@@ -45,7 +45,7 @@ class DataParallelPlugin(base_plugin.TBPlugin):
     def is_active(self) -> bool:
         checked, active = self._active
         if not active and time.monotonic() - checked > _ACTIVE_SECONDS:
-            active = self._data.has_records()
+            active = self._data.has_data()  # records, or a strategy comparison alone
             self._active = (time.monotonic(), active)
         return active
 
@@ -86,6 +86,7 @@ class DataParallelPlugin(base_plugin.TBPlugin):
                 request.args.get("run"),
                 _worker(request),
                 None if window_index in (None, "") else int(window_index),
+                request.args.get("comparison"),
             )
         except (LookupError, ValueError) as error:
             return http_util.Respond(request, str(error), "text/plain", code=404)

@@ -27,6 +27,7 @@ from keras_dp_tools.records.comparison import (
     read_comparison,
     write_comparison,
 )
+from keras_dp_tools.report.comparison import display_table
 from keras_dp_tools.tools.strategies import candidates as registry
 from keras_dp_tools.tools.tuning.child import (
     check_dataset_contract,
@@ -35,7 +36,8 @@ from keras_dp_tools.tools.tuning.child import (
 )
 from keras_dp_tools.tools.tuning.rounds import WARMUP_STEPS, result_text, run_in_rounds
 
-# The columns people read; the table keeps the per-round rates and evidence too.
+# The table's columns that ``--format csv`` prints (people read ``shown()``); the table
+# keeps the per-round rates and evidence too.
 SHOWN_COLUMNS = [
     column
     for column in analysis.TABLE_COLUMNS
@@ -75,13 +77,16 @@ class StrategyComparison:
     settings: dict = field(default_factory=dict, repr=False)
     record: dict = field(default_factory=dict, repr=False)
 
-    def shown(self) -> pd.DataFrame:
-        """The table's columns for people, rounded."""
-        return self.table[SHOWN_COLUMNS].round(3)
+    def shown(self, reasons: bool = True) -> pd.DataFrame:
+        """The table for people, as the HTML report and the dashboard show it
+        (``keras_dp_tools.report.comparison.display_table``): labelled columns with
+        their units, shares in %, "not measured" where there is no number."""
+        return display_table(self.table, reasons=reasons)
 
     def __str__(self) -> str:
-        with pd.option_context("display.width", 200, "display.max_columns", 20):
-            shown = self.shown().to_string(index=False)
+        with pd.option_context("display.width", 250, "display.max_columns", 20):
+            # The reasons are listed under the table (result_text).
+            shown = self.shown(reasons=False).to_string(index=False)
         note = analysis.speedup_note(self.table)
         verdict = f"{self.verdict}\n({note})" if note else self.verdict
         return result_text(shown, verdict, self.table, self.code)
@@ -89,10 +94,12 @@ class StrategyComparison:
     def _repr_html_(self) -> str:
         import html
 
+        note = analysis.speedup_note(self.table)
         code = f"<pre>{html.escape(self.code)}</pre>" if self.code else ""
         return (
-            self.shown().to_html(index=False, na_rep="-")
+            self.shown().to_html(index=False)
             + f"<p>{html.escape(self.verdict)}</p>"
+            + (f"<p>({html.escape(note)})</p>" if note else "")
             + code
         )
 
@@ -111,10 +118,7 @@ class StrategyComparison:
     def from_record(cls, record: dict, log_dir: Path) -> StrategyComparison:
         """The comparison a ``strategy_comparison.json`` record holds (one reading for
         a fresh result and a loaded one)."""
-        table = pd.DataFrame(record["table"])
-        for column in analysis.NUMBER_COLUMNS:
-            table[column] = pd.to_numeric(table[column]).astype(float)
-        table["replicas"] = pd.to_numeric(table["replicas"]).astype("Int64")
+        table = analysis.table_from_record(record)
         settings = record.get("settings") or {}
         return cls(
             table=table,

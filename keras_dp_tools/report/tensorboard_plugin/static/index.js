@@ -2,7 +2,8 @@
 // base URL is this plugin's routes (data/plugin/data_parallel/) and calls render().
 // Plain DOM code: no framework, no build step, nothing loaded from the network.
 // Charts are SVG drawn on the server by keras_dp_tools.report.plots, fetched when a chart
-// scrolls near the viewport; tables come from the Report's DataFrames as JSON.
+// scrolls near the viewport; tables come from the Report's DataFrames as JSON. A strategy
+// comparison recorded in the log dir gets its own section above the runs.
 
 const state = { run: null, worker: 'all' };
 let observer = null;
@@ -23,6 +24,7 @@ export async function render() {
       reload,
       status,
     ]),
+    el('section', { id: 'comparisons' }),
     el('main', { id: 'main' }),
   );
   runSelect.addEventListener('change', () => {
@@ -47,6 +49,8 @@ async function loadRuns() {
     main.replaceChildren(el('p', { class: 'error' }, answer.error));
     return;
   }
+  const comparisons = answer.comparisons || [];
+  showComparisons(comparisons);
   const runSelect = document.getElementById('run-select');
   runSelect.replaceChildren(
     ...answer.runs.map((run) =>
@@ -56,9 +60,12 @@ async function loadRuns() {
   status.textContent = `log dir ${answer.log_dir}` + (answer.error ? ` (${answer.error})` : '');
   if (!answer.runs.length) {
     main.replaceChildren(
-      el('p', {}, 'No keras_dp_tools records in this log dir yet: train with ' +
-        'kdt.callbacks(log_dir) and press Reload.'),
+      el('p', { id: 'no-runs' }, comparisons.length
+        ? 'No training records in this log dir besides the strategy comparison.'
+        : 'No keras_dp_tools records in this log dir yet: train with ' +
+          'kdt.callbacks(log_dir) and press Reload.'),
     );
+    observeFigures();
     return;
   }
   if (!answer.runs.some((run) => run.run === state.run)) state.run = answer.runs[0].run;
@@ -82,10 +89,6 @@ async function showRun() {
     ...data.workers.map((w) => el('option', { value: String(w) }, String(w))),
   );
   workerSelect.value = state.worker;
-  if (observer) observer.disconnect();
-  observer = 'IntersectionObserver' in window
-    ? new IntersectionObserver(loadVisible, { rootMargin: '600px' })
-    : null;
   const h = data.header;
   const sections = [
     el('h2', { id: 'run-title' }, [`Run `, el('span', { id: 'run-id' }, data.run)]),
@@ -123,9 +126,49 @@ async function showRun() {
   main.replaceChildren(...sections);
   document.getElementById('status').textContent +=
     ` · ${data.steps_recorded} step records`;
+  observeFigures();
+}
+
+// Charts not loaded yet (the comparisons' and the run's) load as they near the viewport.
+function observeFigures() {
+  if (observer) observer.disconnect();
+  observer = 'IntersectionObserver' in window
+    ? new IntersectionObserver(loadVisible, { rootMargin: '600px' })
+    : null;
   document.querySelectorAll('.figure.loading').forEach((node) => {
     if (observer) observer.observe(node); else loadFigure(node);
   });
+}
+
+// Each strategy comparison as the server wrote it (keras_dp_tools.report.comparison):
+// how it was measured, the verdict, the labelled table, the chart and the winner's code.
+function showComparisons(comparisons) {
+  const parts = [];
+  comparisons.forEach((c, index) => {
+    const id = `comparison-${index}`;
+    const textColumns = new Set(c.text_columns);
+    const table = el('table', { id: `${id}-table` }, [
+      el('tr', {}, c.table.columns.map((name) =>
+        el('th', { class: textColumns.has(name) ? 'text' : 'value' }, name))),
+      ...c.table.rows.map((row, i) => el('tr', { 'data-candidate': c.candidates[i] },
+        row.map((value, j) => el('td', {
+          class: textColumns.has(c.table.columns[j]) ? 'text' : 'value',
+        }, value)))),
+    ]);
+    const section = [
+      el('h2', {}, c.title),
+      el('p', { class: 'note' }, c.settings),
+      el('p', { class: 'verdict', id: `${id}-verdict` }, c.verdict),
+    ];
+    if (c.note) section.push(el('p', { class: 'note' }, `(${c.note})`));
+    section.push(table, figure('strategy_comparison', { comparison: c.where }));
+    if (c.code) {
+      section.push(el('p', {}, `The code that builds the winner, ${c.best}:`),
+        el('pre', { class: 'code', id: `${id}-code` }, c.code));
+    }
+    parts.push(el('div', { class: 'comparison', id }, section));
+  });
+  document.getElementById('comparisons').replaceChildren(...parts);
 }
 
 // The labelled summary as the server wrote it (keras_dp_tools.report.summary_fields):
