@@ -59,7 +59,10 @@ def test_a_worker_that_fails_fails_its_candidate_at_once_not_at_the_timeout(
 def test_a_group_answers_when_all_its_processes_have_answered(tmp_path):
     group = Group([launch(tmp_path, "ready", 0), launch(tmp_path, "ready", 1)])
     try:
-        assert group.wait(timeout=120)["strategy"] == "Toy"
+        ready = group.wait(timeout=120)
+        assert ready["strategy"] == "Toy"
+        # Candidates start together: each TensorFlow process must not map all GPU memory.
+        assert ready["allow_growth"] == "true"
         assert group.request({"time": 7}, timeout=60)["steps"] == 7
     finally:
         group.close()

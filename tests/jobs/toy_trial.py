@@ -2,6 +2,7 @@
 ``behaviour`` says what it does before its first answer ("ready", "raise", "contract",
 "hang"), and each later command is answered at once."""
 
+import os
 import time
 
 from keras_dp_tools.tools.tuning.child import ContractError, serve
@@ -17,7 +18,8 @@ def set_up(spec: dict) -> dict:
         raise RuntimeError(PORT_ERROR)
     if behaviour == "contract":
         raise ContractError("make_dataset must take global_batch")
-    return {"ready": True, "replicas": 1, "strategy": "Toy"}
+    growth = os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH")
+    return {"ready": True, "replicas": 1, "strategy": "Toy", "allow_growth": growth}
 
 
 def command(command: dict) -> dict:

@@ -32,6 +32,10 @@ from keras_dp_tools.tools.tuning.child import (
 
 WARMUP_STEPS = 3  # steps each child trains before anything is measured (its "warmup_steps")
 PROFILE_STEPS = 3  # profiled steps per candidate
+# Every candidate's processes start together: TensorFlow's default of mapping nearly all
+# of a GPU's memory in the first process would leave the others none. (A trial's own
+# processes, such as parameter servers, inherit it.)
+SHARED_GPU_ENV = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
 _POLL_SECONDS = 0.05  # how often a group's processes are looked at in turn
 
 
@@ -53,7 +57,8 @@ class Group:
         self.children: list[Child] = []
         try:
             for launch in launches:
-                self.children.append(Child(launch.module, launch.spec, launch.log_path, launch.env))
+                env = {**SHARED_GPU_ENV, **(launch.env or {})}
+                self.children.append(Child(launch.module, launch.spec, launch.log_path, env))
         except BaseException:
             self.close(timeout=0)
             raise
