@@ -139,9 +139,40 @@ def trial_dataset(make_dataset, strategy, global_batch: int | None = None):
             f"make_dataset must return a tf.data.Dataset of global batches, returned "
             f"{type(dataset).__name__}."
         )
-    if spelling == "strategy" and global_batch is not None:
-        dataset = dataset.unbatch().batch(global_batch, drop_remainder=True)
-    return dataset
+    if global_batch is None:
+        return dataset
+    if spelling == "strategy":
+        return dataset.unbatch().batch(global_batch, drop_remainder=True)
+    return whole_batches(dataset, global_batch)
+
+
+def whole_batches(dataset, global_batch: int):
+    """``dataset`` (of ``make_dataset(global_batch)``) with every batch of
+    ``global_batch`` examples, so that a trial's examples are its steps x the global
+    batch: a batch size TensorFlow cannot fix in advance (``.batch(n)`` without
+    ``drop_remainder``: the last batch of an epoch may be short) is re-batched with
+    ``drop_remainder=True``; a fixed size other than ``global_batch`` is refused."""
+    import tensorflow as tf
+
+    sizes = {
+        spec.shape[0] if spec.shape.rank else "no batch dimension"
+        for spec in tf.nest.flatten(dataset.element_spec)
+    }
+    if sizes == {global_batch}:
+        return dataset
+    if sizes <= {global_batch, None}:
+        return dataset.unbatch().batch(global_batch, drop_remainder=True)
+    received = (
+        "unbatched examples"
+        if "no batch dimension" in sizes
+        else f"batches of {', '.join(sorted(str(size) for size in sizes))} examples"
+    )
+    raise ContractError(
+        f"make_dataset(global_batch) returned {received}, asked for "
+        f"global_batch={global_batch}: return dataset.batch(global_batch, "
+        "drop_remainder=True), the batch size it is given (every step then trains "
+        "global_batch examples, which the measured rates count)."
+    )
 
 
 def strategy_and_model(spec: dict):
