@@ -81,14 +81,15 @@ def test_rates_are_medians_of_rounds_and_speedups_are_over_one_device():
 def test_the_verdict_names_the_winner_its_speedup_and_each_losers_measured_reason():
     table = comparison_table(
         [
-            row("one_device", replicas=1, blocks=blocks(10, 10, 10)),
+            # 1000 examples in 10 steps a round: a global batch of 100.
+            row("one_device", replicas=1, blocks=blocks(10, 10, 10)),  # 100 /s, 1 s a step
             row(
                 "mirrored",
                 replicas=4,
-                blocks=blocks(4, 4, 4),
+                blocks=blocks(4, 4, 4),  # 250 /s
                 evidence={
-                    "step_ms": 40.0,
-                    "comm_ms": 10.0,
+                    "step_ms": 400.0,
+                    "comm_ms": 100.0,
                     "bytes_per_step": 4.2e6,
                     "bytes_source": "model sizes",
                 },
@@ -96,14 +97,15 @@ def test_the_verdict_names_the_winner_its_speedup_and_each_losers_measured_reaso
             row(
                 "central_storage",
                 replicas=4,
-                blocks=blocks(8, 8, 8),
+                blocks=blocks(8, 8, 8),  # 125 /s
                 evidence={
-                    "step_ms": 80.0,
-                    "read_bytes": 16.8e6,
-                    "push_bytes": 16.8e6,
-                    "bytes_per_step": 33.6e6,
+                    "step_ms": 800.0,
+                    "read_bytes": 3 * 5.6e6,
+                    "push_bytes": 3 * 5.6e6,
+                    "bytes_per_step": 6 * 5.6e6,
                     "bytes_source": "model sizes",
                     "variable_device": "/job:localhost/replica:0/task:0/device:CPU:0",
+                    "variable_on_replica": True,
                     "note": "its communication time is not measured",
                 },
             ),
@@ -113,10 +115,49 @@ def test_the_verdict_names_the_winner_its_speedup_and_each_losers_measured_reaso
 
     assert text.startswith("mirrored: 2.50x one_device (250 examples/s)")
     assert "central_storage loses (0.50x mirrored): its variables live on CPU:0" in text
-    assert "2 × 16.8 MB" in text and "(from model sizes)" in text
+    # On one of its 4 replicas' devices: 3 replicas read the variables and push gradients.
+    assert "CPU:0, one of its replicas' devices" in text
+    assert "the model's size implies up to 2 × 16.8 MB a step, if copied" in text
+    assert "(from model sizes)" in text
     assert "its communication time is not measured" in text  # NaN comm said, not made up
-    assert "one_device loses (0.40x mirrored): it has 1 replica against 4" in text
+    # one_device: 100 examples a step in 1000 ms (10 s / 10 steps), mirrored 100 in 400 ms.
+    assert (
+        "one_device loses (0.40x mirrored): it trains 100 examples a step in 1.00 s, "
+        "mirrored 100 in 400.0 ms"
+    ) in text
+    assert "replica against" not in text
     assert "tie" not in text
+
+
+def test_communication_is_called_the_reason_only_when_it_covers_most_of_the_gap():
+    # Per example: central_storage 1000 examples in 4.6 s; mirrored in 6.3 s (10 steps
+    # of 100). A mirrored step of 100 examples takes 630 ms; at central_storage's rate
+    # 460 ms: it is 170 ms behind. Its exposed all-reduce of 100 ms covers 100 of 170.
+    def table_with_comm(comm_ms):
+        return comparison_table(
+            [
+                row("central_storage", replicas=4, blocks=blocks(4.6, 4.6, 4.6)),
+                row(
+                    "mirrored",
+                    replicas=4,
+                    blocks=blocks(6.3, 6.3, 6.3),
+                    evidence={"step_ms": 620.0, "comm_ms": comm_ms},
+                ),
+            ]
+        )
+
+    text = verdict(table_with_comm(60.0))
+    assert "mirrored loses (0.73x central_storage)" in text
+    assert (
+        "its exposed all-reduce takes 60.0 ms of a 620.0 ms profiled step (10%), which "
+        "accounts for 60.0 ms of the 170.0 ms a step of 100 examples is behind "
+        "central_storage's rate; the rest is not attributed"
+    ) in text
+    text = verdict(table_with_comm(150.0))  # 150 of 170: most of the gap
+    assert "which accounts for most (88%) of the 170.0 ms a step of 100 examples" in text
+    assert "not attributed" not in text
+    text = verdict(table_with_comm(200.0))  # more than the gap: all of it
+    assert "which accounts for all of the 170.0 ms" in text
 
 
 def test_a_runner_up_within_the_round_spread_is_called_a_tie():
@@ -130,6 +171,33 @@ def test_a_runner_up_within_the_round_spread_is_called_a_tie():
     assert text.startswith("mirrored: 250 examples/s")  # one_device not there: no speed-up
     assert "central_storage is within the round-to-round spread" in text and "tie" in text
     assert speedup_note(table) == "no speed-up: one_device was not among the candidates"
+
+
+def test_every_loser_within_the_noise_is_a_tie_and_one_round_has_unknown_noise():
+    three = comparison_table(
+        [
+            row("mirrored", replicas=4, blocks=blocks(4.0, 4.4, 3.6)),  # 250 /s, spread 20%
+            row("central_storage", replicas=4, blocks=blocks(4.2, 4.2, 4.2)),  # 5% less
+            row("multi_worker_mirrored", replicas=4, blocks=blocks(4.4, 4.4, 4.4)),  # 10%
+            row("one_device", replicas=1, blocks=blocks(8, 8, 8)),  # 100% slower: a loss
+        ]
+    )
+    text = verdict(three)
+    assert "central_storage is within the round-to-round spread" in text
+    assert "multi_worker_mirrored is within the round-to-round spread" in text
+    assert "multi_worker_mirrored loses" not in text
+    assert "one_device loses (0.50x mirrored)" in text
+
+    once = comparison_table(
+        [
+            row("mirrored", replicas=4, blocks=blocks(4.0)),
+            row("central_storage", replicas=4, blocks=blocks(4.2)),
+        ]
+    )
+    assert once["spread_pct"].isna().all()  # one round measures no spread
+    text = verdict(once)
+    assert "central_storage loses" in text
+    assert "the round-to-round noise is unknown" in text and "rounds >= 2" in text
 
 
 def test_the_parameter_server_verdict_names_the_bytes_the_rate_and_the_share_of_the_step():
@@ -151,11 +219,49 @@ def test_the_parameter_server_verdict_names_the_bytes_the_rate_and_the_share_of_
             ),
         ]
     )
-    # 188e6 bytes x 8 bits in 1.5 s = 1.0027 Gbit/s.
+    # 188e6 bytes x 8 bits in 1.5 s = 1.0027 Gbit/s. A 100-example step: 600 ms here,
+    # 100 ms at mirrored's rate: 500 ms behind, which 1.5 s of waits more than cover.
     assert (
         "parameter_server loses (0.17x mirrored): the parameter servers move 2 × 94.0 MB per "
-        "step (from trace) at 1.00 Gbit/s: 1.50 s of a 1.70 s step"
+        "step (from trace) at 1.00 Gbit/s: 1.50 s of a 1.70 s profiled step, which accounts "
+        "for all of the 500.0 ms a step of 100 examples is behind mirrored's rate"
     ) in verdict(table)
+
+
+def test_central_storage_bytes_count_only_the_replicas_apart_from_the_variables():
+    from keras_dp_tools.tools.strategies.compare import _with_model_sizes
+
+    cpus = [f"/job:localhost/replica:0/task:0/device:CPU:{index}" for index in range(4)]
+    on_cpu = _with_model_sizes(
+        "central_storage",
+        {
+            "replicas": 4,
+            "variable_bytes": 1000,
+            "variable_device": cpus[0].lower(),
+            "replica_devices": cpus,
+        },
+        {"step_ms": 5.0},
+    )
+    # CPU:0 holds the variables and is replica 0's device: 3 replicas copy, 1000 B each way.
+    assert (on_cpu["read_bytes"], on_cpu["push_bytes"], on_cpu["bytes_per_step"]) == (
+        3000,
+        3000,
+        6000,
+    )
+    assert on_cpu["variable_on_replica"] and on_cpu["shared_memory"]
+    gpus = [f"/job:localhost/replica:0/task:0/device:GPU:{index}" for index in range(2)]
+    apart = _with_model_sizes(
+        "central_storage",
+        {
+            "replicas": 2,
+            "variable_bytes": 1000,
+            "variable_device": cpus[0],
+            "replica_devices": gpus,
+        },
+        {},
+    )
+    assert apart["bytes_per_step"] == 4000  # both GPUs read and push: 2 x 2 x 1000
+    assert not apart["variable_on_replica"] and not apart["shared_memory"]
 
 
 def test_one_or_no_measured_candidate_is_said_plainly():

@@ -59,6 +59,7 @@ def _set_up(spec: dict) -> dict:
         "keras": type(model).__module__.split(".")[0],
         "variable_bytes": _variable_bytes(model),
         "variable_device": _variable_device(model),
+        "replica_devices": list(strategy.extended.worker_devices),
     }
 
 

@@ -114,7 +114,8 @@ class StrategyComparison:
         table = pd.DataFrame(record["table"])
         for column in analysis.NUMBER_COLUMNS:
             table[column] = pd.to_numeric(table[column]).astype(float)
-        table["replicas"] = pd.to_numeric(table["replicas"]).astype("Int64")
+        for column in ("replicas", "global_batch"):
+            table[column] = pd.to_numeric(table[column]).astype("Int64")
         settings = record.get("settings") or {}
         return cls(
             table=table,
@@ -361,22 +362,34 @@ def compare_strategies(
     return StrategyComparison.from_record(record, root)
 
 
+def _device_name(device: str) -> str:
+    """ "/job:localhost/replica:0/task:0/device:CPU:0" -> "CPU:0"."""
+    return str(device).rsplit("device:", 1)[-1].upper()
+
+
 def _with_model_sizes(name: str, ready: dict, evidence: dict) -> dict:
     """Central storage moves no all-reduce our breakdown can see: the replicas read the
     variables from, and push their gradients to, the device that holds them. Where the
-    trace gives no bytes, they come from the model's sizes (and say so)."""
+    trace gives no bytes, the model's sizes give what such copies would move (and say
+    so): every replica's, but for the replica on the variables' device, which copies
+    nothing; on logical CPU devices (``shared_memory``) hand-offs need not copy at all."""
     if name != "central_storage" or "bytes_per_step" in evidence:
         return evidence
     variable_bytes = ready.get("variable_bytes")
     if not variable_bytes:
         return evidence
-    replicas = ready["replicas"]
-    evidence = {
+    variable_device = ready.get("variable_device")
+    replica_devices = [_device_name(device) for device in ready.get("replica_devices") or ()]
+    on_replica = bool(variable_device) and _device_name(variable_device) in replica_devices
+    copying = ready["replicas"] - 1 if on_replica else ready["replicas"]
+    return {
         **evidence,
-        "read_bytes": variable_bytes * replicas,
-        "push_bytes": variable_bytes * replicas,
-        "bytes_per_step": 2 * variable_bytes * replicas,
+        "read_bytes": variable_bytes * copying,
+        "push_bytes": variable_bytes * copying,
+        "bytes_per_step": 2 * variable_bytes * copying,
         "bytes_source": "model sizes",
-        "variable_device": ready.get("variable_device", "one device"),
+        "variable_device": variable_device or "one device",
+        "variable_on_replica": on_replica,
+        "shared_memory": bool(replica_devices)
+        and all(device.startswith("CPU") for device in replica_devices),
     }
-    return evidence
