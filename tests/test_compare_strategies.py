@@ -303,12 +303,50 @@ def test_bad_arguments_are_refused_with_what_was_received(arguments, message, tm
     assert not any(tmp_path.iterdir())  # no trial started
 
 
-def test_the_command_refuses_unknown_strategies_as_a_usage_error(tmp_path, capsys):
+def test_the_command_refuses_what_the_api_refuses_as_a_usage_error(tmp_path, capsys):
     from keras_dp_tools.tools.cli import main
 
-    assert main(["compare-strategies", str(SCRIPT), "--strategies", "mirrored,ps"]) == 2
-    assert "unknown candidate(s) ['ps']; choose from one_device" in capsys.readouterr().err
+    def refused(*arguments):
+        status = main(["compare-strategies", str(SCRIPT), *arguments])
+        return status, capsys.readouterr().err
+
+    status, error = refused("--strategies", "mirrored,ps")
+    assert status == 2 and "candidate(s) ['ps']; choose from one_device" in error
+    status, error = refused("--strategies", "mirrored,mirrored")
+    assert status == 2 and "Each candidate once" in error
+    status, error = refused("--steps", "2", "--rounds", "3")
+    assert status == 2 and "fewer than rounds" in error
+    status, error = refused("--option", "mirrored.replicas=0")
+    assert status == 2 and "options['mirrored']['replicas'] must be a positive integer" in error
+    status, error = refused("--option", "replicas=2")
+    assert status == 2 and "--option CANDIDATE.KEY=VALUE" in error
     assert main(["compare-strategies", str(tmp_path / "missing.py")]) == 2
+
+
+def test_an_option_from_the_command_reaches_its_candidate(tmp_path, capsys):
+    from keras_dp_tools.tools.cli import main
+
+    # MirroredStrategy over 1 device is skipped before any process starts: nothing measured.
+    arguments = ["--strategies", "mirrored", "--option", "mirrored.replicas=1"]
+    status = main(["compare-strategies", str(SCRIPT), *arguments, "--log-dir", str(tmp_path)])
+    assert status == 1
+    assert "mirrored: skipped (MirroredStrategy over 1 device" in capsys.readouterr().out
+    assert read_comparison(tmp_path)["settings"]["options"]["mirrored"] == {"replicas": 1}
+
+
+def test_the_steps_that_ran_are_recorded_and_a_removed_folder_is_not_pointed_to():
+    result = compare_strategies(
+        f"{SCRIPT}:build_model",
+        f"{SCRIPT}:make_dataset",
+        ["mirrored"],
+        steps=10,
+        rounds=3,
+        options={"mirrored": {"replicas": 1}},  # skipped: no process starts
+        progress=None,
+    )
+    assert result.settings["steps"] == 9  # 3 rounds of 10 // 3 steps
+    assert result.settings["block_steps"] == 3
+    assert result.log_dir is None  # the temporary folder, removed: nothing failed
 
 
 def test_skip_reasons_name_what_is_missing(monkeypatch):
@@ -323,6 +361,20 @@ def test_skip_reasons_name_what_is_missing(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     for name, options in (("multi_worker_mirrored", {"workers": 2}), ("parameter_server", {})):
         assert "needs tf_keras" in candidates.skip_reason(name, options, cpu), name
+
+
+def test_a_model_compiled_with_steps_per_execution_is_refused_with_what_to_do(tf):
+    import keras
+
+    from keras_dp_tools.tools.strategies._strategy_trial import refuse_steps_per_execution
+    from keras_dp_tools.tools.tuning.child import ContractError
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
+    with pytest.raises(ContractError, match=r"steps_per_execution=3.*compile\(\) without it"):
+        refuse_steps_per_execution(model)
+    model.compile(optimizer="sgd", loss="mse")
+    refuse_steps_per_execution(model)  # 1: each step is timed
 
 
 # -- the record ---------------------------------------------------------------------------

@@ -43,6 +43,12 @@ SHOWN_COLUMNS = [
 ]
 
 
+class ComparisonArgumentError(ValueError):
+    """An argument of ``compare_strategies`` it cannot run with (unknown or repeated
+    candidates, options, steps, rounds, batch, timeout): raised before any trial
+    starts; ``keras-dp compare-strategies`` exits 2 on it, as on its own usage errors."""
+
+
 @dataclass
 class StrategyComparison:
     """The result of ``compare_strategies`` (also ``StrategyComparison.load(log_dir)``).
@@ -59,7 +65,9 @@ class StrategyComparison:
         best: the measured candidate with the most examples per second (None if none).
         code: Python lines that build the best candidate's strategy.
         verdict: the winner, and the measured reason each other candidate loses.
-        log_dir: where the candidates' records, traces, logs and the comparison record are.
+        log_dir: where the candidates' records, traces, logs and the comparison record are;
+            None when no ``log_dir`` was given and nothing failed (the temporary folder
+            is removed).
         codes: every candidate's code.
         settings: steps, rounds, per-replica batch, options of the comparison.
         record: the ``strategy_comparison.json`` record (``keras-dp compare-strategies
@@ -70,7 +78,7 @@ class StrategyComparison:
     best: str | None
     code: str | None
     verdict: str
-    log_dir: Path
+    log_dir: Path | None
     codes: dict = field(default_factory=dict, repr=False)
     settings: dict = field(default_factory=dict, repr=False)
     record: dict = field(default_factory=dict, repr=False)
@@ -108,7 +116,7 @@ class StrategyComparison:
         return cls.from_record(record, Path(log_dir))
 
     @classmethod
-    def from_record(cls, record: dict, log_dir: Path) -> StrategyComparison:
+    def from_record(cls, record: dict, log_dir: Path | None) -> StrategyComparison:
         """The comparison a ``strategy_comparison.json`` record holds (one reading for
         a fresh result and a loaded one)."""
         table = pd.DataFrame(record["table"])
@@ -122,7 +130,7 @@ class StrategyComparison:
             best=record.get("best"),
             code=record.get("code"),
             verdict=record.get("verdict", ""),
-            log_dir=Path(log_dir),
+            log_dir=None if log_dir is None else Path(log_dir),
             codes=settings.get("codes", {}),
             settings=settings,
             record=record,
@@ -149,12 +157,12 @@ def _names(strategies) -> list[str]:
     names = list(registry.NAMES) if strategies is None else [str(s).strip() for s in strategies]
     unknown = [name for name in names if name not in registry.NAMES]
     if unknown or not names:
-        raise ValueError(
+        raise ComparisonArgumentError(
             f"Unknown strategy candidate(s) {unknown or names!r}; choose from "
             f"{', '.join(registry.NAMES)}."
         )
     if len(set(names)) != len(names):
-        raise ValueError(f"Each candidate once, please; received {names!r}.")
+        raise ComparisonArgumentError(f"Each candidate once, please; received {names!r}.")
     return names
 
 
@@ -169,13 +177,17 @@ def _options(names: list[str], options, machine) -> dict[str, dict]:
         )
     unknown = [name for name in options if name not in names]
     if unknown:
-        raise ValueError(f"options for {unknown!r}, which are not among the candidates {names!r}.")
+        raise ComparisonArgumentError(
+            f"options for {unknown!r}, which are not among the candidates {names!r}."
+        )
     merged = {}
     for name in names:
         merged[name] = {**registry.default_options(name, machine), **options.get(name, {})}
         for key in ("replicas", "workers"):
             if key in merged[name]:
-                require_positive_int(f"options[{name!r}][{key!r}]", merged[name][key])
+                require_positive_int(
+                    f"options[{name!r}][{key!r}]", merged[name][key], ComparisonArgumentError
+                )
     return merged
 
 
@@ -243,7 +255,8 @@ def compare_strategies(
             re-batched to the global batch (see docs/tuning.md).
         strategies: candidate names (default: all of them).
         per_replica_batch: examples per replica per step, the same for every candidate.
-        steps: timed steps per candidate, spread over ``rounds`` blocks.
+        steps: timed steps per candidate, spread over ``rounds`` blocks of
+            ``steps // rounds`` (the record's ``settings["steps"]`` are those that ran).
         rounds: blocks of steps per candidate, taken in turns with the others.
         options: candidate name -> its options: ``{"replicas": n}`` for mirrored and
             central_storage, ``{"workers": n}`` for multi_worker_mirrored, the
@@ -256,13 +269,17 @@ def compare_strategies(
     Returns:
         A ``StrategyComparison`` with ``.table``, ``.best``, ``.code`` and ``.verdict``.
     """
-    steps = require_positive_int("steps", steps)
-    rounds = require_positive_int("rounds", rounds)
-    per_replica_batch = require_positive_int("per_replica_batch", per_replica_batch)
+    steps = require_positive_int("steps", steps, ComparisonArgumentError)
+    rounds = require_positive_int("rounds", rounds, ComparisonArgumentError)
+    per_replica_batch = require_positive_int(
+        "per_replica_batch", per_replica_batch, ComparisonArgumentError
+    )
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, received {timeout!r}.")
+        raise ComparisonArgumentError(
+            f"timeout must be a positive number of seconds, received {timeout!r}."
+        )
     if steps < rounds:
-        raise ValueError(
+        raise ComparisonArgumentError(
             f"steps={steps} is fewer than rounds={rounds}: each round needs at least one step."
         )
     names = _names(strategies)
@@ -278,6 +295,8 @@ def compare_strategies(
     temporary = log_dir is None
     root = Path(tempfile.mkdtemp(prefix="kdt-strategies-") if temporary else log_dir)
     block = steps // rounds
+    if block * rounds != steps:
+        say(f"steps={steps} in {rounds} rounds: {block} a round, {block * rounds} in all")
 
     skipped, codes, launches = {}, {}, {}
     for name in names:
@@ -336,7 +355,7 @@ def compare_strategies(
     settings = {
         "strategies": names,
         "per_replica_batch": per_replica_batch,
-        "steps": steps,
+        "steps": block * rounds,  # what ran: steps rounded down to whole rounds
         "rounds": rounds,
         "block_steps": block,
         "timeout": timeout,
@@ -359,6 +378,7 @@ def compare_strategies(
     write_comparison(root, record)
     if temporary and not outcome.failures:
         shutil.rmtree(root, ignore_errors=True)
+        root = None  # nothing left to point to
     return StrategyComparison.from_record(record, root)
 
 
