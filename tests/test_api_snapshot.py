@@ -289,6 +289,7 @@ COMPARISON_TABLE_COLUMNS = (
     "status",
     "reason",
     "replicas",
+    "global_batch",
     "examples_per_s",
     "spread_pct",
     "speedup",

@@ -73,14 +73,15 @@ def test_rates_are_medians_of_rounds_and_speedups_are_over_one_device():
 def test_the_verdict_names_the_winner_its_speedup_and_each_losers_measured_reason():
     table = comparison_table(
         [
-            row("one_device", replicas=1, blocks=blocks(10, 10, 10)),
+            # 1000 examples in 10 steps a round: a global batch of 100.
+            row("one_device", replicas=1, blocks=blocks(10, 10, 10)),  # 100 /s, 1 s a step
             row(
                 "mirrored",
                 replicas=4,
-                blocks=blocks(4, 4, 4),
+                blocks=blocks(4, 4, 4),  # 250 /s
                 evidence={
-                    "step_ms": 40.0,
-                    "comm_ms": 10.0,
+                    "step_ms": 400.0,
+                    "comm_ms": 100.0,
                     "bytes_per_step": 4.2e6,
                     "bytes_source": "model sizes",
                 },
@@ -88,14 +89,15 @@ def test_the_verdict_names_the_winner_its_speedup_and_each_losers_measured_reaso
             row(
                 "central_storage",
                 replicas=4,
-                blocks=blocks(8, 8, 8),
+                blocks=blocks(8, 8, 8),  # 125 /s
                 evidence={
-                    "step_ms": 80.0,
-                    "read_bytes": 16.8e6,
-                    "push_bytes": 16.8e6,
-                    "bytes_per_step": 33.6e6,
+                    "step_ms": 800.0,
+                    "read_bytes": 3 * 5.6e6,
+                    "push_bytes": 3 * 5.6e6,
+                    "bytes_per_step": 6 * 5.6e6,
                     "bytes_source": "model sizes",
                     "variable_device": "/job:localhost/replica:0/task:0/device:CPU:0",
+                    "variable_on_replica": True,
                     "note": "its communication time is not measured",
                 },
             ),
@@ -105,10 +107,49 @@ def test_the_verdict_names_the_winner_its_speedup_and_each_losers_measured_reaso
 
     assert text.startswith("mirrored: 2.50x one_device (250 examples/s)")
     assert "central_storage loses (0.50x mirrored): its variables live on CPU:0" in text
-    assert "2 × 16.8 MB" in text and "(from model sizes)" in text
+    # On one of its 4 replicas' devices: 3 replicas read the variables and push gradients.
+    assert "CPU:0, one of its replicas' devices" in text
+    assert "the model's size implies up to 2 × 16.8 MB a step, if copied" in text
+    assert "(from model sizes)" in text
     assert "its communication time is not measured" in text  # NaN comm said, not made up
-    assert "one_device loses (0.40x mirrored): it has 1 replica against 4" in text
+    # one_device: 100 examples a step in 1000 ms (10 s / 10 steps), mirrored 100 in 400 ms.
+    assert (
+        "one_device loses (0.40x mirrored): it trains 100 examples a step in 1.00 s, "
+        "mirrored 100 in 400.0 ms"
+    ) in text
+    assert "replica against" not in text
     assert "tie" not in text
+
+
+def test_communication_is_called_the_reason_only_when_it_covers_most_of_the_gap():
+    # Per example: central_storage 1000 examples in 4.6 s; mirrored in 6.3 s (10 steps
+    # of 100). A mirrored step of 100 examples takes 630 ms; at central_storage's rate
+    # 460 ms: it is 170 ms behind. Its exposed all-reduce of 100 ms covers 100 of 170.
+    def table_with_comm(comm_ms):
+        return comparison_table(
+            [
+                row("central_storage", replicas=4, blocks=blocks(4.6, 4.6, 4.6)),
+                row(
+                    "mirrored",
+                    replicas=4,
+                    blocks=blocks(6.3, 6.3, 6.3),
+                    evidence={"step_ms": 620.0, "comm_ms": comm_ms},
+                ),
+            ]
+        )
+
+    text = verdict(table_with_comm(60.0))
+    assert "mirrored loses (0.73x central_storage)" in text
+    assert (
+        "its exposed all-reduce takes 60.0 ms of a 620.0 ms profiled step (10%), which "
+        "accounts for 60.0 ms of the 170.0 ms a step of 100 examples is behind "
+        "central_storage's rate; the rest is not attributed"
+    ) in text
+    text = verdict(table_with_comm(150.0))  # 150 of 170: most of the gap
+    assert "which accounts for most (88%) of the 170.0 ms a step of 100 examples" in text
+    assert "not attributed" not in text
+    text = verdict(table_with_comm(200.0))  # more than the gap: all of it
+    assert "which accounts for all of the 170.0 ms" in text
 
 
 def test_a_runner_up_within_the_round_spread_is_called_a_tie():
@@ -122,6 +163,33 @@ def test_a_runner_up_within_the_round_spread_is_called_a_tie():
     assert text.startswith("mirrored: 250 examples/s")  # one_device not there: no speed-up
     assert "central_storage is within the round-to-round spread" in text and "tie" in text
     assert speedup_note(table) == "no speed-up: one_device was not among the candidates"
+
+
+def test_every_loser_within_the_noise_is_a_tie_and_one_round_has_unknown_noise():
+    three = comparison_table(
+        [
+            row("mirrored", replicas=4, blocks=blocks(4.0, 4.4, 3.6)),  # 250 /s, spread 20%
+            row("central_storage", replicas=4, blocks=blocks(4.2, 4.2, 4.2)),  # 5% less
+            row("multi_worker_mirrored", replicas=4, blocks=blocks(4.4, 4.4, 4.4)),  # 10%
+            row("one_device", replicas=1, blocks=blocks(8, 8, 8)),  # 100% slower: a loss
+        ]
+    )
+    text = verdict(three)
+    assert "central_storage is within the round-to-round spread" in text
+    assert "multi_worker_mirrored is within the round-to-round spread" in text
+    assert "multi_worker_mirrored loses" not in text
+    assert "one_device loses (0.50x mirrored)" in text
+
+    once = comparison_table(
+        [
+            row("mirrored", replicas=4, blocks=blocks(4.0)),
+            row("central_storage", replicas=4, blocks=blocks(4.2)),
+        ]
+    )
+    assert once["spread_pct"].isna().all()  # one round measures no spread
+    text = verdict(once)
+    assert "central_storage loses" in text
+    assert "the round-to-round noise is unknown" in text and "rounds >= 2" in text
 
 
 def test_the_parameter_server_verdict_names_the_bytes_the_rate_and_the_share_of_the_step():
@@ -143,11 +211,49 @@ def test_the_parameter_server_verdict_names_the_bytes_the_rate_and_the_share_of_
             ),
         ]
     )
-    # 188e6 bytes x 8 bits in 1.5 s = 1.0027 Gbit/s.
+    # 188e6 bytes x 8 bits in 1.5 s = 1.0027 Gbit/s. A 100-example step: 600 ms here,
+    # 100 ms at mirrored's rate: 500 ms behind, which 1.5 s of waits more than cover.
     assert (
         "parameter_server loses (0.17x mirrored): the parameter servers move 2 × 94.0 MB per "
-        "step (from trace) at 1.00 Gbit/s: 1.50 s of a 1.70 s step"
+        "step (from trace) at 1.00 Gbit/s: 1.50 s of a 1.70 s profiled step, which accounts "
+        "for all of the 500.0 ms a step of 100 examples is behind mirrored's rate"
     ) in verdict(table)
+
+
+def test_central_storage_bytes_count_only_the_replicas_apart_from_the_variables():
+    from keras_dp_tools.tools.strategies.compare import _with_model_sizes
+
+    cpus = [f"/job:localhost/replica:0/task:0/device:CPU:{index}" for index in range(4)]
+    on_cpu = _with_model_sizes(
+        "central_storage",
+        {
+            "replicas": 4,
+            "variable_bytes": 1000,
+            "variable_device": cpus[0].lower(),
+            "replica_devices": cpus,
+        },
+        {"step_ms": 5.0},
+    )
+    # CPU:0 holds the variables and is replica 0's device: 3 replicas copy, 1000 B each way.
+    assert (on_cpu["read_bytes"], on_cpu["push_bytes"], on_cpu["bytes_per_step"]) == (
+        3000,
+        3000,
+        6000,
+    )
+    assert on_cpu["variable_on_replica"] and on_cpu["shared_memory"]
+    gpus = [f"/job:localhost/replica:0/task:0/device:GPU:{index}" for index in range(2)]
+    apart = _with_model_sizes(
+        "central_storage",
+        {
+            "replicas": 2,
+            "variable_bytes": 1000,
+            "variable_device": cpus[0],
+            "replica_devices": gpus,
+        },
+        {},
+    )
+    assert apart["bytes_per_step"] == 4000  # both GPUs read and push: 2 x 2 x 1000
+    assert not apart["variable_on_replica"] and not apart["shared_memory"]
 
 
 def test_one_or_no_measured_candidate_is_said_plainly():
@@ -189,12 +295,50 @@ def test_bad_arguments_are_refused_with_what_was_received(arguments, message, tm
     assert not any(tmp_path.iterdir())  # no trial started
 
 
-def test_the_command_refuses_unknown_strategies_as_a_usage_error(tmp_path, capsys):
+def test_the_command_refuses_what_the_api_refuses_as_a_usage_error(tmp_path, capsys):
     from keras_dp_tools.tools.cli import main
 
-    assert main(["compare-strategies", str(SCRIPT), "--strategies", "mirrored,ps"]) == 2
-    assert "unknown candidate(s) ['ps']; choose from one_device" in capsys.readouterr().err
+    def refused(*arguments):
+        status = main(["compare-strategies", str(SCRIPT), *arguments])
+        return status, capsys.readouterr().err
+
+    status, error = refused("--strategies", "mirrored,ps")
+    assert status == 2 and "candidate(s) ['ps']; choose from one_device" in error
+    status, error = refused("--strategies", "mirrored,mirrored")
+    assert status == 2 and "Each candidate once" in error
+    status, error = refused("--steps", "2", "--rounds", "3")
+    assert status == 2 and "fewer than rounds" in error
+    status, error = refused("--option", "mirrored.replicas=0")
+    assert status == 2 and "options['mirrored']['replicas'] must be a positive integer" in error
+    status, error = refused("--option", "replicas=2")
+    assert status == 2 and "--option CANDIDATE.KEY=VALUE" in error
     assert main(["compare-strategies", str(tmp_path / "missing.py")]) == 2
+
+
+def test_an_option_from_the_command_reaches_its_candidate(tmp_path, capsys):
+    from keras_dp_tools.tools.cli import main
+
+    # MirroredStrategy over 1 device is skipped before any process starts: nothing measured.
+    arguments = ["--strategies", "mirrored", "--option", "mirrored.replicas=1"]
+    status = main(["compare-strategies", str(SCRIPT), *arguments, "--log-dir", str(tmp_path)])
+    assert status == 1
+    assert "mirrored: skipped (MirroredStrategy over 1 device" in capsys.readouterr().out
+    assert read_comparison(tmp_path)["settings"]["options"]["mirrored"] == {"replicas": 1}
+
+
+def test_the_steps_that_ran_are_recorded_and_a_removed_folder_is_not_pointed_to():
+    result = compare_strategies(
+        f"{SCRIPT}:build_model",
+        f"{SCRIPT}:make_dataset",
+        ["mirrored"],
+        steps=10,
+        rounds=3,
+        options={"mirrored": {"replicas": 1}},  # skipped: no process starts
+        progress=None,
+    )
+    assert result.settings["steps"] == 9  # 3 rounds of 10 // 3 steps
+    assert result.settings["block_steps"] == 3
+    assert result.log_dir is None  # the temporary folder, removed: nothing failed
 
 
 def test_skip_reasons_name_what_is_missing(monkeypatch):
@@ -209,6 +353,20 @@ def test_skip_reasons_name_what_is_missing(monkeypatch):
     monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     for name, options in (("multi_worker_mirrored", {"workers": 2}), ("parameter_server", {})):
         assert "needs tf_keras" in candidates.skip_reason(name, options, cpu), name
+
+
+def test_a_model_compiled_with_steps_per_execution_is_refused_with_what_to_do(tf):
+    import keras
+
+    from keras_dp_tools.tools.strategies._strategy_trial import refuse_steps_per_execution
+    from keras_dp_tools.tools.tuning.child import ContractError
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse", steps_per_execution=3)
+    with pytest.raises(ContractError, match=r"steps_per_execution=3.*compile\(\) without it"):
+        refuse_steps_per_execution(model)
+    model.compile(optimizer="sgd", loss="mse")
+    refuse_steps_per_execution(model)  # 1: each step is timed
 
 
 # -- the record ---------------------------------------------------------------------------
@@ -281,7 +439,8 @@ def test_each_candidate_is_measured_and_the_verdict_names_the_fastest(tmp_path):
     lines = []
     result = compare_strategies(
         f"{SCRIPT}:build_model",
-        f"{SCRIPT}:make_dataset",
+        # Batched without drop_remainder: each epoch ends in a short batch, never trained.
+        f"{FAULTS}:make_dataset_with_a_remainder",
         MEASURED,
         per_replica_batch=PER_REPLICA_BATCH,
         steps=6,
@@ -299,7 +458,8 @@ def test_each_candidate_is_measured_and_the_verdict_names_the_fastest(tmp_path):
         ), (name, entry["reason"])
     measured = table[table["status"] == "measured"]
     assert {"one_device", "mirrored", "central_storage"} <= set(measured.index)
-    # Replicas as each child reported them (MWMS: 2 workers, 1 CPU each; PS: 2 workers).
+    # Replicas as each child reported them (MWMS: 2 workers, 1 CPU each; PS: 2 workers),
+    # and the examples each step of a round trained: 16 a replica, never a short batch.
     expected = {
         "one_device": 1,
         "mirrored": 4,
@@ -308,25 +468,33 @@ def test_each_candidate_is_measured_and_the_verdict_names_the_fastest(tmp_path):
         "parameter_server": 2,
     }
     assert measured["replicas"].to_dict() == {name: expected[name] for name in measured.index}
-    # The ranking follows each candidate's own rounds: medians of the per-round rates.
-    rates = {name: statistics.median(r) for name, r in measured["round_examples_per_s"].items()}
-    assert list(measured.index) == sorted(rates, key=rates.get, reverse=True)
+    assert measured["global_batch"].to_dict() == {
+        name: PER_REPLICA_BATCH * expected[name] for name in measured.index
+    }
+    # The verdict's numbers, recomputed here from each candidate's rounds' rates: the
+    # winner, its speed-up, each loser's ratio.
+    rates = {
+        name: statistics.median(entry["round_examples_per_s"])
+        for name, entry in measured.iterrows()
+    }
     fastest = max(rates, key=rates.get)
-    assert result.verdict.startswith(f"{fastest}: ")
     assert result.best == fastest and f"{candidates.LABELS[fastest]}(" in result.code
-    # Each round timed steps x per-replica batch x replicas examples (3 rounds: the median
-    # rate is the examples over the median time).
-    for _, entry in measured.iterrows():
-        global_batch = PER_REPLICA_BATCH * entry["replicas"]
-        assert entry["examples_per_s"] == pytest.approx(global_batch * 1000 / entry["step_ms"])
-    assert measured.loc["one_device", "speedup"] == pytest.approx(1.0)
+    if fastest != "one_device":
+        speedup = rates[fastest] / rates["one_device"]
+        assert result.verdict.startswith(f"{fastest}: {speedup:.2f}x one_device")
+    for name in rates:
+        if name != fastest and f"{name} loses" in result.verdict:
+            assert f"{name} loses ({rates[name] / rates[fastest]:.2f}x {fastest})" in (
+                result.verdict
+            )
     assert measured.loc["one_device", "comm_ms"] == 0.0  # one device: nothing to exchange
     assert measured.loc["mirrored", "comm_ms"] > 0
     assert measured.loc["mirrored", "bytes_source"] == "model sizes"
     # The model has 64x256+256 + 256x256+256 + 256+1 float32 parameters.
     model_bytes = 4 * (64 * 256 + 256 + 256 * 256 + 256 + 257)
     assert measured.loc["mirrored", "bytes_per_step"] == model_bytes
-    assert measured.loc["central_storage", "bytes_per_step"] == 2 * 4 * model_bytes
+    # Its variables sit on CPU:0, replica 0's device: 3 replicas read them and push back.
+    assert measured.loc["central_storage", "bytes_per_step"] == 2 * 3 * model_bytes
     assert np.isnan(measured.loc["central_storage", "comm_ms"])  # not attributable: said
     assert "not measured" in measured.loc["central_storage", "evidence_note"]
     assert any(line.startswith("round 3/3") for line in lines)

@@ -111,3 +111,22 @@ def test_devices_become_code_that_creates_them():
     assert _devices_expression(["/gpu:0", "/gpu:1"]) == "['/gpu:0', '/gpu:1']"
     with pytest.raises(ValueError, match="/cpu:0"):
         _devices_expression(["/cpu:1", "/cpu:3"])
+
+
+def test_a_candidate_that_failed_after_it_was_ready_keeps_its_cross_device_ops(tmp_path):
+    from keras_dp_tools.tools.tuning.allreduce import _outcome_rows
+    from keras_dp_tools.tools.tuning.rounds import Outcome
+
+    outcome = Outcome(
+        ready={"nccl": {"cross_device_ops": "NcclAllReduce", "replicas": 2}},
+        failures={"nccl": "RuntimeError: out of memory", "hierarchical_copy": "timed out"},
+    )
+    rows = {name: {"candidate": name} for name in ("nccl", "hierarchical_copy")}
+    _outcome_rows(rows, outcome, tmp_path)
+    assert rows["nccl"] == {
+        "candidate": "nccl",
+        "status": "failed",
+        "reason": "RuntimeError: out of memory",
+        "cross_device_ops": "NcclAllReduce",  # what it was ready with, before it failed
+    }
+    assert "cross_device_ops" not in rows["hierarchical_copy"]  # never ready: unknown

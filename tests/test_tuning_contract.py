@@ -8,7 +8,7 @@ import pytest
 
 from keras_dp_tools.tools.tuning.allreduce import tune_allreduce
 from keras_dp_tools.tools.tuning.batch_finder import find_per_replica_batch
-from keras_dp_tools.tools.tuning.child import dataset_spelling, trial_dataset
+from keras_dp_tools.tools.tuning.child import ContractError, dataset_spelling, trial_dataset
 from tests.helpers import REPO
 from tests.helpers.doc_blocks import python_block, run_example
 
@@ -62,6 +62,25 @@ def test_each_spelling_gives_batches_of_the_asked_size(make_dataset, spelling, t
 
 def test_without_a_batch_the_strategy_spelling_keeps_its_own_batches(tf, strategy1):
     assert first_batch(trial_dataset(by_strategy, strategy1)) == list(range(10))
+
+
+def test_a_partial_batch_is_never_trained_so_each_step_takes_the_global_batch(tf, strategy1):
+    # by_global_batch(16) batches 100 examples without drop_remainder: 6 x 16, then 4.
+    repeated = trial_dataset(by_global_batch, strategy1, 16).repeat()
+    batches = [batch.numpy().tolist() for batch in repeated.take(8)]
+    assert [len(batch) for batch in batches] == [16] * 8  # never the 4 at an epoch's end
+    assert batches[5][-1] == 95 and batches[6][0] == 0  # 96..99 dropped, then again
+
+
+def test_batches_of_another_size_than_the_global_batch_are_refused(tf, strategy1):
+    def fixed_eights(global_batch):  # ignores the batch it is asked for
+        return tf.data.Dataset.range(100).batch(8, drop_remainder=True)
+
+    message = r"batches of 8 examples.*asked for global_batch=16.*batch\(global_batch"
+    with pytest.raises(ContractError, match=message):
+        trial_dataset(fixed_eights, strategy1, 16)
+    # What the strategy spelling chooses is re-batched, not refused.
+    assert first_batch(trial_dataset(by_strategy, strategy1, 16)) == list(range(16))
 
 
 def test_a_dataset_that_is_not_a_tf_data_dataset_is_refused(tf, strategy1):

@@ -20,6 +20,7 @@ TABLE_COLUMNS = [
     "status",
     "reason",
     "replicas",
+    "global_batch",
     "examples_per_s",
     "spread_pct",
     "speedup",
@@ -60,8 +61,10 @@ def candidate_row(
     evidence = dict(evidence or {})
     rates = [block["examples"] / block["seconds"] for block in blocks or () if block["seconds"] > 0]
     step_times = [block["seconds"] / block["steps"] * 1000 for block in blocks or ()]
+    batches = [block["examples"] / block["steps"] for block in blocks or () if block["steps"]]
     examples_per_s = statistics.median(rates) if rates else math.nan
-    spread = (max(rates) - min(rates)) / examples_per_s * 100 if rates else math.nan
+    # One round measures no spread: NaN, and the verdict says the noise is unknown.
+    spread = (max(rates) - min(rates)) / examples_per_s * 100 if len(rates) > 1 else math.nan
     comm_ms = _number(evidence.get("comm_ms"))
     profiled_step_ms = _number(evidence.get("step_ms"))
     # Exposed communication over the profiled step it was measured in.
@@ -72,6 +75,7 @@ def candidate_row(
         "status": status,
         "reason": reason,
         "replicas": replicas,
+        "global_batch": statistics.median(batches) if batches else None,
         "examples_per_s": examples_per_s,
         "spread_pct": spread,
         "speedup": math.nan,
@@ -105,18 +109,22 @@ def comparison_table(rows: list[dict]) -> pd.DataFrame:
     table = table.assign(_order=table["status"].map(_STATUS_ORDER).fillna(3))
     table = table.sort_values(["_order", "examples_per_s"], ascending=[True, False])
     table = table.drop(columns="_order").reset_index(drop=True)
-    table["replicas"] = table["replicas"].astype("Int64")  # empty where not measured
+    for column in ("replicas", "global_batch"):  # empty where not measured
+        table[column] = pd.to_numeric(table[column]).round().astype("Int64")
     return table[[*TABLE_COLUMNS, "evidence"]]
 
 
 def table_from_record(record: dict) -> pd.DataFrame:
     """The table a ``strategy_comparison.json`` record holds
     (``keras_dp_tools.records.comparison``), typed as ``comparison_table`` returns it:
-    the numbers as float (NaN where the record has null), ``replicas`` as Int64."""
+    the numbers as float (NaN where the record has null), the counts as Int64 (a record
+    written before ``global_batch`` existed gets it empty)."""
     table = pd.DataFrame(record["table"], columns=None if record["table"] else TABLE_COLUMNS)
+    table = table.reindex(columns=[*TABLE_COLUMNS, *table.columns.difference(TABLE_COLUMNS)])
     for column in NUMBER_COLUMNS:
         table[column] = pd.to_numeric(table[column]).astype(float)
-    table["replicas"] = pd.to_numeric(table["replicas"]).astype("Int64")
+    for column in ("replicas", "global_batch"):
+        table[column] = pd.to_numeric(table[column]).astype("Int64")
     return table
 
 
@@ -156,11 +164,64 @@ def _moves(evidence: dict, bytes_per_step: float) -> str:
     return _mb(bytes_per_step)
 
 
+def _examples(row: pd.Series) -> str:
+    return f"{int(row['global_batch'])} examples" if pd.notna(row["global_batch"]) else "a step"
+
+
+def behind_ms(row: pd.Series, winner: pd.Series) -> float:
+    """How many ms a step of ``row`` takes longer than its examples take at ``winner``'s
+    rate: its global batch over its own rate, less over the winner's. Per example, not
+    per step, since the candidates' global batches differ (docs/strategies.md)."""
+    if pd.isna(row["global_batch"]) or not row["examples_per_s"] > 0:
+        return math.nan
+    return row["global_batch"] * 1000 * (1 / row["examples_per_s"] - 1 / winner["examples_per_s"])
+
+
+def _share_of_gap(row: pd.Series, winner: pd.Series) -> str:
+    """Whether the exposed communication ``comm_ms`` explains the gap to the winner:
+    the reason only when it covers most of it."""
+    gap = behind_ms(row, winner)
+    if not gap > 0 or pd.isna(row["comm_ms"]):
+        return ""
+    of_gap = f"of the {_ms(gap)} a step of {_examples(row)} is behind {winner['candidate']}'s rate"
+    covered = row["comm_ms"] / gap
+    if covered >= 1:
+        return f", which accounts for all {of_gap}"
+    if covered > 0.5:
+        return f", which accounts for most ({covered:.0%}) {of_gap}"
+    return f", which accounts for {_ms(row['comm_ms'])} {of_gap}; the rest is not attributed"
+
+
+def _central_storage(row: pd.Series, winner: pd.Series, evidence: dict, source: str) -> str:
+    # "/job:localhost/replica:0/task:0/device:CPU:0" -> "CPU:0"
+    where = str(evidence.get("variable_device") or "one device").rsplit("device:", 1)[-1]
+    if evidence.get("variable_on_replica"):
+        where += ", one of its replicas' devices (whose replica copies nothing)"
+    text = (
+        f"its variables live on {where}; the model's size implies up to "
+        f"{_moves(evidence, row['bytes_per_step'])} a step, if copied, to and from the "
+        f"replicas{source}"
+    )
+    if evidence.get("shared_memory"):
+        text += " (logical CPU devices hand tensors over in shared memory)"
+    if pd.notna(row["comm_ms"]):
+        return (
+            text + f": {_ms(row['comm_ms'])}{_of_profiled(evidence)}" + _share_of_gap(row, winner)
+        )
+    note = row["evidence_note"] if isinstance(row["evidence_note"], str) else None
+    return text + (f"; {note}" if note else "")
+
+
+def _of_profiled(evidence: dict) -> str:
+    step_ms = evidence.get("step_ms")
+    return f" of a {_ms(step_ms)} profiled step" if step_ms else ""
+
+
 def loss_reason(row: pd.Series, winner: pd.Series) -> str:
-    """The measured reason ``row`` is slower than ``winner``, from its own evidence."""
+    """Why ``row`` is slower than ``winner``, from its own evidence: its communication
+    is named the reason only where it covers most of the time a step is behind."""
     evidence = row["evidence"] if isinstance(row["evidence"], dict) else {}
     source = f" (from {row['bytes_source']})" if isinstance(row["bytes_source"], str) else ""
-    step_ms = evidence.get("step_ms", row["step_ms"])
     has_comm = pd.notna(row["comm_ms"])
     has_bytes = pd.notna(row["bytes_per_step"])
     if row["candidate"] == "parameter_server" and has_bytes:
@@ -168,30 +229,27 @@ def loss_reason(row: pd.Series, winner: pd.Series) -> str:
         text = f"the parameter servers move {moved} per step{source}"
         if has_comm and row["comm_ms"] > 0:
             gbits = row["bytes_per_step"] * 8 / (row["comm_ms"] / 1000) / 1e9
-            text += f" at {gbits:.2f} Gbit/s: {_ms(row['comm_ms'])} of a {_ms(step_ms)} step"
+            text += f" at {gbits:.2f} Gbit/s: {_ms(row['comm_ms'])}{_of_profiled(evidence)}"
+            text += _share_of_gap(row, winner)
         return text
     if row["candidate"] == "central_storage" and has_bytes:
-        # "/job:localhost/replica:0/task:0/device:CPU:0" -> "CPU:0"
-        where = str(evidence.get("variable_device") or "one device").rsplit("device:", 1)[-1]
-        text = (
-            f"its variables live on {where} and each step moves "
-            f"{_moves(evidence, row['bytes_per_step'])} to and from the replicas{source}"
-        )
-        if has_comm:
-            return text + f": {_ms(row['comm_ms'])} of a {_ms(step_ms)} step"
-        note = row["evidence_note"] if isinstance(row["evidence_note"], str) else None
-        return text + (f"; {note}" if note else "")
+        return _central_storage(row, winner, evidence, source)
     if row["candidate"] == BASELINE:
-        return (
-            f"it has 1 replica against {int(winner['replicas'])}, and no communication to save"
-            if pd.notna(winner["replicas"]) and winner["replicas"] > 1
-            else "it has no communication to save"
-        )
+        # Its batch and step against the winner's, as measured: on CPU the winner's
+        # "replicas" are logical devices sharing the same cores.
+        if pd.notna(row["global_batch"]) and pd.notna(winner["global_batch"]):
+            return (
+                f"it trains {_examples(row)} a step in {_ms(row['step_ms'])}, "
+                f"{winner['candidate']} {int(winner['global_batch'])} in "
+                f"{_ms(winner['step_ms'])}; it has no communication to save"
+            )
+        return "it has no communication to save"
     if has_comm:
         share = f" ({row['comm_share']:.0%})" if pd.notna(row["comm_share"]) else ""
+        size = f", {_mb(row['bytes_per_step'])} a step{source}" if has_bytes else ""
         return (
-            f"its exposed all-reduce takes {_ms(row['comm_ms'])} of a {_ms(step_ms)} "
-            f"step{share}" + (f", {_mb(row['bytes_per_step'])} a step{source}" if has_bytes else "")
+            f"its exposed all-reduce takes {_ms(row['comm_ms'])}{_of_profiled(evidence)}"
+            f"{share}{size}{_share_of_gap(row, winner)}"
         )
     note = row["evidence_note"]
     return (
@@ -202,8 +260,9 @@ def loss_reason(row: pd.Series, winner: pd.Series) -> str:
 
 
 def verdict(table: pd.DataFrame) -> str:
-    """The comparison in one or two sentences: the winner against one device, a tie
-    when the runner-up is within the round-to-round spread, and each loser's reason."""
+    """The comparison in one or two sentences: the winner against one device, a tie for
+    each candidate within the round-to-round spread of the winner, and each loser's
+    measured reason."""
     measured = table[table["status"] == "measured"].dropna(subset=["examples_per_s"])
     measured = measured.sort_values("examples_per_s", ascending=False)
     missing = table[table["status"] != "measured"]
@@ -220,27 +279,27 @@ def verdict(table: pd.DataFrame) -> str:
         if pd.notna(winner["speedup"]) and winner["candidate"] != BASELINE
         else f"{winner['candidate']}: {rate}"
     )
-    runner_up = measured.iloc[1]
-    gain_pct = (winner["examples_per_s"] / runner_up["examples_per_s"] - 1) * 100
-    noise = max(_spread(winner), _spread(runner_up))
     parts = [head]
-    if gain_pct <= noise:
-        parts.append(
-            f"{runner_up['candidate']} is within the round-to-round spread "
-            f"({winner['candidate']} is {gain_pct:.0f}% faster, rounds spread up to "
-            f"{noise:.0f}%): treat the two as a tie"
-        )
-        losers = measured.iloc[2:]
-    else:
-        losers = measured.iloc[1:]
-    for _, row in losers.iterrows():
+    for _, row in measured.iloc[1:].iterrows():
+        gain_pct = (winner["examples_per_s"] / row["examples_per_s"] - 1) * 100
+        spreads = (winner["spread_pct"], row["spread_pct"])
+        noise = math.nan if any(pd.isna(s) for s in spreads) else max(spreads)  # NaN: unknown
+        if gain_pct <= noise:
+            parts.append(
+                f"{row['candidate']} is within the round-to-round spread "
+                f"({winner['candidate']} is {gain_pct:.0f}% faster, rounds spread up to "
+                f"{noise:.0f}%): treat the two as a tie"
+            )
+            continue
         ratio = row["examples_per_s"] / winner["examples_per_s"]
         parts.append(
             f"{row['candidate']} loses ({ratio:.2f}x {winner['candidate']}): "
             f"{loss_reason(row, winner)}"
         )
-    return "; ".join(parts) + "." + tail
-
-
-def _spread(row: pd.Series) -> float:
-    return float(row["spread_pct"]) if pd.notna(row["spread_pct"]) else 0.0
+    text = "; ".join(parts) + "."
+    if measured["spread_pct"].isna().any():
+        text += (
+            " With one round, the round-to-round noise is unknown: a small gap may be "
+            "noise (rounds >= 2 measure it)."
+        )
+    return text + tail

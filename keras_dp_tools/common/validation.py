@@ -6,11 +6,12 @@ from __future__ import annotations
 import numbers
 
 
-def require_positive_int(name: str, value) -> int:
-    """``value`` as an int if it is a positive integer, else a ValueError naming it."""
+def require_positive_int(name: str, value, error: type[ValueError] = ValueError) -> int:
+    """``value`` as an int if it is a positive integer, else a ValueError (``error``, a
+    subclass of it) naming it."""
     if isinstance(value, numbers.Integral) and not isinstance(value, bool) and value >= 1:
         return int(value)
-    raise ValueError(f"{name} must be a positive integer, received {value!r}.")
+    raise error(f"{name} must be a positive integer, received {value!r}.")
 
 
 def require_positive_number(name: str, value) -> float:

@@ -53,6 +53,7 @@ DISPLAY_FIELDS = {
     "label": SummaryField("Strategy", "", str),
     "status": SummaryField("Status", "", str),
     "replicas": SummaryField("Replicas", "", count_text),
+    "global_batch": SummaryField("Global batch", "examples", count_text),
     "examples_per_s": SummaryField("Examples/s", "", number_text),  # median over rounds
     "spread_pct": SummaryField("± spread", "%", number_text),  # the rounds' range / median
     "speedup": SummaryField("Speed-up", f"x {analysis.BASELINE}", lambda value: f"{value:.2f}"),

@@ -282,6 +282,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=600,
         help="seconds a candidate may take to start, profile or run one round (600)",
     )
+    compare.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="CANDIDATE.KEY=VALUE",
+        help="a candidate's option, e.g. multi_worker_mirrored.workers=2 (repeatable)",
+    )
     add_log_dir_option(compare, "keep records, logs and strategy_comparison.json here")
     add_format_option(
         compare, "text: table, verdict and code; json: the comparison record; csv: the table"
@@ -484,34 +491,50 @@ def run_tune_allreduce_command(args: argparse.Namespace) -> int:
     return 0 if result.best else 1
 
 
+def candidate_options(settings: list[str]) -> dict[str, dict]:
+    """``--option CANDIDATE.KEY=VALUE`` settings as ``compare_strategies``' options; a
+    VALUE that reads as JSON (``2``, ``true``, ``{...}``) is taken as such, else as text."""
+    options: dict[str, dict] = {}
+    for setting in settings:
+        target, equals, text = setting.partition("=")
+        candidate, dot, key = target.partition(".")
+        if not (equals and dot and candidate and key):
+            raise UsageError(
+                f"--option CANDIDATE.KEY=VALUE, e.g. multi_worker_mirrored.workers=2; "
+                f"received {setting!r}."
+            )
+        try:
+            value = json.loads(text)
+        except ValueError:
+            value = text
+        options.setdefault(candidate.strip(), {})[key.strip()] = value
+    return options
+
+
 def run_compare_strategies_command(args: argparse.Namespace) -> int:
-    from keras_dp_tools.tools.strategies.candidates import NAMES
-    from keras_dp_tools.tools.strategies.compare import compare_strategies
+    from keras_dp_tools.tools.strategies.compare import (
+        ComparisonArgumentError,
+        compare_strategies,
+    )
 
     script = _script_path(args.script)
-    names = None
-    if args.strategies is not None:
-        names = [name.strip() for name in args.strategies.split(",") if name.strip()]
-        unknown = [name for name in names if name not in NAMES]
-        if unknown or not names:
-            raise UsageError(
-                f"--strategies: unknown candidate(s) {unknown or args.strategies!r}; choose "
-                f"from {', '.join(NAMES)}."
-            )
-    if args.steps < args.rounds:
-        raise UsageError(f"--steps {args.steps} is fewer than --rounds {args.rounds}.")
+    names = None if args.strategies is None else args.strategies.split(",")
     lines = _text_stream(args)
-    result = compare_strategies(
-        f"{script}:build_model",
-        f"{script}:make_dataset",
-        names,
-        per_replica_batch=args.per_replica_batch,
-        steps=args.steps,
-        rounds=args.rounds,
-        log_dir=args.log_dir,
-        timeout=args.timeout,
-        progress=lambda line: print(line, file=lines, flush=True),
-    )
+    try:
+        result = compare_strategies(
+            f"{script}:build_model",
+            f"{script}:make_dataset",
+            names,
+            per_replica_batch=args.per_replica_batch,
+            steps=args.steps,
+            rounds=args.rounds,
+            options=candidate_options(args.option),
+            log_dir=args.log_dir,
+            timeout=args.timeout,
+            progress=lambda line: print(line, file=lines, flush=True),
+        )
+    except ComparisonArgumentError as error:  # the API's checks are the command's
+        raise UsageError(str(error)) from None
     if args.format == "json":
         print(json.dumps(result.record, indent=2))
     elif args.format == "csv":

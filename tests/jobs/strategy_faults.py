@@ -1,7 +1,7 @@
 """Functions for compare_strategies' bad-input test, imported by its trial processes:
 a build_model that raises under CentralStorageStrategy, a make_dataset that never
-returns for a lone replica (one_device), and one that breaks the contract. Otherwise the
-example script's model and data."""
+returns for a lone replica (one_device), one that breaks the contract, and one whose last
+batch is short. Otherwise the example script's model and data."""
 
 import time
 from pathlib import Path
@@ -26,3 +26,12 @@ def make_dataset(strategy):
 
 def make_dataset_of_examples(examples):  # neither global_batch nor strategy
     raise AssertionError("never called: the contract is checked first")
+
+
+def make_dataset_with_a_remainder(global_batch):
+    """The example's data, batched without drop_remainder: 8 whole batches and one of 3."""
+    import numpy as np
+    import tensorflow as tf
+
+    x = np.random.default_rng(0).normal(size=(global_batch * 8 + 3, 64)).astype("float32")
+    return tf.data.Dataset.from_tensor_slices((x, x.sum(axis=1, keepdims=True))).batch(global_batch)

@@ -16,6 +16,7 @@ import os
 import time
 
 from keras_dp_tools.tools.tuning.child import (
+    ContractError,
     load_function,
     require_tf_keras,
     serve,
@@ -38,8 +39,27 @@ def _iterations() -> int:
     return int(np.asarray(_state["model"].optimizer.iterations))
 
 
+def refuse_steps_per_execution(model) -> None:
+    """A ContractError for a model compiled with ``steps_per_execution`` > 1: Keras then
+    calls the step hooks once per execution, and the rounds are timed between step ends."""
+    import numpy as np
+
+    value = getattr(model, "steps_per_execution", None)
+    if value is None:  # tf_keras keeps a variable
+        value = getattr(model, "_steps_per_execution", None)
+    steps = 1 if value is None else int(np.asarray(value))
+    if steps > 1:
+        raise ContractError(
+            f"build_model compiled the model with steps_per_execution={steps}: the "
+            "comparison times each step between step ends, which Keras reports once per "
+            f"{steps} steps then. Call compile() without it in the build_model you compare "
+            "(steps_per_execution=1)."
+        )
+
+
 def _set_up(spec: dict) -> dict:
     strategy, model = strategy_and_model(spec)
+    refuse_steps_per_execution(model)
     if spec["candidate"] == "multi_worker_mirrored":
         require_tf_keras(model, "MultiWorkerMirroredStrategy (keras-team/keras#20585)")
     global_batch = spec["per_replica_batch"] * strategy.num_replicas_in_sync
@@ -59,6 +79,7 @@ def _set_up(spec: dict) -> dict:
         "keras": type(model).__module__.split(".")[0],
         "variable_bytes": _variable_bytes(model),
         "variable_device": _variable_device(model),
+        "replica_devices": list(strategy.extended.worker_devices),
     }
 
 

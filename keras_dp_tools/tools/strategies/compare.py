@@ -45,6 +45,12 @@ SHOWN_COLUMNS = [
 ]
 
 
+class ComparisonArgumentError(ValueError):
+    """An argument of ``compare_strategies`` it cannot run with (unknown or repeated
+    candidates, options, steps, rounds, batch, timeout): raised before any trial
+    starts; ``keras-dp compare-strategies`` exits 2 on it, as on its own usage errors."""
+
+
 @dataclass
 class StrategyComparison:
     """The result of ``compare_strategies`` (also ``StrategyComparison.load(log_dir)``).
@@ -61,7 +67,9 @@ class StrategyComparison:
         best: the measured candidate with the most examples per second (None if none).
         code: Python lines that build the best candidate's strategy.
         verdict: the winner, and the measured reason each other candidate loses.
-        log_dir: where the candidates' records, traces, logs and the comparison record are.
+        log_dir: where the candidates' records, traces, logs and the comparison record are;
+            None when no ``log_dir`` was given and nothing failed (the temporary folder
+            is removed).
         codes: every candidate's code.
         settings: steps, rounds, per-replica batch, options of the comparison.
         record: the ``strategy_comparison.json`` record (``keras-dp compare-strategies
@@ -72,7 +80,7 @@ class StrategyComparison:
     best: str | None
     code: str | None
     verdict: str
-    log_dir: Path
+    log_dir: Path | None
     codes: dict = field(default_factory=dict, repr=False)
     settings: dict = field(default_factory=dict, repr=False)
     record: dict = field(default_factory=dict, repr=False)
@@ -115,7 +123,7 @@ class StrategyComparison:
         return cls.from_record(record, Path(log_dir))
 
     @classmethod
-    def from_record(cls, record: dict, log_dir: Path) -> StrategyComparison:
+    def from_record(cls, record: dict, log_dir: Path | None) -> StrategyComparison:
         """The comparison a ``strategy_comparison.json`` record holds (one reading for
         a fresh result and a loaded one)."""
         table = analysis.table_from_record(record)
@@ -125,7 +133,7 @@ class StrategyComparison:
             best=record.get("best"),
             code=record.get("code"),
             verdict=record.get("verdict", ""),
-            log_dir=Path(log_dir),
+            log_dir=None if log_dir is None else Path(log_dir),
             codes=settings.get("codes", {}),
             settings=settings,
             record=record,
@@ -152,12 +160,12 @@ def _names(strategies) -> list[str]:
     names = list(registry.NAMES) if strategies is None else [str(s).strip() for s in strategies]
     unknown = [name for name in names if name not in registry.NAMES]
     if unknown or not names:
-        raise ValueError(
+        raise ComparisonArgumentError(
             f"Unknown strategy candidate(s) {unknown or names!r}; choose from "
             f"{', '.join(registry.NAMES)}."
         )
     if len(set(names)) != len(names):
-        raise ValueError(f"Each candidate once, please; received {names!r}.")
+        raise ComparisonArgumentError(f"Each candidate once, please; received {names!r}.")
     return names
 
 
@@ -172,13 +180,17 @@ def _options(names: list[str], options, machine) -> dict[str, dict]:
         )
     unknown = [name for name in options if name not in names]
     if unknown:
-        raise ValueError(f"options for {unknown!r}, which are not among the candidates {names!r}.")
+        raise ComparisonArgumentError(
+            f"options for {unknown!r}, which are not among the candidates {names!r}."
+        )
     merged = {}
     for name in names:
         merged[name] = {**registry.default_options(name, machine), **options.get(name, {})}
         for key in ("replicas", "workers"):
             if key in merged[name]:
-                require_positive_int(f"options[{name!r}][{key!r}]", merged[name][key])
+                require_positive_int(
+                    f"options[{name!r}][{key!r}]", merged[name][key], ComparisonArgumentError
+                )
     return merged
 
 
@@ -246,7 +258,8 @@ def compare_strategies(
             re-batched to the global batch (see docs/tuning.md).
         strategies: candidate names (default: all of them).
         per_replica_batch: examples per replica per step, the same for every candidate.
-        steps: timed steps per candidate, spread over ``rounds`` blocks.
+        steps: timed steps per candidate, spread over ``rounds`` blocks of
+            ``steps // rounds`` (the record's ``settings["steps"]`` are those that ran).
         rounds: blocks of steps per candidate, taken in turns with the others.
         options: candidate name -> its options: ``{"replicas": n}`` for mirrored and
             central_storage, ``{"workers": n}`` for multi_worker_mirrored, the
@@ -259,13 +272,17 @@ def compare_strategies(
     Returns:
         A ``StrategyComparison`` with ``.table``, ``.best``, ``.code`` and ``.verdict``.
     """
-    steps = require_positive_int("steps", steps)
-    rounds = require_positive_int("rounds", rounds)
-    per_replica_batch = require_positive_int("per_replica_batch", per_replica_batch)
+    steps = require_positive_int("steps", steps, ComparisonArgumentError)
+    rounds = require_positive_int("rounds", rounds, ComparisonArgumentError)
+    per_replica_batch = require_positive_int(
+        "per_replica_batch", per_replica_batch, ComparisonArgumentError
+    )
     if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        raise ValueError(f"timeout must be a positive number of seconds, received {timeout!r}.")
+        raise ComparisonArgumentError(
+            f"timeout must be a positive number of seconds, received {timeout!r}."
+        )
     if steps < rounds:
-        raise ValueError(
+        raise ComparisonArgumentError(
             f"steps={steps} is fewer than rounds={rounds}: each round needs at least one step."
         )
     names = _names(strategies)
@@ -281,6 +298,8 @@ def compare_strategies(
     temporary = log_dir is None
     root = Path(tempfile.mkdtemp(prefix="kdt-strategies-") if temporary else log_dir)
     block = steps // rounds
+    if block * rounds != steps:
+        say(f"steps={steps} in {rounds} rounds: {block} a round, {block * rounds} in all")
 
     skipped, codes, launches = {}, {}, {}
     for name in names:
@@ -339,7 +358,7 @@ def compare_strategies(
     settings = {
         "strategies": names,
         "per_replica_batch": per_replica_batch,
-        "steps": steps,
+        "steps": block * rounds,  # what ran: steps rounded down to whole rounds
         "rounds": rounds,
         "block_steps": block,
         "timeout": timeout,
@@ -362,25 +381,38 @@ def compare_strategies(
     write_comparison(root, record)
     if temporary and not outcome.failures:
         shutil.rmtree(root, ignore_errors=True)
+        root = None  # nothing left to point to
     return StrategyComparison.from_record(record, root)
+
+
+def _device_name(device: str) -> str:
+    """ "/job:localhost/replica:0/task:0/device:CPU:0" -> "CPU:0"."""
+    return str(device).rsplit("device:", 1)[-1].upper()
 
 
 def _with_model_sizes(name: str, ready: dict, evidence: dict) -> dict:
     """Central storage moves no all-reduce our breakdown can see: the replicas read the
     variables from, and push their gradients to, the device that holds them. Where the
-    trace gives no bytes, they come from the model's sizes (and say so)."""
+    trace gives no bytes, the model's sizes give what such copies would move (and say
+    so): every replica's, but for the replica on the variables' device, which copies
+    nothing; on logical CPU devices (``shared_memory``) hand-offs need not copy at all."""
     if name != "central_storage" or "bytes_per_step" in evidence:
         return evidence
     variable_bytes = ready.get("variable_bytes")
     if not variable_bytes:
         return evidence
-    replicas = ready["replicas"]
-    evidence = {
+    variable_device = ready.get("variable_device")
+    replica_devices = [_device_name(device) for device in ready.get("replica_devices") or ()]
+    on_replica = bool(variable_device) and _device_name(variable_device) in replica_devices
+    copying = ready["replicas"] - 1 if on_replica else ready["replicas"]
+    return {
         **evidence,
-        "read_bytes": variable_bytes * replicas,
-        "push_bytes": variable_bytes * replicas,
-        "bytes_per_step": 2 * variable_bytes * replicas,
+        "read_bytes": variable_bytes * copying,
+        "push_bytes": variable_bytes * copying,
+        "bytes_per_step": 2 * variable_bytes * copying,
         "bytes_source": "model sizes",
-        "variable_device": ready.get("variable_device", "one device"),
+        "variable_device": variable_device or "one device",
+        "variable_on_replica": on_replica,
+        "shared_memory": bool(replica_devices)
+        and all(device.startswith("CPU") for device in replica_devices),
     }
-    return evidence

@@ -27,7 +27,13 @@ from keras_dp_tools.tools.tuning.child import (
     function_reference,
     refuse_inside_a_trial,
 )
-from keras_dp_tools.tools.tuning.rounds import WARMUP_STEPS, Launch, result_text, run_in_rounds
+from keras_dp_tools.tools.tuning.rounds import (
+    WARMUP_STEPS,
+    Launch,
+    Outcome,
+    result_text,
+    run_in_rounds,
+)
 
 TABLE_COLUMNS = [
     "candidate",
@@ -325,15 +331,7 @@ def tune_allreduce(
             f"ready ({ready['cross_device_ops']}, {ready['replicas']} replicas)"
         ),
     )
-    for name, reason in outcome.failures.items():
-        rows[name].update(status="failed", reason=reason)
-    for name in outcome.measured:
-        blocks = [(answer["first_step"], answer["last_step"]) for answer in outcome.blocks[name]]
-        rows[name].update(
-            _measure(root / name, blocks),
-            status="measured",
-            cross_device_ops=outcome.ready[name]["cross_device_ops"],
-        )
+    _outcome_rows(rows, outcome, root)
     table = pd.DataFrame(list(rows.values())).reindex(columns=TABLE_COLUMNS)
     order = {"measured": 0, "failed": 1, "skipped": 2}
     table = table.sort_values(
@@ -354,6 +352,22 @@ def tune_allreduce(
         log_dir=root,
         codes=codes,
     )
+
+
+def _outcome_rows(rows: dict[str, dict], outcome: Outcome, root: Path) -> None:
+    """Each run candidate's row: measured (from its records), or failed with the reason,
+    with the cross-device ops it was ready with, if it got that far."""
+    for name, reason in outcome.failures.items():
+        rows[name].update(status="failed", reason=reason)
+        if name in outcome.ready:
+            rows[name]["cross_device_ops"] = outcome.ready[name]["cross_device_ops"]
+    for name in outcome.measured:
+        blocks = [(answer["first_step"], answer["last_step"]) for answer in outcome.blocks[name]]
+        rows[name].update(
+            _measure(root / name, blocks),
+            status="measured",
+            cross_device_ops=outcome.ready[name]["cross_device_ops"],
+        )
 
 
 def _measure(log_dir: Path, blocks: list[tuple[int, int]]) -> dict:

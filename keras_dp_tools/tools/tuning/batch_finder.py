@@ -207,6 +207,9 @@ def find_per_replica_batch(
                 raise ContractError(str(error)) from None
             answer = {"fits": False, "reason": _failure_reason(child, error)}
             unexpected = unexpected or "ceiling" not in answer["reason"]
+        except BaseException:  # Ctrl-C: its SIGINT does not reach the trial's own session
+            child.close(timeout=0)
+            raise
         finally:
             child.close(timeout=10)
         learning_rate = answer.get("learning_rate", learning_rate)

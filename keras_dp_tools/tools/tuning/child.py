@@ -27,6 +27,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 from keras_dp_tools.records.contract import TRIAL_PROCESS_ENV
@@ -138,9 +139,40 @@ def trial_dataset(make_dataset, strategy, global_batch: int | None = None):
             f"make_dataset must return a tf.data.Dataset of global batches, returned "
             f"{type(dataset).__name__}."
         )
-    if spelling == "strategy" and global_batch is not None:
-        dataset = dataset.unbatch().batch(global_batch, drop_remainder=True)
-    return dataset
+    if global_batch is None:
+        return dataset
+    if spelling == "strategy":
+        return dataset.unbatch().batch(global_batch, drop_remainder=True)
+    return whole_batches(dataset, global_batch)
+
+
+def whole_batches(dataset, global_batch: int):
+    """``dataset`` (of ``make_dataset(global_batch)``) with every batch of
+    ``global_batch`` examples, so that a trial's examples are its steps x the global
+    batch: a batch size TensorFlow cannot fix in advance (``.batch(n)`` without
+    ``drop_remainder``: the last batch of an epoch may be short) is re-batched with
+    ``drop_remainder=True``; a fixed size other than ``global_batch`` is refused."""
+    import tensorflow as tf
+
+    sizes = {
+        spec.shape[0] if spec.shape.rank else "no batch dimension"
+        for spec in tf.nest.flatten(dataset.element_spec)
+    }
+    if sizes == {global_batch}:
+        return dataset
+    if sizes <= {global_batch, None}:
+        return dataset.unbatch().batch(global_batch, drop_remainder=True)
+    received = (
+        "unbatched examples"
+        if "no batch dimension" in sizes
+        else f"batches of {', '.join(sorted(str(size) for size in sizes))} examples"
+    )
+    raise ContractError(
+        f"make_dataset(global_batch) returned {received}, asked for "
+        f"global_batch={global_batch}: return dataset.batch(global_batch, "
+        "drop_remainder=True), the batch size it is given (every step then trains "
+        "global_batch examples, which the measured rates count)."
+    )
 
 
 def strategy_and_model(spec: dict):
@@ -275,7 +307,7 @@ class Child:
         except queue.Empty:
             raise ChildTimedOut(f"timed out after {timeout:.0f} s") from None
         if answer is None:
-            raise ChildFailed(self.exit_reason(self.process.wait()))
+            raise ChildFailed(self.exit_reason(self._exit_code()))
         if answer.get("error"):
             raise ChildFailed(answer["error"], contract=bool(answer.get("contract")))
         return answer
@@ -286,7 +318,7 @@ class Child:
             self.process.stdin.write(json.dumps(command) + "\n")
             self.process.stdin.flush()
         except (BrokenPipeError, OSError):
-            raise ChildFailed(self.exit_reason(self.process.wait())) from None
+            raise ChildFailed(self.exit_reason(self._exit_code())) from None
 
     def request(self, command: dict, timeout: float | None = None) -> dict:
         self.send(command)
@@ -313,20 +345,75 @@ class Child:
         text = self.log_path.read_text(encoding="utf-8", errors="replace").strip()
         return " | ".join(text.splitlines()[-lines:]) or "(no output)"
 
-    def close(self, timeout: float = 30):
-        """Closes the child's stdin (its cue to end) and waits ``timeout`` seconds for it
-        to exit, then kills its whole process group (it and what it started)."""
-        if self.process.poll() is None:
+    def _exit_code(self) -> int:
+        """The exit status of a child that is ending: once it exits, what it started is
+        killed (its group, before reaping it: a reaped pid may be reused), then it is reaped."""
+        self._exited(None)
+        self.kill()
+        return self.process.wait()
+
+    def _exited(self, timeout: float | None) -> bool:
+        """Whether the child exited within ``timeout`` seconds (None: no limit), without
+        reaping it (``waitid`` with ``WNOWAIT``)."""
+        if self.process.returncode is not None:
+            return True
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
             try:
-                self.process.stdin.close()
-                self.process.wait(timeout=timeout)
-            except (OSError, subprocess.TimeoutExpired):
-                pass
-        # Its own children too, even when it exited first.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+                found = os.waitid(os.P_PID, self.process.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:  # reaped elsewhere
+                return True
+            if found is not None:
+                return True
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
+    def stop(self, timeout: float = 30) -> None:
+        """Closes the child's stdin (its cue to end) and gives it ``timeout`` seconds to
+        exit; ``kill`` then stops what is left."""
+        if self.process.returncode is not None or timeout <= 0:
+            return
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
+        self._exited(timeout)
+
+    def kill(self) -> None:
+        """SIGKILL to the child's whole process group (it and what it started), before
+        the child is reaped, so that the group id is still the child's."""
+        if self.process.returncode is None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+
+    def reap(self) -> None:
+        """Waits for the killed child to exit and closes its log."""
         self.process.wait()
+        with contextlib.suppress(OSError):
+            self.process.stdin.close()
         self._log.close()
+
+    def close(self, timeout: float = 30):
+        """Closes the child's stdin (its cue to end), waits ``timeout`` seconds for it to
+        exit, then kills its whole process group (it and what it started). The kill runs
+        even when the wait is interrupted (a second Ctrl-C)."""
+        close_children([self], timeout)
+
+
+def close_children(children: list[Child], timeout: float = 30) -> None:
+    """Ends every child: a ``timeout`` of grace for all together (0: none), then SIGKILL to
+    every process group before any is reaped, so that an interrupt during the grace or the
+    reaping leaves no process running."""
+    try:
+        deadline = time.monotonic() + timeout
+        for child in children:
+            child.stop(max(0.0, deadline - time.monotonic()) if timeout > 0 else 0)
+    finally:
+        try:
+            for child in children:
+                child.kill()
+        finally:
+            for child in children:
+                child.reap()
 
 
 def serve(handle_spec, handle_command=None):

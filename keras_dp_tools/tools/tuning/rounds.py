@@ -16,15 +16,27 @@ candidate's.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from keras_dp_tools.tools.tuning.child import Child, ChildFailed, ChildTimedOut, ContractError
+from keras_dp_tools.tools.tuning.child import (
+    Child,
+    ChildFailed,
+    ChildTimedOut,
+    ContractError,
+    close_children,
+)
 
 WARMUP_STEPS = 3  # steps each child trains before anything is measured (its "warmup_steps")
 PROFILE_STEPS = 3  # profiled steps per candidate
+# Every candidate's processes start together: TensorFlow's default of mapping nearly all
+# of a GPU's memory in the first process would leave the others none. (A trial's own
+# processes, such as parameter servers, inherit it.)
+SHARED_GPU_ENV = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+_POLL_SECONDS = 0.05  # how often a group's processes are looked at in turn
 
 
 @dataclass(frozen=True)
@@ -45,21 +57,28 @@ class Group:
         self.children: list[Child] = []
         try:
             for launch in launches:
-                self.children.append(Child(launch.module, launch.spec, launch.log_path, launch.env))
+                env = {**SHARED_GPU_ENV, **(launch.env or {})}
+                self.children.append(Child(launch.module, launch.spec, launch.log_path, env))
         except BaseException:
             self.close(timeout=0)
             raise
 
     def _answers(self, timeout: float | None) -> dict:
-        """Every process's next answer within ``timeout`` (all together); the first's."""
+        """Every process's next answer within ``timeout`` (all together); the first's.
+        All are watched at once: the first to fail fails the group with its own error
+        (worker 0 of a multi-worker strategy waits forever for a peer that failed)."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        answers = []
-        for child in self.children:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            try:
-                answers.append(child.wait(left))
-            except ChildTimedOut:  # said for the whole group's time, not what was left
-                raise ChildTimedOut(f"timed out after {timeout:.0f} s") from None
+        answers: dict[int, dict] = {}
+        while len(answers) < len(self.children):
+            for index, child in enumerate(self.children):
+                if index not in answers:
+                    with contextlib.suppress(ChildTimedOut):
+                        answers[index] = child.wait(0)
+            if len(answers) == len(self.children):
+                break
+            if deadline is not None and time.monotonic() >= deadline:
+                raise ChildTimedOut(f"timed out after {timeout:.0f} s")
+            time.sleep(_POLL_SECONDS)
         return answers[0]
 
     def wait(self, timeout: float | None = None) -> dict:
@@ -71,8 +90,7 @@ class Group:
         return self._answers(timeout)
 
     def close(self, timeout: float = 30) -> None:
-        for child in self.children:
-            child.close(timeout)
+        close_children(self.children, timeout)
 
 
 @dataclass
@@ -117,6 +135,7 @@ def run_in_rounds(
     """
     outcome = Outcome()
     groups: dict[str, Group] = {}
+    finished = False
 
     def fail(name: str, error: Exception) -> None:
         outcome.failures[name] = str(error)[-500:]
@@ -154,9 +173,14 @@ def run_in_rounds(
                     outcome.blocks[name].append(groups[name].request({"time": block}, timeout))
                 except ChildFailed as error:
                     fail(name, error)
+        finished = True
     finally:
-        for group in groups.values():
-            group.close()
+        # Done: each gets its grace to end. Failed or interrupted (Ctrl-C, whose SIGINT
+        # does not reach the trials' own sessions): every process is killed at once.
+        close_children(
+            [child for group in groups.values() for child in group.children],
+            timeout=30 if finished else 0,
+        )
     return outcome
 
 
