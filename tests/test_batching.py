@@ -213,6 +213,63 @@ def test_a_pass_places_its_smaller_last_batch_only_when_nothing_reorders_batches
     assert walk_batch(data.batch(64, drop_remainder=True))[0].pass_batches is None
 
 
+def _slow_full_batches(tf, batch):
+    """A map that takes 20 ms over a full batch of 64 and no time over a smaller one, so
+    a parallel map free to reorder hands the smaller batch on early."""
+
+    def wait(values):
+        time.sleep(0.02 if len(values) == 64 else 0)
+        return values
+
+    return tf.numpy_function(wait, [batch], tf.int64)
+
+
+def _arrival_of_the_smaller_batch(dataset) -> int:
+    return [len(batch) for batch in dataset].index(40)
+
+
+def test_a_parallel_map_free_to_reorder_does_not_place_the_smaller_batch(tf, data):
+    """1,000 by 64: the batch of 40 is the 16th (index 15) only while order is kept."""
+    free = data.batch(64).map(
+        lambda b: _slow_full_batches(tf, b), num_parallel_calls=8, deterministic=False
+    )
+    options = tf.data.Options()
+    options.deterministic = False
+    by_options = data.batch(64).map(lambda b: _slow_full_batches(tf, b), num_parallel_calls=8)
+    by_options = by_options.with_options(options)
+    kept = data.batch(64).map(
+        lambda b: _slow_full_batches(tf, b), num_parallel_calls=8, deterministic=True
+    )
+
+    assert _arrival_of_the_smaller_batch(free) < 15  # the fact the walk must respect
+    assert walk_batch(free)[0].pass_batches is None
+    assert walk_batch(by_options)[0].pass_batches is None
+    assert walk_batch(kept.with_options(options))[0].pass_batches == 16  # said "true"
+    assert _arrival_of_the_smaller_batch(kept.with_options(options)) == 15
+    free_batching = data.batch(64, num_parallel_calls=4, deterministic=False)
+    assert walk_batch(free_batching)[0].pass_batches is None
+    assert walk_batch(data.batch(64, num_parallel_calls=4))[0].pass_batches == 16
+
+
+def test_a_batch_size_that_is_not_a_constant_is_said_in_a_sentence(tf, data):
+    """A dataset built inside a tf.function: its batch size is a symbolic tensor."""
+    said = []
+
+    @tf.function
+    def build(size):
+        said.append(walk_batch(data.batch(size)))
+        return size
+
+    build(tf.constant(64, tf.int64))
+
+    ((batch, reason),) = said
+    assert batch is None
+    assert reason == (
+        "its _BatchDataset's batch size or drop_remainder is not a constant (a dataset "
+        "built inside a tf.function?)"
+    )
+
+
 def test_a_large_in_memory_dataset_is_checked_without_serializing_it(tf):
     """from_tensor_slices over 200 MB: the graph embeds the array (seconds to serialize);
     the check reads the batch op instead, and still finds the missing multiply."""

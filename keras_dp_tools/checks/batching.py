@@ -85,6 +85,10 @@ _BATCH_ATTRIBUTES = {
     "_PaddedBatchDataset": ("_batch_size", "_drop_remainder"),
     "_MapAndBatchDataset": ("_batch_size_t", "_drop_remainder_t"),
 }
+# Parallel datasets that keep their input's order only when deterministic: their own
+# ``deterministic=`` argument ("true", "false"), else ("default") the pipeline's
+# ``tf.data.Options().deterministic`` (True unless set).
+_PARALLEL = frozenset({"_ParallelMapDataset", "_ParallelBatchDataset"})
 _UNBATCH_DATASETS = frozenset({"_UnbatchDataset"})
 # Sources that never batch: reaching one first means there is no batch op.
 _PLAIN_SOURCES = frozenset({"_TensorSliceDataset", "_RangeDataset"})
@@ -112,10 +116,20 @@ def walk_batch(dataset) -> tuple[DatasetBatch | None, str]:
     batch size: 0 for an endless input, None when its cardinality is unknown.
     """
     in_order = True
+    ordered_default = _options_deterministic(dataset)
     for _ in range(_MAX_WALK):
         kind = type(dataset).__name__
+        if kind in _PARALLEL:
+            flag = getattr(dataset, "_deterministic", "default")
+            in_order = in_order and (flag == "true" or (flag == "default" and ordered_default))
         if kind in _BATCH_ATTRIBUTES:
-            return _batch_op(dataset, kind, in_order), kind
+            batch = _batch_op(dataset, kind, in_order)
+            if batch is None:
+                return None, (
+                    f"its {kind}'s batch size or drop_remainder is not a constant (a "
+                    "dataset built inside a tf.function?)"
+                )
+            return batch, kind
         if kind in _UNBATCH_DATASETS or kind in _PLAIN_SOURCES:
             return DatasetBatch(None, None, batched=False), kind
         if kind not in _KEEP_BATCH:
@@ -123,6 +137,15 @@ def walk_batch(dataset) -> tuple[DatasetBatch | None, str]:
         in_order = in_order and kind in _KEEP_ORDER
         dataset = getattr(dataset, "_input_dataset", None)
     return None, f"its pipeline has no batch op within {_MAX_WALK} steps"
+
+
+def _options_deterministic(dataset) -> bool:
+    """Whether the pipeline's options leave its parallel ops deterministic (the default);
+    False when ``tf.data.Options().deterministic = False`` or they cannot be read."""
+    try:
+        return dataset.options().deterministic is not False
+    except Exception:  # options of another TF version, or none: take no order on trust
+        return False
 
 
 def _batch_op(dataset, kind: str, in_order: bool) -> DatasetBatch | None:
