@@ -46,8 +46,8 @@ def lockstep_run(
     the calls of steps [first, end): they run 30 ms longer, and stopping the profiler
     after the last takes worker 0 ``stop_ms`` before the next call. ``first_step`` and
     ``start_s`` (on worker 0's clock): where a new process (a restart) starts; its
-    records are added to those already in ``log_dir``. ``examples(step)``: the call's
-    ``examples`` field, if given."""
+    records are added to those already in ``log_dir``. ``examples(step, worker)``: the
+    call's ``examples`` field on that worker, if given."""
     writers = [RecordWriter(worker_records_path(log_dir, worker)) for worker in (0, 1)]
     for worker, writer in enumerate(writers):
         writer.write(
@@ -79,7 +79,7 @@ def lockstep_run(
                     | {"step": step, "steps": steps_per_call, "warmup": step == first_step}
                     | {"time": (entry[worker] / 1e3 + CLOCKS_S[worker])}
                     | {"step_ms": (call_end - entry[worker]) / steps_per_call}
-                    | ({} if examples is None else {"examples": examples(step)})
+                    | ({} if examples is None else {"examples": examples(step, worker)})
                 )
             step += steps_per_call
     if window:
@@ -94,13 +94,36 @@ def lockstep_run(
 
 def test_the_jobs_throughput_counts_a_smaller_last_batch_as_recorded(tmp_path):
     """Each epoch's last step (11, 23) trained on 40 examples, the others on 64."""
-    report = lockstep_run(tmp_path, examples=lambda step: 40 if step % 12 == 11 else 64)
+    report = lockstep_run(tmp_path, examples=lambda step, _: 40 if step % 12 == 11 else 64)
 
     measured = measured_step_times(report.steps).set_index("step")
     cadence_ms = GAP_MS + SLEEP_MS + OWN_MS  # by hand, as in the test below
     expected = [(40 if step % 12 == 11 else 64) / cadence_ms * 1e3 for step in measured.index]
     assert {11, 23} <= set(measured.index)
     assert measured["examples_per_s"].to_numpy() == pytest.approx(expected)
+
+
+@pytest.mark.parametrize(
+    "examples",
+    [
+        # Uneven shards read by each worker: passes of 12 and of 9 steps.
+        lambda step, worker: 40 if step % (12 - 3 * worker) == 11 - 3 * worker else 64,
+        # One worker cannot place its smaller batch.
+        lambda step, worker: None if worker else (40 if step % 12 == 11 else 64),
+    ],
+    ids=["uneven-shards", "one-worker-unknown"],
+)
+def test_workers_that_count_a_steps_examples_differently_leave_the_jobs_count_unknown(
+    tmp_path, examples
+):
+    """Each worker counts from its own dataset: where two workers' counts differ, no
+    worker's is the job's, so the job's throughput counts full batches (global_batch),
+    at every step of the run, even where the counts agree."""
+    report = lockstep_run(tmp_path, examples=examples)
+
+    measured = measured_step_times(report.steps).set_index("step")
+    cadence_ms = GAP_MS + SLEEP_MS + OWN_MS
+    assert measured["examples_per_s"].to_numpy() == pytest.approx(64 / cadence_ms * 1e3)
 
 
 @pytest.mark.parametrize("steps_per_call", [1, 2])

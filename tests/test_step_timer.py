@@ -226,3 +226,67 @@ def test_a_partial_batch_that_cannot_be_placed_is_said_not_guessed(tmp_path, tf,
 
     assert steps["examples"].isna().all()
     assert np.allclose(steps["examples_per_s"], 64 / steps["step_ms"] * 1000)  # all as full
+
+
+@pytest.mark.parametrize(("shuffle", "placed"), [(True, 4), ("batch", None)])
+def test_tf_keras_shuffling_whole_batches_leaves_the_smaller_batch_unplaced(
+    tmp_path, tf_keras, strategy4, shuffle, placed
+):
+    """200 by 64 (64, 64, 64, 8): tf_keras's shuffle=True shuffles examples and keeps the
+    batch of 8 last; shuffle="batch" shuffles whole batches, so it can be any step
+    (the review saw it trained as 64, 64, 8, 64, then 64, 8, 64, 64)."""
+    from keras_dp_tools.capture.run_info import fit_last_batch
+
+    x, y = regression_data(200)
+    read = []
+    reader = tf_keras.callbacks.LambdaCallback(
+        on_train_begin=lambda logs: read.append(fit_last_batch())
+    )
+
+    dense_model(tf_keras, strategy4).fit(
+        x,
+        y,
+        batch_size=64,
+        epochs=2,
+        shuffle=shuffle,
+        verbose=0,
+        callbacks=[reader, kdt.StepTimer(tmp_path)],
+    )
+    steps = kdt.Report.load(tmp_path).steps
+
+    assert read == [(64, placed, 8)]  # the batch the reading is about, too
+    if placed:
+        _check_examples_per_step(kdt.Report.load(tmp_path), [64, 64, 64, 8] * 2)
+    else:
+        assert steps["examples"].isna().all()
+        assert np.allclose(steps["examples_per_s"], 64 / steps["step_ms"] * 1000)
+
+
+def test_steps_a_loss_scale_optimizer_skips_still_count_as_steps(tmp_path, keras):
+    """Keras 3's LossScaleOptimizer does not advance ``iterations`` on a step it skips
+    (non-finite gradients): an inf label in the first example makes it skip each
+    epoch's first step. The steps the calls ran still follow the data: 200 by 64 is
+    4 batches (64, 64, 64, 8), 3 steps per call."""
+    x, y = regression_data(200)
+    y[0] = np.inf
+    model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(1)])
+    # No strategy: Keras 3.15's LossScaleOptimizer under MirroredStrategy with
+    # steps_per_execution > 1 fails to build its train function.
+    optimizer = keras.optimizers.LossScaleOptimizer(keras.optimizers.SGD(0.01))
+    model.compile(optimizer=optimizer, loss="mse", steps_per_execution=3)
+
+    model.fit(
+        x,
+        y,
+        batch_size=64,
+        epochs=2,
+        shuffle=False,
+        verbose=0,
+        callbacks=[kdt.StepTimer(tmp_path)],
+    )
+    report = kdt.Report.load(tmp_path)
+
+    assert iterations(model) == 6  # the fact: 2 of the 8 steps were skipped
+    assert report.steps["step"].tolist() == [0, 3, 4, 7]
+    assert report.steps["steps"].tolist() == [3, 1, 3, 1]
+    _check_examples_per_step(report, [64, 64, 64, 8] * 2)

@@ -599,9 +599,14 @@ def _measured_step_rows(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame
             slowest_step_ms=("step_ms", "max"),
             global_batch=("global_batch", "first"),
             examples=("examples", "first"),
+            fewest_examples=("examples", "min"),
+            most_examples=("examples", "max"),
+            examples_counted=("examples", "count"),
+            workers=("step", "size"),
             profiled=("profiled", "any"),
         )
         by_step.index = _with_run_ids(by_step.index, runs)
+    by_step = _examples_the_workers_agree_on(by_step)
     # A run with no job step time at all: the slowest worker's, and it says so.
     timed = by_step["job_step_ms"].notna().groupby(level="run").transform("any")
     by_step["job_step_ms"] = by_step["job_step_ms"].where(timed, by_step["slowest_step_ms"])
@@ -645,6 +650,21 @@ def _by_job_step(steps: pd.DataFrame, chosen: np.ndarray) -> pd.DataFrame | None
 
     slowest = np.full(cells, np.nan)
     np.fmax.at(slowest, group, steps["step_ms"].to_numpy()[rows])  # NaN left out
+    examples = {"examples": np.nan}
+    if "examples" in steps:
+        counted = steps["examples"].to_numpy(dtype="float64", na_value=np.nan)[rows]
+        fewest, most = np.full(cells, np.nan), np.full(cells, np.nan)
+        np.fmin.at(fewest, group, counted)
+        np.fmax.at(most, group, counted)
+        examples = {
+            "examples": first("examples"),
+            "fewest_examples": fewest[present],
+            "most_examples": most[present],
+            "examples_counted": np.bincount(group, weights=~np.isnan(counted), minlength=cells)[
+                present
+            ],
+            "workers": np.bincount(group, minlength=cells)[present],
+        }
     profiled = np.bincount(group, weights=steps["profiled"].to_numpy()[rows], minlength=cells)
     index = pd.MultiIndex.from_arrays(
         [pd.Index(runs).take(present // span), present % span + low], names=["run", "step"]
@@ -655,11 +675,30 @@ def _by_job_step(steps: pd.DataFrame, chosen: np.ndarray) -> pd.DataFrame | None
             "job_step_ms": first("job_step_ms"),
             "slowest_step_ms": slowest[present],
             "global_batch": first("global_batch"),
-            "examples": first("examples") if "examples" in steps else np.nan,
+            **examples,
             "profiled": profiled[present] > 0,
         },
         index=index,
     )
+
+
+def _examples_the_workers_agree_on(by_step: pd.DataFrame) -> pd.DataFrame:
+    """The job steps' ``examples`` where every worker of the run recorded the same count
+    at every step, else empty for the whole run (full batches are then counted). Each
+    worker reads the count off its own dataset: where workers build different datasets
+    (a manual, uneven shard with ``AutoShardPolicy.OFF``), one worker's count is not the
+    job's, and the steps where they happen to agree are no surer."""
+    if "fewest_examples" not in by_step:
+        return by_step
+    differs = (by_step["fewest_examples"] != by_step["most_examples"]) & by_step[
+        "most_examples"
+    ].notna()
+    differs |= by_step["examples_counted"].between(1, by_step["workers"] - 1, inclusive="both")
+    differs = differs.groupby(level="run").transform("any")
+    agreed = by_step["examples"].where(~differs.to_numpy())
+    return by_step.drop(
+        columns=["fewest_examples", "most_examples", "examples_counted", "workers"]
+    ).assign(examples=agreed)
 
 
 def _run_codes(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.Index | None]:

@@ -223,8 +223,8 @@ def _dataset_global_batch(dataset) -> tuple[int | None, str]:
         found = f"its pipeline reaches a {found} before any batch op"
     if size is None:
         return None, (
-            f"{UNKNOWN_BATCH}: fit's dataset has no static batch size, and {found} "
-            "(pass global_batch=)"
+            f"{UNKNOWN_BATCH}: fit's dataset has no static batch size, and {found}; "
+            "pass global_batch="
         )
     return size, BATCH_FROM_BATCH_OP
 
@@ -301,47 +301,83 @@ def fit_global_batch() -> tuple[int | None, str]:
     return answer
 
 
-def _read_last_batch(fit_locals) -> tuple[int | None, int | None]:
+def _shuffles_batches(adapter) -> bool:
+    """Whether a tf_keras array adapter shuffles whole batches (``fit(shuffle="batch")``),
+    which moves the smaller batch anywhere in the epoch. (Keras 3 shuffles within
+    batch-sized chunks and keeps the smaller batch last.)"""
+    inner = getattr(adapter, "_internal_adapter", None)  # ListsOfScalarsDataAdapter
+    return any(
+        getattr(a, "_shuffle", None) == "batch" and hasattr(a, "get_size")  # tf_keras's
+        for a in (adapter, inner)
+    )
+
+
+def _read_last_batch(fit_locals) -> tuple[int | None, int | None, int | None]:
     import tensorflow as tf
 
     adapter = _adapter(fit_locals)
     if adapter is None:
-        return None, None
+        return None, None, None
     partial = _adapter_value(adapter, "has_partial_batch")
-    if isinstance(partial, bool) and _adapter_value(adapter, "batch_size"):
+    size = _integer(_adapter_value(adapter, "batch_size"))
+    if isinstance(partial, bool) and size:
         if not partial:  # arrays, which fit batches itself
-            return None, 0
+            return size, None, 0
+        remainder = _integer(_adapter_value(adapter, "partial_batch_size"))
+        if _shuffles_batches(adapter):
+            return size, None, remainder
         batches = _adapter_value(adapter, "num_batches")  # Keras 3
         if batches is None:
             batches = _adapter_value(adapter, "get_size")  # tf_keras: batches per epoch
-        return _integer(batches), _integer(_adapter_value(adapter, "partial_batch_size"))
+        return size, _integer(batches), remainder
     data = getattr(adapter, "_dataset", None)
     if isinstance(data, tf.distribute.DistributedDataset):
         data = getattr(data, "_original_dataset", None)  # its global batches
     if isinstance(data, tf.data.Dataset):
         batch = walk_batch(data)[0]
         if batch is not None and batch.batched:
-            return batch.pass_batches, batch.remainder
-    return None, None
+            return batch.size, batch.pass_batches, batch.remainder
+    return None, None, None
 
 
-def fit_last_batch() -> tuple[int | None, int | None]:
-    """(batches per pass, examples in a pass's smaller last batch) of the data of the
-    ``fit`` calling us, read without consuming it: ``(None, 0)`` when every batch is
-    full (``drop_remainder=True``, the examples divide by the batch, an endless input);
-    ``(n, r)`` when every ``n``-th step of the fit, counting from its first, trains on
-    ``r`` examples: arrays batched by ``fit``, and datasets where nothing after the
-    batch op reorders, drops or adds batches; ``(None, None)`` when a smaller batch may
-    come and cannot be placed (a generator of unknown length, ``batch().shuffle()``,
+def fit_last_batch() -> tuple[int | None, int | None, int | None]:
+    """(batch, batches per pass, examples in a pass's smaller last batch) of the data of
+    the ``fit`` calling us, read without consuming it; ``batch`` is the size the reading
+    is about (None: none read), for the caller to check against the run's batch.
+    ``(b, None, 0)`` when every batch is full (``drop_remainder=True``, the examples
+    divide by the batch, an endless input); ``(b, n, r)`` when every ``n``-th step of
+    the fit, counting from its first, trains on ``r`` examples: arrays batched by
+    ``fit``, and datasets where nothing after the batch op reorders, drops or adds
+    batches; ``n`` is None when a smaller batch may come and cannot be placed (a
+    generator of unknown length, ``batch().shuffle()``, a parallel map or batch with
+    ``deterministic=False``, tf_keras's ``fit(shuffle="batch")``,
     ``distribute_datasets_from_function``, ...)."""
     fit_locals = find_in_fit(_fit_data, depth=25)
     if fit_locals is None:
-        return None, None
+        return None, None, None
     try:
         return _read_last_batch(fit_locals)
     except Exception as error:  # an adapter of another Keras version: say so, train on
         logger.info("could not read fit's last batch (%s)", error)
-        return None, None
+        return None, None, None
+
+
+def fit_epoch_steps() -> int | None:
+    """Steps per epoch of the ``fit`` calling us, when known as it begins: Keras 3's
+    ``epoch_iterator.num_batches`` (``steps_per_epoch``, else the data's batches),
+    tf_keras's ``data_handler.inferred_steps``; None otherwise (a dataset of unknown
+    length without ``steps_per_epoch``)."""
+    fit_locals = find_in_fit(_fit_data, depth=25)
+    if fit_locals is None:
+        return None
+    try:
+        iterator = fit_locals.get("epoch_iterator")  # Keras 3
+        if iterator is not None:
+            return _integer(getattr(iterator, "num_batches", None))
+        return _integer(getattr(fit_locals.get("data_handler"), "inferred_steps", None))
+    except Exception as error:  # a fit of another Keras version: count as before
+        logger.info("could not read fit's steps per epoch (%s)", error)
+        return None
 
 
 def _given_in_fit() -> int | None:

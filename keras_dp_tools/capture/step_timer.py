@@ -35,7 +35,14 @@ class StepTimer(DataParallelCallback):
     a pass's smaller last batch lacks (``dataset.batch(64)`` over 1,000 examples: every
     16th step has 40), placed where fit's data allows it (arrays, and datasets where
     nothing after the batch op reorders batches); ``examples_per_s`` is that over the
-    call's time.
+    call's time. Where a smaller batch may come but cannot be placed, ``examples`` is
+    None and ``examples_per_s`` counts full batches: behind ``batch().shuffle()``,
+    ``take``, ``filter``, a parallel map or batch that is not deterministic
+    (``deterministic=False``, or ``tf.data.Options().deterministic = False``),
+    tf_keras's ``fit(shuffle="batch")``, a generator of unknown length,
+    ``distribute_datasets_from_function``, or a ``global_batch`` used because fit's data
+    does not say its batch. A multi-worker job counts a step's examples only where its
+    workers' records agree (each reads its own dataset; see docs/records.md).
 
     Records go to ``<log_dir>/keras_dp/worker-<i>.jsonl``; TensorBoard scalars
     ``dp/step_ms`` and ``dp/examples_per_s`` to the run ``keras_dp/worker-<i>``, against
@@ -102,7 +109,9 @@ class StepTimer(DataParallelCallback):
         self._run_batch = run_global_batch(self.global_batch)[0]
         self._recorder = Recorder.for_fit(self.log_dir, self.model, self._run_batch)
         self._steps.start(self.model)
-        self._pass_batches, self._last_batch = fit_last_batch()
+        read_batch, self._pass_batches, self._last_batch = fit_last_batch()
+        if read_batch != self._run_batch:  # a reading about other batches (global_batch=)
+            self._pass_batches = self._last_batch = None
         self._fit_first_step = self._steps.next_step
         _open_fits.add(self)
 
