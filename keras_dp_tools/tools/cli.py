@@ -347,11 +347,10 @@ def run_report_command(args: argparse.Namespace) -> int:
     from keras_dp_tools.analysis.jobs import MergeRunsError
     from keras_dp_tools.report.comparison import load_comparisons
 
-    try:
-        comparisons = load_comparisons(args.log_dir)
-    except ValueError as error:  # a broken comparison record must not hide the runs
+    errors = []  # a broken comparison record must hide neither the runs nor the others
+    comparisons = load_comparisons(args.log_dir, errors=errors)
+    for error in errors:
         print(f"keras-dp report: strategy comparison left out: {error}", file=sys.stderr)
-        comparisons = []
     try:
         report = keras_dp_tools.Report.load(
             args.log_dir, merge_runs=merge_runs_option(args.merge_runs)
