@@ -55,11 +55,14 @@ DISPLAY_FIELDS = {
     "replicas": SummaryField("Replicas", "", count_text),
     "global_batch": SummaryField("Global batch", "examples", count_text),
     "examples_per_s": SummaryField("Examples/s", "", number_text),  # median over rounds
-    "spread_pct": SummaryField("± spread", "%", number_text),  # the rounds' range / median
+    # The whole range of the rounds' rates (not a ± half of it), over their median.
+    "spread_pct": SummaryField("Spread, slowest to fastest round", "% of median", number_text),
     "speedup": SummaryField("Speed-up", f"x {analysis.BASELINE}", lambda value: f"{value:.2f}"),
-    "step_ms": SummaryField("Step time", "ms", number_text),
-    "comm_ms": SummaryField("Exposed comm", "ms", number_text),  # per profiled step
-    "comm_share": SummaryField("Comm share", "%", percent_text),  # of the profiled step
+    "step_ms": SummaryField("Step time", "ms", number_text),  # the timed rounds
+    # From the profiled step, not from "Step time": the labels say so, as comm_ms over
+    # step_ms is not comm_share.
+    "comm_ms": SummaryField("Exposed comm, profiled step", "ms", number_text),
+    "comm_share": SummaryField("Comm share of profiled step", "%", percent_text),
     "bytes_per_step": SummaryField("Bytes per step", "source", _bytes),
 }
 # Columns of text (left-aligned); the others hold numbers.
