@@ -1,8 +1,8 @@
 """The main job end to end: `keras-dp demo` in a fresh process, its records, its notebook."""
 
 import csv as csv_module
+import importlib.util
 import io
-import json
 import os
 import re
 import subprocess
@@ -165,10 +165,56 @@ def test_the_saved_notebook_reads_without_running():
     assert all(cell.outputs for cell in code)
     assert not [output for output in outputs if output.output_type == "error"]
     assert sum("image/png" in output.get("data", {}) for output in outputs) >= 4
-    saved = json.dumps(outputs)
-    roots = ("/tmp/", "/home/", "/work/", "/root/", str(REPO))
-    assert not [root for root in roots if root in saved]
+    saved = "".join(_output_texts(outputs))
+    assert not absolute_paths(saved)
     assert not [cell for cell in code if "execution" in cell.metadata]
+
+
+# An absolute path of some machine: /a/b..., C:\a, ~/a (not "examples/s", "GB/s").
+_ABSOLUTE_PATH = re.compile(
+    r"""(?:^|[\s"'(\[=:,])(/[\w.+-]+(?:/[\w.+-]*)+|[A-Za-z]:\\\w|~/\w)""", re.M
+)
+
+
+def absolute_paths(text: str) -> list[str]:
+    return [match.group(1) for match in _ABSOLUTE_PATH.finditer(text)]
+
+
+def _output_texts(outputs) -> list[str]:
+    """The text of each output: streams, and every text/* representation."""
+    texts = []
+    for output in outputs:
+        texts.append("".join(output.get("text", "")))
+        texts += ["".join(v) for k, v in output.get("data", {}).items() if k.startswith("text/")]
+    return texts
+
+
+def test_the_notebook_scrub_leaves_no_path_of_this_machine(tmp_path):
+    import site
+    import sysconfig
+
+    spec = importlib.util.spec_from_file_location("regenerate", REPO / "notebooks/regenerate.py")
+    regenerate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(regenerate)
+    log_dir = tmp_path / "demo"
+    text = "\n".join(
+        [
+            f"Report.load('{log_dir}')",
+            f"{sysconfig.get_paths()['purelib']}/keras/src/trainer.py:12: UserWarning: x",
+            f"{site.getsitepackages()[0]}/numpy/core.py:3: RuntimeWarning: y",
+            f"python: {sys.executable}",
+            f"{sys.base_prefix}/lib/python3/warnings.py:1",
+            f"{REPO}/keras_dp_tools/report/plots.py:40: UserWarning: z",
+            f"{Path.home()}/.keras/keras.json",
+        ]
+    )
+    assert absolute_paths(text)  # the pattern finds them before the scrub
+
+    scrubbed = regenerate.scrub(text, log_dir)
+
+    assert not absolute_paths(scrubbed), scrubbed
+    assert "Report.load('<log_dir>')" in scrubbed
+    assert "keras/src/trainer.py:12: UserWarning: x" in scrubbed
 
 
 def test_readme_example_script_runs(tmp_path):
