@@ -143,6 +143,17 @@ def test_the_dashboard_keeps_saying_a_comparison_record_is_broken(tmp_path, brok
         assert [found["where"] for found in answer["comparisons"]] == ["good"]
 
 
+def test_loading_a_comparison_with_a_broken_table_names_the_file(tmp_path):
+    content, complaint = BROKEN_RECORDS["no table"]
+    (tmp_path / "strategy_comparison.json").write_text(content)
+
+    with pytest.raises(ValueError, match=complaint) as raised:
+        StrategyComparison.load(tmp_path)
+    assert str(tmp_path / "strategy_comparison.json") in str(raised.value)
+    with pytest.raises(FileNotFoundError, match=r"run kdt\.compare_strategies"):
+        StrategyComparison.load(tmp_path / "elsewhere")
+
+
 def test_an_empty_log_dir_still_says_there_are_no_records(tmp_path, capsys):
     assert not LogDirData(tmp_path).has_data()
     assert main(["report", str(tmp_path)]) == 1

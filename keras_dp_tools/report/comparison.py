@@ -148,7 +148,10 @@ class RecordedComparison:
         table cannot be read."""
         record = read_comparison(log_dir)
         if record is None:
-            raise FileNotFoundError(f"No strategy comparison in {log_dir}.")
+            raise FileNotFoundError(
+                f"No strategy comparison in {log_dir} (no strategy_comparison.json): run "
+                "kdt.compare_strategies(..., log_dir=...) or keras-dp compare-strategies."
+            )
         try:
             table = analysis.table_from_record(record)
         except (KeyError, TypeError, ValueError, AttributeError) as error:
