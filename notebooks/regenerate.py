@@ -5,7 +5,9 @@ Without ``--log-dir`` it first trains the demo (``keras-dp demo``: 4 replicas, o
 CPU devices when there is no GPU; about a minute) into a temporary folder, then runs every
 cell against it with ``KERAS_DP_LOG_DIR`` set, as the notebook's reader would. A cell that
 fails stops it and leaves the file as it was. The saved outputs name the log dir as
-``<log_dir>`` rather than this machine's path, and carry no execution timestamps.
+``<log_dir>``, the installed packages as ``<site-packages>``, Python as ``<python>``,
+the checkout as ``.`` and the home folder as ``~`` rather than this machine's paths, and
+carry no execution timestamps.
 
 Needs the ``dev`` extras (``nbclient``, ``nbformat``, ``ipykernel``).
 
@@ -42,11 +44,30 @@ def train_demo(log_dir: Path, replicas: int, steps: int) -> None:
         raise SystemExit(f"the demo failed ({result.returncode}):\n{result.stderr[-3000:]}")
 
 
+def machine_paths(log_dir: Path) -> list[tuple[str, str]]:
+    """This machine's folders an output may name (in a warning's file, a repr), each
+    with what stands for it in the saved notebook; the longest first, so that a folder
+    inside another (the venv inside the checkout) is replaced as the inner one."""
+    import site
+    import sysconfig
+
+    pairs = [(str(log_dir.resolve()), LOG_DIR_PLACEHOLDER), (str(log_dir), LOG_DIR_PLACEHOLDER)]
+    libraries = {*site.getsitepackages(), site.getusersitepackages()}
+    libraries |= {sysconfig.get_paths()[name] for name in ("purelib", "platlib", "stdlib")}
+    pairs += [(path, "<site-packages>") for path in libraries if "site-packages" in path]
+    pairs += [(path, "<python-lib>") for path in libraries if "site-packages" not in path]
+    pairs += [(sys.prefix, "<python>"), (sys.base_prefix, "<python>")]
+    pairs += [(str(REPOSITORY), "."), (str(Path.home()), "~")]
+    pairs = [(path, stand_in) for path, stand_in in pairs if len(path) > 1]  # never "/"
+    return sorted(pairs, key=lambda pair: len(pair[0]), reverse=True)
+
+
 def scrub(text: str, log_dir: Path) -> str:
-    """The text with this machine's paths of the log dir and the checkout replaced."""
-    for path in (str(log_dir.resolve()), str(log_dir)):
-        text = text.replace(path, LOG_DIR_PLACEHOLDER)
-    return text.replace(str(REPOSITORY), ".")
+    """The text with this machine's paths (the log dir, the Python installation and its
+    packages, the checkout, the home folder) replaced by stand-ins."""
+    for path, stand_in in machine_paths(log_dir):
+        text = text.replace(path, stand_in)
+    return text
 
 
 def execute(log_dir: Path, timeout_s: int = 300) -> None:

@@ -9,6 +9,7 @@ import json
 import pytest
 
 from keras_dp_tools.tools.cli import HANDLERS, build_parser, main
+from tests.helpers.comparisons import write_known_comparison
 from tests.helpers.pages import text_summary
 from tests.helpers.processes import run_cli
 from tests.helpers.recorded_runs import COMM_HEAVY, write_run
@@ -110,6 +111,33 @@ def test_report_format_csv_is_the_summary_one_row_per_run(tmp_path, capsys):
         ("a", "2", 10.0),
         ("b", "4", 12.0),
     ]
+
+
+def test_report_format_csv_of_several_comparisons_is_one_table_that_says_where(tmp_path, capsys):
+    write_known_comparison(tmp_path / "cpu")
+    write_known_comparison(tmp_path / "gpu")
+
+    status = main(["report", str(tmp_path), "--format", "csv"])
+
+    out = capsys.readouterr().out
+    rows = list(csv.DictReader(io.StringIO(out)))
+    assert status == 0
+    assert out.count("candidate") == 1  # one header
+    mirrored = [row for row in rows if row["candidate"] == "mirrored"]
+    assert [row["where"] for row in mirrored] == ["cpu", "gpu"]
+    assert float(mirrored[0]["examples_per_s"]) == pytest.approx(45_678)
+
+
+def test_report_format_csv_of_runs_says_the_comparisons_are_left_out(tmp_path, capsys):
+    write_run(tmp_path, steps=12)
+    write_known_comparison(tmp_path / "strategies")
+
+    assert main(["report", str(tmp_path), "--format", "csv"]) == 0
+
+    captured = capsys.readouterr()
+    assert [row["run"] for row in csv.DictReader(io.StringIO(captured.out))] == ["r1"]
+    assert "strategy comparison" in captured.err and "strategies" in captured.err
+    assert "--format json" in captured.err
 
 
 def test_lint_format_csv_is_one_row_per_finding(tmp_path, capsys):

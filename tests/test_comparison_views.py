@@ -94,14 +94,64 @@ def test_a_log_dir_with_only_a_comparison_is_shown_by_the_dashboard_and_the_repo
     assert data_out["strategy_comparisons"][0]["best"] == "mirrored"
 
 
-def test_a_broken_comparison_record_is_named_and_the_runs_still_reported(tmp_path, capsys):
+BROKEN_RECORDS = {
+    "not a comparison": ("{}", "not a strategy comparison record"),
+    "no table": ('{"kind": "strategy_comparison"}', "not a readable strategy comparison"),
+    "a word for a number": (
+        '{"kind": "strategy_comparison", "table": [{"candidate": "mirrored", '
+        '"status": "measured", "examples_per_s": "fast"}]}',
+        "not a readable strategy comparison",
+    ),
+}
+
+
+@pytest.mark.parametrize("broken", BROKEN_RECORDS, ids=list(BROKEN_RECORDS))
+def test_a_broken_comparison_record_is_named_and_the_runs_still_reported(tmp_path, capsys, broken):
+    content, complaint = BROKEN_RECORDS[broken]
     write_run(tmp_path, steps=12)
-    (tmp_path / "strategy_comparison.json").write_text("{}")
+    write_known_comparison(tmp_path / "good")
+    bad = tmp_path / "bad" / "strategy_comparison.json"
+    bad.parent.mkdir()
+    bad.write_text(content)
 
     assert main(["report", str(tmp_path), "--html", str(tmp_path / "page.html")]) == 0
-    err = capsys.readouterr().err
-    assert "strategy comparison left out" in err and "not a strategy comparison record" in err
-    assert "h2 Summary" in ReportPage((tmp_path / "page.html").read_text()).headings
+    captured = capsys.readouterr()
+    assert "strategy comparison left out" in captured.err and complaint in captured.err
+    assert str(bad) in captured.err  # the file is named
+    assert "Traceback" not in captured.err
+    assert "45,678" in captured.out  # the good comparison is still reported
+    headings = ReportPage((tmp_path / "page.html").read_text()).headings
+    assert "h2 Summary" in headings and "h2 Strategy comparison (good)" in headings
+
+    # The page written from the report alone skips the bad record too, with a warning.
+    with pytest.warns(UserWarning, match="strategy comparison left out"):
+        page = write_html(kdt.Report.load(tmp_path), tmp_path / "page2.html")
+    assert "h2 Strategy comparison (good)" in ReportPage(page.read_text()).headings
+
+
+@pytest.mark.parametrize("broken", BROKEN_RECORDS, ids=list(BROKEN_RECORDS))
+def test_the_dashboard_keeps_saying_a_comparison_record_is_broken(tmp_path, broken):
+    content, complaint = BROKEN_RECORDS[broken]
+    write_known_comparison(tmp_path / "good")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "strategy_comparison.json").write_text(content)
+    data = LogDirData(tmp_path)
+
+    for _ in range(2):  # the second look at an unchanged log dir says the same
+        answer = data.runs()
+        assert complaint in answer["error"] and "bad" in answer["error"]
+        assert [found["where"] for found in answer["comparisons"]] == ["good"]
+
+
+def test_loading_a_comparison_with_a_broken_table_names_the_file(tmp_path):
+    content, complaint = BROKEN_RECORDS["no table"]
+    (tmp_path / "strategy_comparison.json").write_text(content)
+
+    with pytest.raises(ValueError, match=complaint) as raised:
+        StrategyComparison.load(tmp_path)
+    assert str(tmp_path / "strategy_comparison.json") in str(raised.value)
+    with pytest.raises(FileNotFoundError, match=r"run kdt\.compare_strategies"):
+        StrategyComparison.load(tmp_path / "elsewhere")
 
 
 def test_an_empty_log_dir_still_says_there_are_no_records(tmp_path, capsys):

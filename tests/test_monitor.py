@@ -29,6 +29,7 @@ from keras_dp_tools.capture.monitor.nvml_reader import (
 from keras_dp_tools.capture.monitor.sampler import THREAD_NAME, Sampler
 from tests.helpers import REPO
 from tests.helpers.nvml_fake import nvml_works
+from tests.helpers.processes import pinned_to
 
 
 def sampler_threads():
@@ -84,6 +85,24 @@ def test_host_cpu_meter_sees_a_busy_process():
     assert usage["process_cpu_percent"] > 30  # one core busy is 100 (less if the machine is shared)
     assert usage["cpu_count"] >= 1
     assert usage["system_cpu_percent"] is None or 0 <= usage["system_cpu_percent"] <= 100
+
+
+def test_host_cpu_meter_counts_the_cores_the_process_may_use():
+    # A process pinned to one core (taskset, a container's cpuset) competes for that
+    # one, not for every core of the machine.
+    code = (
+        "from keras_dp_tools.capture.monitor.host_usage import HostCpuMeter; "
+        "print(HostCpuMeter().read()['cpu_count'])"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        preexec_fn=pinned_to(1),
+    )
+    assert result.stdout.strip() == "1"
 
 
 class CountingSource:

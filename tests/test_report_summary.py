@@ -5,6 +5,7 @@ import pytest
 
 from keras_dp_tools import Report
 from keras_dp_tools.records.writer import RecordWriter, worker_records_path
+from keras_dp_tools.report import summary_fields
 from keras_dp_tools.report.html import write_html
 from keras_dp_tools.report.tensorboard_plugin.data import LogDirData
 from tests.helpers.pages import ReportPage, assert_shows, dashboard_summary, text_summary
@@ -90,3 +91,20 @@ def test_several_runs_are_columns_of_the_text_summary(tmp_path):
     assert rows["replicas"]["values"] == ["2", "4"]
     assert rows["median_step_ms"] == {"label": "Median step time", "values": ["10", "12"],
                                       "unit": "ms"}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("share", "shown"),
+    [(0.0004, "<0.1"), (0.0, "0.0"), (0.0006, "0.1"), (0.072, "7.2"), (1.0, "100.0")],
+)
+def test_a_tiny_share_is_not_shown_as_zero(share, shown):
+    # 0.04 % rounds to 0.0 at one decimal, which reads as "none"; 0.06 % rounds up.
+    assert summary_fields.percent_text(share) == shown
+
+
+@pytest.mark.parametrize(
+    ("value", "shown"),
+    [(1e-5, "<0.001"), (0.0, "0"), (0.001, "0.001"), (0.0123, "0.0123"), (12345.2, "12,345")],
+)
+def test_a_tiny_number_is_not_written_in_exponent_notation(value, shown):
+    assert summary_fields.number_text(value) == shown

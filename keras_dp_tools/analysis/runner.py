@@ -22,6 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from keras_dp_tools.common.cores import usable_cores
 from keras_dp_tools.records.facts import RunFacts
 
 logger = logging.getLogger("keras_dp_tools")
@@ -226,7 +227,7 @@ def analyze_windows(
         []
     """
     results = [AnalyzedWindow(Path(trace), facts or RunFacts()) for trace, facts in windows]
-    jobs = _usable_cores() if jobs is None else jobs
+    jobs = usable_cores() if jobs is None else jobs
     if jobs < 1:
         raise ValueError(f"jobs must be at least 1, received {jobs}.")
     finished = 0
@@ -350,13 +351,6 @@ def _child_env() -> dict:
 
     root = str(Path(keras_dp_tools.__file__).resolve().parent.parent)
     return {**os.environ, "PYTHONPATH": os.pathsep.join([root, os.environ.get("PYTHONPATH", "")])}
-
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 # -- end of profiler windows ---------------------------------------------------------

@@ -28,7 +28,7 @@ from pathlib import Path
 import pandas as pd
 
 from keras_dp_tools.analysis import strategies as analysis
-from keras_dp_tools.records.comparison import find_comparisons, read_comparison
+from keras_dp_tools.records.comparison import comparison_path, find_comparisons, read_comparison
 from keras_dp_tools.report.summary_fields import (
     NOT_MEASURED,
     SummaryField,
@@ -55,11 +55,14 @@ DISPLAY_FIELDS = {
     "replicas": SummaryField("Replicas", "", count_text),
     "global_batch": SummaryField("Global batch", "examples", count_text),
     "examples_per_s": SummaryField("Examples/s", "", number_text),  # median over rounds
-    "spread_pct": SummaryField("± spread", "%", number_text),  # the rounds' range / median
+    # The whole range of the rounds' rates (not a ± half of it), over their median.
+    "spread_pct": SummaryField("Spread, slowest to fastest round", "% of median", number_text),
     "speedup": SummaryField("Speed-up", f"x {analysis.BASELINE}", lambda value: f"{value:.2f}"),
-    "step_ms": SummaryField("Step time", "ms", number_text),
-    "comm_ms": SummaryField("Exposed comm", "ms", number_text),  # per profiled step
-    "comm_share": SummaryField("Comm share", "%", percent_text),  # of the profiled step
+    "step_ms": SummaryField("Step time", "ms", number_text),  # the timed rounds
+    # From the profiled step, not from "Step time": the labels say so, as comm_ms over
+    # step_ms is not comm_share.
+    "comm_ms": SummaryField("Exposed comm, profiled step", "ms", number_text),
+    "comm_share": SummaryField("Comm share of profiled step", "%", percent_text),
     "bytes_per_step": SummaryField("Bytes per step", "source", _bytes),
 }
 # Columns of text (left-aligned); the others hold numbers.
@@ -70,6 +73,11 @@ def heading(column: str) -> str:
     """A column's header: its label, and its unit in parentheses."""
     shown = DISPLAY_FIELDS[column]
     return f"{shown.label} ({shown.unit})" if shown.unit else shown.label
+
+
+def text_headings() -> list[str]:
+    """The headers of ``display_table``'s text columns (left-aligned in every view)."""
+    return [heading(column) for column in TEXT_COLUMNS]
 
 
 def display_table(table: pd.DataFrame, reasons: bool = True) -> pd.DataFrame:
@@ -135,15 +143,28 @@ class RecordedComparison:
 
     @classmethod
     def load(cls, log_dir: str | os.PathLike, root: str | os.PathLike | None = None):
-        """The comparison recorded in ``log_dir`` (found under ``root``, default itself)."""
+        """The comparison recorded in ``log_dir`` (found under ``root``, default itself).
+        Raises ValueError naming the file when it is not a comparison record or its
+        table cannot be read."""
         record = read_comparison(log_dir)
         if record is None:
-            raise FileNotFoundError(f"No strategy comparison in {log_dir}.")
+            raise FileNotFoundError(
+                f"No strategy comparison in {log_dir} (no strategy_comparison.json): run "
+                "kdt.compare_strategies(..., log_dir=...) or keras-dp compare-strategies."
+            )
+        try:
+            table = analysis.table_from_record(record)
+        except (KeyError, TypeError, ValueError, AttributeError) as error:
+            raise ValueError(
+                f"{comparison_path(log_dir)} is not a readable strategy comparison record: "
+                f"its table could not be read ({type(error).__name__}: {error}). Rerun "
+                "compare_strategies to write it again, or remove the file."
+            ) from None
         where = Path(log_dir).relative_to(root) if root is not None else Path()
         return cls(
             log_dir=Path(log_dir),
             where="" if str(where) == "." else where.as_posix(),
-            table=analysis.table_from_record(record),
+            table=table,
             best=record.get("best"),
             verdict=record.get("verdict") or "",
             code=record.get("code"),
@@ -176,13 +197,35 @@ class RecordedComparison:
 
 def load_comparisons(
     log_dirs: str | os.PathLike | Iterable[str | os.PathLike],
+    errors: list[str] | None = None,
 ) -> list[RecordedComparison]:
     """Every strategy comparison recorded under ``log_dirs`` (searched recursively, as
-    ``Report.load`` searches records), in path order. A file that is not a comparison
-    record raises ValueError naming it."""
+    ``Report.load`` searches records), in path order.
+
+    Args:
+        log_dirs: a log dir or several.
+        errors: a list that collects why a record could not be read (the message names
+            the file); that record is left out and the others are returned. None
+            (default): such a record raises ValueError naming it.
+
+    Example:
+
+    ```python
+    errors = []
+    found = load_comparisons("runs", errors=errors)  # the good ones
+    for error in errors:
+        print("left out:", error)
+    ```
+    """
     if isinstance(log_dirs, (str, os.PathLike)):
         log_dirs = [log_dirs]
     found = []
     for root in log_dirs:
-        found += [RecordedComparison.load(folder, root) for folder in find_comparisons(root)]
+        for folder in find_comparisons(root):
+            try:
+                found.append(RecordedComparison.load(folder, root))
+            except (OSError, ValueError) as error:  # a record being replaced, a bad one
+                if errors is None:
+                    raise
+                errors.append(f"{type(error).__name__}: {error}")
     return found

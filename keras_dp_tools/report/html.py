@@ -14,6 +14,7 @@ import io
 import os
 from pathlib import Path
 
+from keras_dp_tools.common.warn import warn
 from keras_dp_tools.report import comparison as comparison_view
 from keras_dp_tools.report import plots, summary_fields
 
@@ -94,7 +95,7 @@ def _comparison_html(found: comparison_view.RecordedComparison, index: int) -> s
     and the winner's code."""
     cell = html.escape
     shown = comparison_view.display_table(found.table)
-    text = [comparison_view.heading(column) for column in comparison_view.TEXT_COLUMNS]
+    text = comparison_view.text_headings()
     header = "".join(
         f'<th class="{"text" if name in text else "value"}">{cell(name)}</th>'
         for name in shown.columns
@@ -173,7 +174,10 @@ def write_html(
     path = Path(path)
     if comparisons is None:
         log_dirs = getattr(report, "log_dirs", [])
-        comparisons = comparison_view.load_comparisons(log_dirs)
+        errors = []  # a broken comparison record must not cost the page
+        comparisons = comparison_view.load_comparisons(log_dirs, errors=errors)
+        for error in errors:
+            warn(f"strategy comparison left out: {error}")
     if report is None and not comparisons:
         raise ValueError(
             "Nothing to write: no report (None) and no strategy comparison; pass a "

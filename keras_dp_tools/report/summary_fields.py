@@ -43,15 +43,27 @@ READING_NOTE = (
 )
 
 
+# Below these a nonzero value would print as "1e-05" or "0.0": it is shown as "<0.001"
+# and "<0.1" (%), so that something measured does not read as nothing.
+_SMALLEST_NUMBER = 0.001
+_SMALLEST_PERCENT = 0.05
+
+
 def number_text(value) -> str:
-    """A measured number: thousands separated from 100 up ("12,345"), else 3 digits."""
+    """A measured number: thousands separated from 100 up ("12,345"), else 3 digits;
+    "<0.001" for a positive value under 0.001 (">-0.001" for a negative one)."""
     if abs(value) >= 100:
         return f"{value:,.0f}"
+    if 0 < abs(value) < _SMALLEST_NUMBER:
+        return f"<{_SMALLEST_NUMBER}" if value > 0 else f">-{_SMALLEST_NUMBER}"
     return f"{value:.3g}"
 
 
 def percent_text(share) -> str:
-    """A fraction in percent, one decimal: 0.072 -> "7.2"."""
+    """A fraction in percent, one decimal: 0.072 -> "7.2"; "<0.1" for a share above 0
+    that would round to "0.0"."""
+    if 0 < 100 * share < _SMALLEST_PERCENT:
+        return "<0.1"
     return f"{100 * share:.1f}"
 
 

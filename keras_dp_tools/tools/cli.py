@@ -170,7 +170,8 @@ def build_parser() -> argparse.ArgumentParser:
         report,
         "text: the summary, scaling table and advice for people (default); json: an "
         'object with "summary" (one object per run) and "advice" (the findings); csv: '
-        "the summary, one row per run",
+        "the summary, one row per run (strategy comparisons alone: a row per candidate, "
+        "with the comparison's folder under LOG_DIR in 'where')",
     )
 
     sweep = commands.add_parser(
@@ -347,11 +348,10 @@ def run_report_command(args: argparse.Namespace) -> int:
     from keras_dp_tools.analysis.jobs import MergeRunsError
     from keras_dp_tools.report.comparison import load_comparisons
 
-    try:
-        comparisons = load_comparisons(args.log_dir)
-    except ValueError as error:  # a broken comparison record must not hide the runs
+    errors = []  # a broken comparison record must hide neither the runs nor the others
+    comparisons = load_comparisons(args.log_dir, errors=errors)
+    for error in errors:
         print(f"keras-dp report: strategy comparison left out: {error}", file=sys.stderr)
-        comparisons = []
     try:
         report = keras_dp_tools.Report.load(
             args.log_dir, merge_runs=merge_runs_option(args.merge_runs)
@@ -367,9 +367,19 @@ def run_report_command(args: argparse.Namespace) -> int:
     elif args.format == "csv":  # as Report.to_csv writes summary.csv
         if report is not None:
             report.summary(advice=False).reset_index().to_csv(sys.stdout, index=False)
-        else:
-            for found in comparisons:
-                _comparison_csv(found.table)
+            if comparisons:  # another table: not in this CSV, but not in silence
+                where = ", ".join(found.where or "." for found in comparisons)
+                print(
+                    f"keras-dp report: the strategy comparisons under {args.log_dir} "
+                    f"({where}) are not in the CSV of the runs' summary; --format json "
+                    "holds them, or `keras-dp report` on a folder with only comparisons",
+                    file=sys.stderr,
+                )
+        else:  # one table: a row per candidate of each comparison, and where it is
+            import pandas as pd
+
+            tables = [found.table.assign(where=found.where) for found in comparisons]
+            _comparison_csv(pd.concat(tables, ignore_index=True), first=("where",))
     else:
         print(report.text() if report is not None else "No training records.")
         for found in comparisons:
@@ -401,11 +411,12 @@ def _strategy_comparison(found):
     return StrategyComparison.from_record(found.record, found.log_dir)
 
 
-def _comparison_csv(table) -> None:
-    """``compare-strategies --format csv``: the table's numbers, a row per candidate."""
+def _comparison_csv(table, first: tuple[str, ...] = ()) -> None:
+    """``compare-strategies --format csv``: the table's numbers, a row per candidate
+    (after the columns ``first``)."""
     from keras_dp_tools.tools.strategies.compare import SHOWN_COLUMNS
 
-    table[["label", *SHOWN_COLUMNS, "reason"]].to_csv(sys.stdout, index=False)
+    table[[*first, "label", *SHOWN_COLUMNS, "reason"]].to_csv(sys.stdout, index=False)
 
 
 def _report_data(report, comparisons) -> dict:

@@ -64,18 +64,18 @@ MIRRORED = {
     "Replicas": "4",
     "Global batch (examples)": "4,568",  # 45,678 examples in 10 steps a round
     "Examples/s": "45,678",
-    "± spread (%)": "20.2",
+    "Spread, slowest to fastest round (% of median)": "20.2",
     "Speed-up (x one_device)": "3.70",
     "Step time (ms)": "100",
-    "Exposed comm (ms)": "10",
-    "Comm share (%)": "25.0",
+    "Exposed comm, profiled step (ms)": "10",
+    "Comm share of profiled step (%)": "25.0",
     "Bytes per step (source)": "330.8 kB (model sizes)",
 }
 ONE_DEVICE = {
     "Examples/s": "12,345",
-    "± spread (%)": "0",
+    "Spread, slowest to fastest round (% of median)": "0",
     "Speed-up (x one_device)": "1.00",
-    "Exposed comm (ms)": "0",
+    "Exposed comm, profiled step (ms)": "0",
     "Bytes per step (source)": "not measured",
 }
 CENTRAL_STORAGE = {

@@ -20,13 +20,27 @@ from tests.helpers import REPO
 TRAIN_JOB = str(REPO / "tests" / "jobs" / "train_job.py")
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 300):
+def run_cli(*args: str, env: dict | None = None, timeout: float = 300, cores: int | None = None):
     """Runs ``python -m keras_dp_tools ARGS`` in a fresh process (own TF devices)."""
-    return run_module("keras_dp_tools", *args, env=env, timeout=timeout)
+    return run_module("keras_dp_tools", *args, env=env, timeout=timeout, cores=cores)
 
 
-def run_module(module: str, *args: str, env: dict | None = None, timeout: float = 300):
-    """Runs ``python -m MODULE ARGS`` from the repository, ``env`` over this one's."""
+def pinned_to(cores: int) -> Callable[[], None]:
+    """For ``Popen(preexec_fn=)``: the child may run on the first ``cores`` of the cores
+    this process may use (Linux), the same few on any machine."""
+    allowed = sorted(os.sched_getaffinity(0))[:cores]
+    return lambda: os.sched_setaffinity(0, allowed)
+
+
+def run_module(
+    module: str,
+    *args: str,
+    env: dict | None = None,
+    timeout: float = 300,
+    cores: int | None = None,
+):
+    """Runs ``python -m MODULE ARGS`` from the repository, ``env`` over this one's;
+    on ``cores`` cores only, when given (``pinned_to``)."""
     return subprocess.run(
         [sys.executable, "-m", module, *args],
         capture_output=True,
@@ -34,6 +48,7 @@ def run_module(module: str, *args: str, env: dict | None = None, timeout: float 
         timeout=timeout,
         cwd=REPO,
         env={**os.environ, **(env or {})},
+        preexec_fn=pinned_to(cores) if cores else None,
     )
 
 

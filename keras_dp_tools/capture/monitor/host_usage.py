@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import time
 
+from keras_dp_tools.common.cores import usable_cores
+
 
 def _system_cpu_times() -> tuple[int, int] | None:
     """(busy, total) jiffies of all CPUs from /proc/stat; None where it does not exist."""
@@ -21,11 +23,12 @@ class HostCpuMeter:
     """CPU usage between successive ``read`` calls.
 
     ``process_cpu_percent`` is this process's CPU time over wall time (100 = one core
-    busy); ``system_cpu_percent`` the whole machine's busy share (Linux only, else None).
+    busy); ``system_cpu_percent`` the whole machine's busy share (Linux only, else None);
+    ``cpu_count`` the cores this process may run on (``common.cores.usable_cores``).
     """
 
     def __init__(self):
-        self.cpu_count = os.cpu_count() or 1
+        self.cpu_count = usable_cores()  # those it may use: the ones it competes for
         self._previous = self._now()
 
     @staticmethod

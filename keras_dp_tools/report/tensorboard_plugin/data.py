@@ -207,15 +207,12 @@ class LogDirData:
         key = _comparisons_key(self.log_dir) if self.log_dir else ()
         with self._lock:
             if key != self._comparisons_key:
-                self._comparisons_key = key
-                try:
-                    found = [
-                        comparison_view.RecordedComparison.load(folder, self.log_dir)
-                        for folder, _, _ in key
-                    ]
-                    self._comparisons, self._comparisons_error = found, None
-                except (OSError, ValueError) as error:  # a record being replaced, a bad one
-                    self._comparisons_error = f"{type(error).__name__}: {error}"
+                # A record being replaced or a bad one is left out, and its error kept
+                # for as long as the files stay as they are.
+                errors = []
+                self._comparisons = comparison_view.load_comparisons(self.log_dir, errors)
+                self._comparisons_error = "; ".join(errors) or None
+                self._comparisons_key = key  # only once loaded: a failure is tried again
             return self._comparisons
 
     def has_records(self) -> bool:
@@ -233,7 +230,7 @@ class LogDirData:
         (how it was measured), ``verdict``, ``note``, ``table`` (the labelled display
         table, ``text_columns`` its text columns), ``best`` and ``code``."""
         shown = []
-        text = [comparison_view.heading(column) for column in comparison_view.TEXT_COLUMNS]
+        text = comparison_view.text_headings()
         for found in self.recorded_comparisons():
             display = comparison_view.display_table(found.table)
             shown.append(

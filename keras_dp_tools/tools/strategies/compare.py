@@ -24,10 +24,9 @@ from keras_dp_tools.analysis import strategies as analysis
 from keras_dp_tools.common.validation import require_positive_int
 from keras_dp_tools.records.comparison import (
     comparison_record,
-    read_comparison,
     write_comparison,
 )
-from keras_dp_tools.report.comparison import display_table
+from keras_dp_tools.report.comparison import RecordedComparison, display_table
 from keras_dp_tools.tools.strategies import candidates as registry
 from keras_dp_tools.tools.tuning.child import (
     check_dataset_contract,
@@ -113,14 +112,10 @@ class StrategyComparison:
 
     @classmethod
     def load(cls, log_dir: str | os.PathLike) -> StrategyComparison:
-        """The comparison recorded in ``log_dir`` by ``compare_strategies``."""
-        record = read_comparison(log_dir)
-        if record is None:
-            raise FileNotFoundError(
-                f"No strategy comparison in {log_dir} (no strategy_comparison.json): run "
-                "kdt.compare_strategies(..., log_dir=...) or keras-dp compare-strategies."
-            )
-        return cls.from_record(record, Path(log_dir))
+        """The comparison recorded in ``log_dir`` by ``compare_strategies``. Raises
+        FileNotFoundError where there is none, ValueError naming a file it cannot read."""
+        found = RecordedComparison.load(log_dir)  # the one reading of a recorded table
+        return cls.from_record(found.record, Path(log_dir))
 
     @classmethod
     def from_record(cls, record: dict, log_dir: Path | None) -> StrategyComparison:
