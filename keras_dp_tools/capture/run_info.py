@@ -463,9 +463,7 @@ def gradient_bytes(model) -> int | None:
     try:
         total = 0
         for variable in model.trainable_variables:
-            dtype = variable.dtype
-            itemsize = getattr(dtype, "size", None) or np.dtype(dtype).itemsize
-            total += int(np.prod(variable.shape)) * itemsize
+            total += int(np.prod(variable.shape)) * _itemsize(variable.dtype)
         return total
     except Exception as error:  # exotic variables; bandwidths stay empty
         logger.info("could not size the trainable variables (%s)", error)

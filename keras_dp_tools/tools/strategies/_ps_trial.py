@@ -36,6 +36,7 @@ import threading
 import time
 from pathlib import Path
 
+from keras_dp_tools.capture.run_info import gradient_bytes
 from keras_dp_tools.tools.strategies.parameter_server import (
     SERVER_MODULE,
     SERVER_ROLES,
@@ -44,6 +45,7 @@ from keras_dp_tools.tools.strategies.parameter_server import (
 )
 from keras_dp_tools.tools.tuning.child import (
     load_function,
+    log_tail,
     require_tf_keras,
     serve,
     strategy_and_model,
@@ -108,7 +110,7 @@ class Cluster:
                 if process.poll() is not None:
                     raise RuntimeError(
                         f"the {role} {index} server exited with status {process.returncode} "
-                        f"before serving: {_tail(log_path)}"
+                        f"before serving: {log_tail(log_path, 3)}"
                     )
                 try:
                     with socket.create_connection((host, int(port)), timeout=1):
@@ -117,7 +119,7 @@ class Cluster:
                     if time.monotonic() > deadline:
                         raise RuntimeError(
                             f"the {role} {index} server at {host}:{port} did not accept "
-                            f"connections within {timeout:.0f} s: {_tail(log_path)}"
+                            f"connections within {timeout:.0f} s: {log_tail(log_path, 3)}"
                         ) from None
                     time.sleep(0.2)
 
@@ -130,19 +132,6 @@ class Cluster:
                 process.kill()
         for _, _, process, _ in self.servers:
             process.wait()
-
-
-def _tail(path: Path, lines: int = 3) -> str:
-    text = path.read_text(encoding="utf-8", errors="replace").strip()
-    return " | ".join(text.splitlines()[-lines:]) or "(no output)"
-
-
-def _variable_bytes(model) -> int:
-    import numpy as np
-
-    return sum(
-        int(np.prod(variable.shape)) * variable.dtype.size for variable in model.trainable_variables
-    )
 
 
 def _fit(steps: int, callbacks: list) -> None:
@@ -181,7 +170,7 @@ def _set_up(spec: dict) -> dict:
         workers=options["workers"],
         worker_batch=worker_batch,
         log_dir=log_dir,
-        variable_bytes=_variable_bytes(model),
+        variable_bytes=gradient_bytes(model),
         tf=tf,
     )
     _fit(spec["warmup_steps"] * options["workers"], [])  # tracing, first calls

@@ -12,9 +12,9 @@ stays out of the N steps' wall time.
 
 from __future__ import annotations
 
-import os
 import time
 
+from keras_dp_tools.capture.run_info import gradient_bytes, keras_package, worker_index
 from keras_dp_tools.tools.tuning.child import (
     ContractError,
     load_function,
@@ -70,30 +70,20 @@ def _set_up(spec: dict) -> dict:
         log_dir=spec["log_dir"],
         global_batch=global_batch,
         candidate=spec["candidate"],
+        worker=worker_index(strategy)[0],
     )
     _fit(spec["warmup_steps"], [])  # tracing and first-step costs stay out of the timing
     return {
         "ready": True,
         "replicas": strategy.num_replicas_in_sync,
         "strategy": type(strategy).__name__,
-        "keras": type(model).__module__.split(".")[0],
-        "variable_bytes": _variable_bytes(model),
+        "keras": keras_package(model),
+        # What a step reads and pushes back as gradients where the variables live apart
+        # from the replicas (central storage).
+        "variable_bytes": gradient_bytes(model),
         "variable_device": _variable_device(model),
         "replica_devices": list(strategy.extended.worker_devices),
     }
-
-
-def _variable_bytes(model) -> int:
-    """Bytes of the trainable variables: what a step reads, and pushes back as gradients,
-    where the variables live apart from the replicas (central storage)."""
-    import numpy as np
-
-    total = 0
-    for variable in model.trainable_variables:
-        # Keras 3 names the dtype ("float32"), tf_keras gives a tf.DType.
-        dtype = np.dtype(getattr(variable.dtype, "as_numpy_dtype", variable.dtype))
-        total += int(np.prod([int(size) for size in variable.shape])) * dtype.itemsize
-    return total
 
 
 def _variable_device(model) -> str | None:
@@ -143,16 +133,9 @@ def _profile(steps: int) -> dict:
     )
     # One call before the window (never profiled) and one after it closes.
     _fit(steps + 2, [timer, profiler])
-    if _worker_index() != 0:  # only the chief profiles (DataParallelProfiler's default)
+    if _state["worker"] != 0:  # only the chief profiles (DataParallelProfiler's default)
         return {"evidence": {}}
     return {"evidence": _evidence(log_dir)}
-
-
-def _worker_index() -> int:
-    import json
-
-    config = os.environ.get("TF_CONFIG")
-    return int(json.loads(config)["task"]["index"]) if config else 0
 
 
 def _evidence(log_dir) -> dict:

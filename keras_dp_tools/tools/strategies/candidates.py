@@ -141,10 +141,8 @@ def _worker_env(machine: Machine, index: int, cluster: dict) -> dict:
 def launches(name: str, options: dict, machine: Machine, spec: dict, folder: Path) -> list[Launch]:
     """The processes that run the candidate, the one that answers first."""
     if name == "parameter_server":
-        # Its processes run tf_keras (Keras 3 has no parameter-server fit).
-        return [
-            Launch(parameter_server.CHILD_MODULE, spec, folder / "output.log", LEGACY_KERAS_ENV)
-        ]
+        # Its module sets TF_USE_LEGACY_KERAS itself, before TensorFlow is imported.
+        return [Launch(parameter_server.CHILD_MODULE, spec, folder / "output.log")]
     if name != "multi_worker_mirrored":
         return [Launch(TRIAL_MODULE, spec, folder / "output.log")]
     from keras_dp_tools.tools.launch import free_ports

@@ -71,7 +71,9 @@ def tf_keras_missing(strategy_name: str) -> str | None:
 def require_tf_keras(model, strategy_name: str) -> None:
     """A TypeError saying what to do when ``model`` is a Keras 3 model, whose ``fit``
     does not run under ``strategy_name`` (the trial sets ``TF_USE_LEGACY_KERAS=1``)."""
-    if type(model).__module__.split(".")[0] != "tf_keras":
+    from keras_dp_tools.capture.run_info import keras_package
+
+    if keras_package(model) != "tf_keras":
         raise TypeError(
             f"build_model returned a Keras 3 model ({type(model).__module__}), whose fit "
             f"does not run under {strategy_name}: build it with tf.keras (this trial sets "
@@ -257,6 +259,12 @@ def call_flexibly(function, *arguments):
     return function(*arguments[: len(positional)])
 
 
+def log_tail(path: Path, lines: int = 5) -> str:
+    """The last ``lines`` lines of a process's output file, on one line."""
+    text = Path(path).read_text(encoding="utf-8", errors="replace").strip()
+    return " | ".join(text.splitlines()[-lines:]) or "(no output)"
+
+
 class ChildFailed(RuntimeError):
     """The child exited, or reported an error, before answering; ``contract`` is True
     when the error is the user's functions breaking the contract (not worth retrying)."""
@@ -342,8 +350,7 @@ class Child:
 
     def log_tail(self, lines: int = 5) -> str:
         self._log.flush()
-        text = self.log_path.read_text(encoding="utf-8", errors="replace").strip()
-        return " | ".join(text.splitlines()[-lines:]) or "(no output)"
+        return log_tail(self.log_path, lines)
 
     def _exit_code(self) -> int:
         """The exit status of a child that is ending: once it exits, what it started is
