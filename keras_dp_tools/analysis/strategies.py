@@ -192,9 +192,14 @@ def _share_of_gap(row: pd.Series, winner: pd.Series) -> str:
     return f", which accounts for {_ms(row['comm_ms'])} {of_gap}; the rest is not attributed"
 
 
+def device_name(device: str) -> str:
+    """ "/job:localhost/replica:0/task:0/device:CPU:0" -> "CPU:0"."""
+    return str(device).rsplit("device:", 1)[-1].upper()
+
+
 def _central_storage(row: pd.Series, winner: pd.Series, evidence: dict, source: str) -> str:
-    # "/job:localhost/replica:0/task:0/device:CPU:0" -> "CPU:0"
-    where = str(evidence.get("variable_device") or "one device").rsplit("device:", 1)[-1]
+    device = evidence.get("variable_device")
+    where = device_name(device) if device and device != "one device" else "one device"
     if evidence.get("variable_on_replica"):
         where += ", one of its replicas' devices (whose replica copies nothing)"
     text = (

@@ -14,8 +14,9 @@ def require_positive_int(name: str, value, error: type[ValueError] = ValueError)
     raise error(f"{name} must be a positive integer, received {value!r}.")
 
 
-def require_positive_number(name: str, value) -> float:
-    """``value`` as a float if it is a positive number, else a ValueError naming it."""
+def require_positive_number(name: str, value, error: type[ValueError] = ValueError) -> float:
+    """``value`` as a float if it is a positive number, else a ValueError (``error``, a
+    subclass of it) naming it."""
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0:
         return float(value)
-    raise ValueError(f"{name} must be a positive number, received {value!r}.")
+    raise error(f"{name} must be a positive number, received {value!r}.")

@@ -21,7 +21,7 @@ from pathlib import Path
 import pandas as pd
 
 from keras_dp_tools.analysis import strategies as analysis
-from keras_dp_tools.common.validation import require_positive_int
+from keras_dp_tools.common.validation import require_positive_int, require_positive_number
 from keras_dp_tools.records.comparison import (
     comparison_record,
     write_comparison,
@@ -272,10 +272,7 @@ def compare_strategies(
     per_replica_batch = require_positive_int(
         "per_replica_batch", per_replica_batch, ComparisonArgumentError
     )
-    if not isinstance(timeout, (int, float)) or isinstance(timeout, bool) or timeout <= 0:
-        raise ComparisonArgumentError(
-            f"timeout must be a positive number of seconds, received {timeout!r}."
-        )
+    timeout = require_positive_number("timeout (seconds)", timeout, ComparisonArgumentError)
     if steps < rounds:
         raise ComparisonArgumentError(
             f"steps={steps} is fewer than rounds={rounds}: each round needs at least one step."
@@ -380,11 +377,6 @@ def compare_strategies(
     return StrategyComparison.from_record(record, root)
 
 
-def _device_name(device: str) -> str:
-    """ "/job:localhost/replica:0/task:0/device:CPU:0" -> "CPU:0"."""
-    return str(device).rsplit("device:", 1)[-1].upper()
-
-
 def _with_model_sizes(name: str, ready: dict, evidence: dict) -> dict:
     """Central storage moves no all-reduce our breakdown can see: the replicas read the
     variables from, and push their gradients to, the device that holds them. Where the
@@ -397,8 +389,10 @@ def _with_model_sizes(name: str, ready: dict, evidence: dict) -> dict:
     if not variable_bytes:
         return evidence
     variable_device = ready.get("variable_device")
-    replica_devices = [_device_name(device) for device in ready.get("replica_devices") or ()]
-    on_replica = bool(variable_device) and _device_name(variable_device) in replica_devices
+    replica_devices = [
+        analysis.device_name(device) for device in ready.get("replica_devices") or ()
+    ]
+    on_replica = bool(variable_device) and analysis.device_name(variable_device) in replica_devices
     copying = ready["replicas"] - 1 if on_replica else ready["replicas"]
     return {
         **evidence,
