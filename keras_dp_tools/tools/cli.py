@@ -408,7 +408,7 @@ def _strategy_comparison(found):
     """A recorded comparison as ``compare_strategies`` returns it (its text, its table)."""
     from keras_dp_tools.tools.strategies.compare import StrategyComparison
 
-    return StrategyComparison.from_record(found.record, found.log_dir)
+    return StrategyComparison.from_record(found.record, found.log_dir, table=found.table)
 
 
 def _comparison_csv(table, first: tuple[str, ...] = ()) -> None:

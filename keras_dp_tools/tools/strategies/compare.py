@@ -115,13 +115,16 @@ class StrategyComparison:
         """The comparison recorded in ``log_dir`` by ``compare_strategies``. Raises
         FileNotFoundError where there is none, ValueError naming a file it cannot read."""
         found = RecordedComparison.load(log_dir)  # the one reading of a recorded table
-        return cls.from_record(found.record, Path(log_dir))
+        return cls.from_record(found.record, Path(log_dir), table=found.table)
 
     @classmethod
-    def from_record(cls, record: dict, log_dir: Path | None) -> StrategyComparison:
+    def from_record(
+        cls, record: dict, log_dir: Path | None, table: pd.DataFrame | None = None
+    ) -> StrategyComparison:
         """The comparison a ``strategy_comparison.json`` record holds (one reading for
-        a fresh result and a loaded one)."""
-        table = analysis.table_from_record(record)
+        a fresh result and a loaded one); ``table``: the record's table already read."""
+        if table is None:
+            table = analysis.table_from_record(record)
         settings = record.get("settings") or {}
         return cls(
             table=table,
