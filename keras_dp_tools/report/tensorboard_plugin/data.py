@@ -43,34 +43,31 @@ FIGURES = {
 _SVG_LOCK = threading.Lock()
 
 
-def _files_key(log_dir: Path) -> tuple:
-    from keras_dp_tools.records.reader import find_record_files
-
-    try:
-        files = find_record_files(log_dir)
-    except FileNotFoundError:
-        return ()
+def _stat_key(paths) -> tuple:
+    """(path, mtime, size) of each file: it changes when one is written or replaced."""
     key = []
-    for path in files:
+    for path in paths:
         try:
             stat = path.stat()
-        except OSError:  # removed between the listing and now
+        except OSError:  # removed or replaced between the listing and now
             continue
         key.append((str(path), stat.st_mtime_ns, stat.st_size))
     return tuple(key)
 
 
+def _files_key(log_dir: Path) -> tuple:
+    from keras_dp_tools.records.reader import find_record_files
+
+    try:
+        return _stat_key(find_record_files(log_dir))
+    except FileNotFoundError:
+        return ()
+
+
 def _comparisons_key(log_dir: Path) -> tuple:
     from keras_dp_tools.records.comparison import comparison_path, find_comparisons
 
-    key = []
-    for folder in find_comparisons(log_dir):
-        try:
-            stat = comparison_path(folder).stat()
-        except OSError:  # replaced between the listing and now
-            continue
-        key.append((str(folder), stat.st_mtime_ns, stat.st_size))
-    return tuple(key)
+    return _stat_key(comparison_path(folder) for folder in find_comparisons(log_dir))
 
 
 def json_value(value):
