@@ -14,7 +14,13 @@ from __future__ import annotations
 
 import time
 
-from keras_dp_tools.capture.run_info import gradient_bytes, keras_package, worker_index
+from keras_dp_tools.capture.run_info import (
+    global_step,
+    gradient_bytes,
+    keras_package,
+    steps_per_execution,
+    worker_index,
+)
 from keras_dp_tools.tools.tuning.child import (
     ContractError,
     load_function,
@@ -33,21 +39,10 @@ def _fit(steps: int, callbacks: list) -> None:
     )
 
 
-def _iterations() -> int:
-    import numpy as np
-
-    return int(np.asarray(_state["model"].optimizer.iterations))
-
-
 def refuse_steps_per_execution(model) -> None:
     """A ContractError for a model compiled with ``steps_per_execution`` > 1: Keras then
     calls the step hooks once per execution, and the rounds are timed between step ends."""
-    import numpy as np
-
-    value = getattr(model, "steps_per_execution", None)
-    if value is None:  # tf_keras keeps a variable
-        value = getattr(model, "_steps_per_execution", None)
-    steps = 1 if value is None else int(np.asarray(value))
+    steps = steps_per_execution(model)
     if steps > 1:
         raise ContractError(
             f"build_model compiled the model with steps_per_execution={steps}: the "
@@ -129,7 +124,7 @@ def _profile(steps: int) -> dict:
     log_dir = _state["log_dir"]
     timer = StepTimer(log_dir, global_batch=_state["global_batch"], tensorboard=False)
     profiler = DataParallelProfiler(
-        log_dir, start_step=_iterations() + 1, window=steps, tensorboard=False
+        log_dir, start_step=(global_step(_state["model"]) or 0) + 1, window=steps, tensorboard=False
     )
     # One call before the window (never profiled) and one after it closes.
     _fit(steps + 2, [timer, profiler])
