@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 DEMO_ARGS ?=
 PYTEST_ARGS ?=
 
-.PHONY: demo test docs lint format clean bench gpu-check notebook
+.PHONY: demo test test-oldest docs lint format clean bench gpu-check notebook
 
 $(STAMP): setup.cfg pyproject.toml constraints.txt
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,24 @@ lint: $(STAMP)
 
 test: lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
+	$(MAKE) --no-print-directory test-oldest
+
+# The oldest stack setup.cfg admits (constraints-oldest.txt), installed as a pip user would
+# (not editable) into .venv-oldest: the README quickstart, the demo and the report run from
+# the installed package, then the core test modules. Part of `make test` (and so of CI).
+OLDEST := .venv-oldest
+OLDEST_TESTS ?= tests/test_records.py tests/test_report.py tests/test_step_timer.py \
+	tests/test_advisor_pure.py tests/test_cpu_traces.py tests/test_schema.py tests/test_lint.py
+$(OLDEST)/.installed: setup.cfg pyproject.toml constraints-oldest.txt
+	@test -x $(OLDEST)/bin/python || $(PYTHON) -m venv $(OLDEST)
+	$(OLDEST)/bin/python -m pip install --quiet --upgrade pip
+	$(OLDEST)/bin/python -m pip install --quiet -c constraints-oldest.txt '.[multiworker]' pytest hypothesis nbformat psutil
+	@touch $@
+
+test-oldest: $(OLDEST)/.installed
+	$(OLDEST)/bin/python -m pip install --quiet --no-deps --force-reinstall .
+	$(OLDEST)/bin/python tests/oldest_stack.py
+	$(OLDEST)/bin/python -m pytest -p no:cacheprovider $(OLDEST_TESTS)
 
 # The docs site (MkDocs Material, API reference from the docstrings) -> site/. --strict:
 # a warning (a broken link, an unreadable docstring) fails, as in tests/test_docs_site.py.
@@ -57,4 +75,4 @@ format: $(STAMP)
 	$(BIN)/ruff format .
 
 clean:
-	rm -rf $(VENV) runs site build *.egg-info .pytest_cache .ruff_cache
+	rm -rf $(VENV) $(OLDEST) runs site build *.egg-info .pytest_cache .ruff_cache

@@ -37,6 +37,8 @@ def test_summary_counts_the_steps_behind_each_statistic(tmp_path):
     assert profiled == [10, 11, 12, 13, 14, 20, 21, 22]
     assert summary["steps"] == 29
     assert summary["measured_steps"] == 29 - 8
+    # The page's counts add up: 21 timed + 8 left out (5 in our window, 3 in TensorBoard's).
+    assert summary["profiled_steps"] == 8
     assert summary["breakdown_steps"] == 5
 
 
@@ -46,6 +48,7 @@ def test_a_run_without_a_profiler_measures_every_step_after_warmup(tmp_path):
     summary = Report.load(tmp_path).summary(advice=False).iloc[0]
 
     assert (summary["steps"], summary["measured_steps"], summary["breakdown_steps"]) == (11, 11, 0)
+    assert summary["profiled_steps"] == 0
 
 
 def test_text_html_and_dashboard_show_the_same_labelled_summary(tmp_path):

@@ -22,7 +22,8 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     run's findings.
 
     The step times (``median_step_ms``, ``p90_step_ms``, ``examples_per_s``,
-    ``measured_steps``) are ``analysis.workers.measured_step_times``: in a multi-worker
+    ``measured_steps``; ``profiled_steps`` the steps they leave out because a profiler
+    window or its trace's analysis ran then) are ``analysis.workers.measured_step_times``: in a multi-worker
     run the job's step time, each step once; ``step_time_from`` names the column of
     ``Report.steps`` they come from (``job_step_ms`` or ``step_ms``; a multi-worker run
     where no two consecutive calls were recorded by every worker: the slowest worker's
@@ -33,6 +34,9 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
         return pd.DataFrame(columns=["start", "workers", "replicas", "steps"])
     multi_worker = multi_worker_runs(steps)
     measured = parts.measured()
+    # The same steps with those a profiler disturbed (its window, its trace's analysis
+    # in the background): the difference is what the step times leave out for it.
+    with_disturbed = parts.measured(disturbed=True).groupby("run", sort=False)["steps"].sum()
     # A restart ran redone steps again: count them once. The summary reads the
     # breakdown on the rows that have one (parts.profiled), the rest on every step.
     # Of every step, the columns read below only: the rows are copied.
@@ -63,6 +67,11 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
             "global_batch": grouped["global_batch"].first(),
             "steps": count(steps),
             "measured_steps": timed["steps"].sum().reindex(step_time_from.index, fill_value=0),
+            "profiled_steps": (with_disturbed - timed["steps"].sum())
+            .reindex(step_time_from.index)
+            .fillna(with_disturbed)
+            .fillna(0)
+            .astype("int64"),
             "breakdown_steps": count(analysed),
             "median_step_ms": timed["step_ms"].median(),
             "p90_step_ms": timed["step_ms"].quantile(0.9),

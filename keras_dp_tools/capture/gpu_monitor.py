@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import queue
 import re
 import time
@@ -20,8 +19,6 @@ from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.capture.run_info import global_step, strategy_devices
 from keras_dp_tools.common.warn import warn
 from keras_dp_tools.records.contract import gpu_ordinal
-
-logger = logging.getLogger("keras_dp_tools")
 
 _PCI_BUS_ID = re.compile(r"pci bus id: ([0-9a-fA-F:.]+)")
 # Per-GPU TensorBoard scalars: reading field -> tag "gpu/<i>/<tag>". Each tag is its
@@ -236,7 +233,12 @@ class GpuMonitor(DataParallelCallback):
         self._sampler.start()
 
     def _no_gpu_data(self, reason: str) -> None:
-        logger.info("keras_dp_tools GpuMonitor: no GPU data (%s); recording CPU usage only", reason)
+        # A warning, not a log line: Python's default logging hides INFO, and a user who
+        # added a GPU monitor should learn that it has nothing to read.
+        warn(
+            f"keras_dp_tools GpuMonitor: no GPU data ({reason}); recording CPU usage only.",
+            MeasurementWarning,
+        )
         self._recorder.write("gpu_status", time=time.time(), gpu_available=False, gpu_reason=reason)
 
     def _record_gpu(self, readings: list[dict]) -> None:

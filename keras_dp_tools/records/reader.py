@@ -29,15 +29,25 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from keras_dp_tools.common.warn import warn
+from keras_dp_tools.records.comparison import comparison_path, find_comparisons
 from keras_dp_tools.records.fields import COMMON_FIELDS, FIELDS, STEP_FIELDS
 from keras_dp_tools.records.writer import LAUNCHER_RECORDS, RECORDS_DIRNAME, SCHEMA_VERSION
 
 
-def find_record_files(sources: str | os.PathLike | Iterable[str | os.PathLike]) -> list[Path]:
+def find_record_files(
+    sources: str | os.PathLike | Iterable[str | os.PathLike], trials: bool = False
+) -> list[Path]:
     """Record files under one or more log dirs, record folders or ``.jsonl`` paths.
 
     A log dir is searched recursively, so a folder of many runs (a sweep) yields all
     of them. Raises ``FileNotFoundError`` naming what was searched when none exist.
+
+    Args:
+        sources: log dirs, record folders or record files.
+        trials: also the records of the candidates' short runs that a strategy comparison
+            keeps below its ``strategy_comparison.json`` (``compare_strategies``): they
+            are its evidence, not the user's training, so a search leaves them out by
+            default. A records file given by path is always read.
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
@@ -50,9 +60,10 @@ def find_record_files(sources: str | os.PathLike | Iterable[str | os.PathLike]) 
             found.append(path)
         elif path.is_dir():
             for name in ("worker-*.jsonl", LAUNCHER_RECORDS):
-                found.extend(sorted(path.glob(f"**/{RECORDS_DIRNAME}/{name}")))
+                under = sorted(path.glob(f"**/{RECORDS_DIRNAME}/{name}"))
                 if path.name == RECORDS_DIRNAME:
-                    found.extend(sorted(path.glob(name)))
+                    under += sorted(path.glob(name))
+                found.extend(file for file in under if trials or not _trial_run(file, path))
         else:
             raise FileNotFoundError(f"No such file or directory: {path}")
     found = sorted(set(found))
@@ -61,8 +72,25 @@ def find_record_files(sources: str | os.PathLike | Iterable[str | os.PathLike]) 
             f"No keras_dp_tools records found under {', '.join(searched)}. Expected "
             f"'{RECORDS_DIRNAME}/worker-<i>.jsonl' files, written when a model is trained "
             "with kdt.callbacks(log_dir)."
+            + (
+                " (Strategy comparisons' trial runs are left out: trials=True reads them.)"
+                if not trials and any(find_comparisons(place) for place in searched)
+                else ""
+            )
         )
     return found
+
+
+def _trial_run(file: Path, root: Path) -> bool:
+    """Whether a records file is a strategy comparison's trial: a folder between its run
+    folder (exclusive) and the searched ``root`` (inclusive) holds a comparison."""
+    run_folder = file.parent.parent if file.parent.name == RECORDS_DIRNAME else file.parent
+    folder = run_folder
+    while folder != root and root in folder.parents:
+        folder = folder.parent
+        if comparison_path(folder).is_file():
+            return True
+    return False
 
 
 _SCHEMA = pa.schema(FIELDS.items())

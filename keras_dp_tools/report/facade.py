@@ -183,6 +183,7 @@ class Report:
         cls,
         sources: str | os.PathLike | Iterable[str | os.PathLike],
         merge_runs: str | Sequence[Sequence[str]] | None = None,
+        trials: bool = False,
     ) -> Report:
         """Loads every records file under one or more log dirs (searched recursively)
         or ``.jsonl`` paths, merging runs and workers.
@@ -204,6 +205,9 @@ class Report:
                 workers, overlapping times); groups of run ids, e.g.
                 ``[["run-a", "run-b"]]``, merge those. A merged run keeps the id of
                 its lowest worker's run.
+            trials: also the candidates' short runs kept below a strategy comparison
+                (``compare_strategies``'s log dir): left out by default, as they are the
+                comparison's evidence, not your training.
 
         Raises:
             FileNotFoundError: a path does not exist, or holds no records.
@@ -211,7 +215,7 @@ class Report:
                 a run twice, or runs that share a worker index.
         """
         given = [sources] if isinstance(sources, (str, os.PathLike)) else list(sources)
-        files = ((path, 0) for path in find_record_files(given))
+        files = ((path, 0) for path in find_record_files(given, trials=trials))
         report = cls.from_files(files, merge_runs=merge_runs)
         report.log_dirs = [Path(source) for source in given if Path(source).is_dir()]
         return report

@@ -34,7 +34,9 @@ _STYLE = (
     "td.unit,th.unit{text-align:left;}.reading{color:#444;font-size:small;}"
     ".reading h3{margin-bottom:0;}"
     "td.text,th.text{text-align:left;}pre.code{background:#f4f4f4;padding:6px 8px;}"
-    ".comparison td{white-space:nowrap;}"
+    # Numbers stay on one line; a long text (a failed candidate's reason) wraps.
+    ".comparison td.value{white-space:nowrap;}"
+    ".comparison td.text{max-width:28em;overflow-wrap:anywhere;}"
 )
 
 

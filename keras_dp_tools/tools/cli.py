@@ -166,6 +166,12 @@ def build_parser() -> argparse.ArgumentParser:
         "report finds (same cluster, disjoint workers, overlapping times; the text names "
         "them), or give the run ids of one job, comma-separated (repeat for more jobs)",
     )
+    report.add_argument(
+        "--trials",
+        action="store_true",
+        help="also the candidates' short runs of each strategy comparison under LOG_DIR "
+        "(left out by default: they are the comparison's evidence, not your training)",
+    )
     add_format_option(
         report,
         "text: the summary, scaling table and advice for people (default); json: an "
@@ -354,7 +360,7 @@ def run_report_command(args: argparse.Namespace) -> int:
         print(f"keras-dp report: strategy comparison left out: {error}", file=sys.stderr)
     try:
         report = keras_dp_tools.Report.load(
-            args.log_dir, merge_runs=merge_runs_option(args.merge_runs)
+            args.log_dir, merge_runs=merge_runs_option(args.merge_runs), trials=args.trials
         )
     except MergeRunsError as error:  # runs named that cannot be merged: bad input
         raise UsageError(f"--merge-runs: {error}") from None
@@ -384,6 +390,8 @@ def run_report_command(args: argparse.Namespace) -> int:
         print(report.text() if report is not None else "No training records.")
         for found in comparisons:
             print(f"\n{found.title}\n\n{_strategy_comparison(found)}")
+        if comparisons and not args.trials:
+            print("\n(The candidates' own short runs are left out: --trials shows them.)")
     if not args.html:
         return 0
     if report is not None and report.steps.empty:

@@ -148,7 +148,9 @@ class AllReduceTuning:
             over rounds of each round's median step time; ``spread_pct`` the range of
             the round medians relative to ``step_ms``; ``allreduce_ms`` and
             ``busbw_gbps`` the profiled steps' medians from the breakdown. Fastest first.
-        best: the fastest measured candidate's name (None if none was measured).
+        best: the candidate to use: the fastest measured one when it beats the runner-up
+            and the default (``collective``) by more than the rounds' spread, else
+            ``collective`` (keep MirroredStrategy's default); None if none was measured.
         code: Python lines that build the best candidate's strategy.
         note: the decision in words: by how much the best beats the next, and the noise.
         log_dir: where each candidate's records, traces and output log are.
@@ -339,15 +341,14 @@ def tune_allreduce(
         key=lambda column: column.map(order) if column.name == "status" else column,
     ).reset_index(drop=True)
     measured = table[table["status"] == "measured"].dropna(subset=["step_ms"])
-    best = measured["candidate"].iloc[0] if len(measured) else None
-    note = _decision(measured)
+    best, note = _decision(measured)
     say(note)
     if temporary and not outcome.failures:
         shutil.rmtree(root, ignore_errors=True)
     return AllReduceTuning(
         table=table,
         best=best,
-        code=codes.get(best),
+        code=CANDIDATES[best].code(devices_code) if best else None,
         note=note,
         log_dir=root,
         codes=codes,
@@ -393,22 +394,39 @@ def _measure(log_dir: Path, blocks: list[tuple[int, int]]) -> dict:
     }
 
 
-def _decision(measured: pd.DataFrame) -> str:
+DEFAULT = "collective"  # MirroredStrategy's own choice: what to keep without a clear win
+
+
+def _decision(measured: pd.DataFrame) -> tuple[str | None, str]:
+    """The candidate to use and why. The fastest is recommended only when it beats the
+    runner-up and the default by more than the round-to-round spread of the two compared;
+    otherwise the default is kept (a difference within the noise is not worth a change)."""
     if measured.empty:
-        return "No candidate was measured: see the reasons in the table."
+        return None, "No candidate was measured: see the reasons in the table."
     best = measured.iloc[0]
     if len(measured) == 1:
-        return f"Only {best.candidate} was measured ({best.step_ms:.2f} ms per step)."
+        return (
+            best.candidate,
+            f"Only {best.candidate} was measured ({best.step_ms:.2f} ms per step).",
+        )
+    rivals = measured.iloc[1:2]
+    if best.candidate != DEFAULT:
+        rivals = pd.concat([rivals, measured[measured["candidate"] == DEFAULT]])
+    for _, rival in rivals.drop_duplicates("candidate").iterrows():
+        gain_pct = (rival.step_ms / best.step_ms - 1) * 100
+        noise = max(best.spread_pct or 0, rival.spread_pct or 0)
+        if gain_pct <= noise:
+            return DEFAULT, (
+                f"Fastest: {best.candidate} at {best.step_ms:.2f} ms per step, "
+                f"{rival.step_ms / best.step_ms:.2f}x faster than {rival.candidate} "
+                f"({rival.step_ms:.2f} ms), within the round-to-round spread of up to "
+                f"{noise:.0f}%: no clear win, so keep MirroredStrategy's default "
+                f"({DEFAULT})."
+            )
     runner_up = measured.iloc[1]
-    ratio = runner_up.step_ms / best.step_ms
     noise = max(best.spread_pct or 0, runner_up.spread_pct or 0)
-    verdict = (
-        "a clear win"
-        if (ratio - 1) * 100 > noise
-        else "within the round-to-round spread, so treat the two as equal"
-    )
-    return (
-        f"Fastest: {best.candidate} at {best.step_ms:.2f} ms per step, {ratio:.2f}x faster "
-        f"than {runner_up.candidate} ({runner_up.step_ms:.2f} ms); round medians spread up to "
-        f"{noise:.0f}%: {verdict}."
+    return best.candidate, (
+        f"Fastest: {best.candidate} at {best.step_ms:.2f} ms per step, "
+        f"{runner_up.step_ms / best.step_ms:.2f}x faster than {runner_up.candidate} "
+        f"({runner_up.step_ms:.2f} ms); round medians spread up to {noise:.0f}%: a clear win."
     )

@@ -30,6 +30,7 @@ import threading
 import time
 from pathlib import Path
 
+from keras_dp_tools.common.text import error_reason
 from keras_dp_tools.records.contract import TRIAL_PROCESS_ENV
 
 _PREFIX = "KDT-CHILD "
@@ -444,5 +445,8 @@ def serve(handle_spec, handle_command=None):
 
         traceback.print_exc()
         contract = isinstance(error, ContractError)
-        answer({"error": f"{type(error).__name__}: {error}", "contract": contract})
+        # A contract error is raised again in the parent, whole; any other becomes the
+        # candidate's one-line reason.
+        reason = f"{type(error).__name__}: {error}" if contract else error_reason(error, 500)
+        answer({"error": reason, "contract": contract})
         sys.exit(1)

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from keras_dp_tools.common.text import error_reason, shortened
 from keras_dp_tools.tools.tuning.child import (
     Child,
     ChildFailed,
@@ -138,8 +139,8 @@ def run_in_rounds(
     finished = False
 
     def fail(name: str, error: Exception) -> None:
-        outcome.failures[name] = str(error)[-500:]
-        say(f"  {name}: failed: {str(error)[-300:]}")
+        outcome.failures[name] = error_reason(str(error), 500)
+        say(f"  {name}: failed: {shortened(outcome.failures[name], 300)}")
         group = groups.pop(name, None)
         if group is not None:
             group.close(timeout=5)
