@@ -58,21 +58,45 @@ def test_every_public_name_has_an_api_entry():
     assert len(entries) == len(names)  # and none for a name that is not public
 
 
-def test_tested_versions_table_is_constraints_txt():
-    pins = dict(
+def _pins(name: str) -> dict[str, str]:
+    return dict(
         line.split("==")
-        for line in (REPO / "constraints.txt").read_text().splitlines()
+        for line in (REPO / name).read_text().splitlines()
         if "==" in line and not line.startswith("#")
     )
+
+
+def test_tested_versions_table_is_the_two_constraint_files():
+    oldest, newest = _pins("constraints-oldest.txt"), _pins("constraints.txt")
     page = (REPO / "docs" / "getting-started.md").read_text()
     table = page[page.index("### Tested versions") :].split("\n## ")[0]
-    rows = dict(re.findall(r"^\| [^|]*?\(`([\w-]+)`\) \| ([\w.]+) \|$", table, re.M))
+    rows = re.findall(r"^\| [^|]*?\(`([\w-]+)`[^|]*\) \| ([\w.]+) \| ([\w.]+) \|$", table, re.M)
 
-    assert rows, "no (`package`) | version rows under Tested versions"
-    for package, version in rows.items():
-        assert pins.get(package) == version, f"{package}: {version}, pinned {pins.get(package)}"
-    assert {"tensorflow", "keras", "tf-keras"} <= rows.keys()
-    assert re.search(r"^\| Python \| 3\.11 \|$", table, re.M)
+    assert rows, "no (`package`) | oldest | newest rows under Tested versions"
+    for package, low, high in rows:
+        assert oldest.get(package) == low, f"{package}: {low}, oldest pin {oldest.get(package)}"
+        assert newest.get(package) == high, f"{package}: {high}, pinned {newest.get(package)}"
+    assert {"tensorflow", "keras", "tf-keras"} <= {row[0] for row in rows}
+    assert re.search(r"^\| Python \| 3\.11 \| 3\.11 \|$", table, re.M)
+
+
+def test_every_floor_setup_cfg_admits_is_the_oldest_stack_tested():
+    """A bound in setup.cfg is true only if the oldest version it admits is the one
+    `make test-oldest` installs: a floor lowered without testing it fails here."""
+    setup = configparser.ConfigParser()
+    setup.read(REPO / "setup.cfg")
+    requires = setup["options"]["install_requires"].split()
+    requires += setup["options.extras_require"]["multiworker"].split()
+    floors = dict(re.fullmatch(r"([\w-]+)>=([\w.]+)", line).groups() for line in requires)
+    oldest = _pins("constraints-oldest.txt")
+
+    assert floors.keys() <= oldest.keys(), floors.keys() - oldest.keys()
+    for package, floor in floors.items():
+        pinned = tuple(int(part) for part in oldest[package].split("."))
+        assert pinned[: len(floor.split("."))] == tuple(int(p) for p in floor.split(".")), (
+            f"{package}>={floor} in setup.cfg, but constraints-oldest.txt tests {oldest[package]}"
+        )
+    assert {"tensorflow", "keras", "numpy", "pyarrow"} <= floors.keys()
 
 
 def test_python_3_11_or_newer_everywhere():

@@ -14,8 +14,10 @@ from dataclasses import dataclass, fields, replace
 
 import pandas as pd
 
+from keras_dp_tools.analysis.breakdown.bandwidth import NO_REDUCE
 from keras_dp_tools.analysis.frames import StepParts, step_parts, steps_of
 from keras_dp_tools.common.findings import Advice, Finding
+from keras_dp_tools.common.known_bugs import ALLREDUCE_BUG, ALLREDUCE_FIX, drops_gradient_allreduce
 from keras_dp_tools.common.severity import Severity
 
 COMM_SHARE_HIGH = 0.20  # exposed all-reduce transfer over step time
@@ -124,6 +126,38 @@ def _communication(profiled: pd.DataFrame, report) -> list[Finding]:
         )
     ]
     return advice
+
+
+def _unsynchronised(profiled: pd.DataFrame, report) -> list[Finding]:
+    """A Keras known not to all-reduce gradients under a mirrored strategy, and what the
+    trace shows of it: no gradient collective in any profiled step."""
+    run = report.runs.iloc[0] if len(report.runs) else None
+    if run is None or not drops_gradient_allreduce(
+        run.get("keras_package"), run.get("keras_version")
+    ):
+        return []
+    strategy, replicas = str(run.get("strategy")), run.get("replicas")
+    if "Mirrored" not in strategy or not replicas > 1:
+        return []
+    notes = profiled["bandwidth_note"] if "bandwidth_note" in profiled else pd.Series(dtype=object)
+    if len(notes) and (notes == NO_REDUCE).all():
+        seen = f"; the trace agrees: none of the {len(notes)} profiled steps ran an all-reduce."
+    elif len(notes):
+        return []  # a collective ran: this run does not show the bug
+    else:
+        seen = " (no profiled step to confirm it in the trace)."
+    bug = ALLREDUCE_BUG.format(
+        version=run["keras_version"], strategy=strategy, replicas=int(replicas)
+    )
+    return [
+        Advice(
+            "high",
+            "Replicas train apart: no gradient all-reduce",
+            bug + seen,
+            ALLREDUCE_FIX,
+            code="replicas-not-synchronised",
+        )
+    ]
 
 
 def _embedding_names(report) -> list[str]:
@@ -485,7 +519,7 @@ def _as_contention(finding: Finding) -> Finding:
 
 def _run_advice(report) -> list[Finding]:
     profiled = _profiled(report)
-    advice = []
+    advice = _unsynchronised(profiled, report)
     if not profiled.empty:
         advice += _communication(profiled, report) + _embeddings(profiled, report)
         advice += _waiting(profiled, report) + _input(profiled) + _other(profiled)

@@ -22,12 +22,13 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     run's findings.
 
     The step times (``median_step_ms``, ``p90_step_ms``, ``examples_per_s``,
-    ``measured_steps``; ``profiled_steps`` the steps they leave out because a profiler
-    window or its trace's analysis ran then) are ``analysis.workers.measured_step_times``: in a multi-worker
+    ``measured_steps``) are ``analysis.workers.measured_step_times``: in a multi-worker
     run the job's step time, each step once; ``step_time_from`` names the column of
     ``Report.steps`` they come from (``job_step_ms`` or ``step_ms``; a multi-worker run
     where no two consecutive calls were recorded by every worker: the slowest worker's
-    ``step_ms`` per step, ``workers.SLOWEST_WORKER``, a lower bound)."""
+    ``step_ms`` per step, ``workers.SLOWEST_WORKER``, a lower bound). ``profiled_steps``
+    are the steps they leave out because a profiler window or its trace's analysis ran
+    then."""
     runs, parts = frames.runs, steps_of(frames)
     steps = parts.all
     if steps.empty:

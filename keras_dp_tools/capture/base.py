@@ -20,6 +20,7 @@ import logging
 import sys
 import weakref
 
+from keras_dp_tools.common.known_bugs import ALLREDUCE_BUG, ALLREDUCE_FIX, drops_gradient_allreduce
 from keras_dp_tools.common.warn import warn
 
 logger = logging.getLogger("keras_dp_tools")
@@ -87,6 +88,29 @@ def _note_parameter_servers(strategy) -> None:
     warn(message, StrategyWarning)
 
 
+def keras_package(model) -> str:
+    """``"keras"`` (Keras 3) or ``"tf_keras"`` (legacy), from the model's own class."""
+    return type(model).__module__.split(".", 1)[0]
+
+
+def _note_known_bug(model) -> None:
+    """Says once per strategy object, before the first step, when this Keras is known
+    not to all-reduce gradients under it (the advisor says it again from the trace)."""
+    strategy = getattr(model, "distribute_strategy", None)
+    if strategy is None or strategy in _noted_strategies:
+        return
+    package = keras_package(model)
+    version = getattr(sys.modules.get(package), "__version__", None)
+    mirrored = any("Mirrored" in cls.__name__ for cls in type(strategy).__mro__)
+    replicas = getattr(strategy, "num_replicas_in_sync", 1)
+    if mirrored and replicas > 1 and drops_gradient_allreduce(package, version):
+        _noted_strategies.add(strategy)
+        bug = ALLREDUCE_BUG.format(
+            version=version, strategy=type(strategy).__name__, replicas=replicas
+        )
+        warn(f"{bug}. {ALLREDUCE_FIX}", StrategyWarning)
+
+
 def _default(method):
     # The marker both Keras 3 and tf_keras read to skip hooks nobody overrides.
     method._is_default = True
@@ -152,6 +176,8 @@ class DataParallelCallback:
         self._parameter_servers = parameter_server_training(model)
         if self._parameter_servers:
             _note_parameter_servers(model.distribute_strategy)
+        else:
+            _note_known_bug(model)
 
     def _fail(self, hook_name: str, error: BaseException) -> None:
         self._failed = True

@@ -11,16 +11,11 @@ import weakref
 
 import numpy as np
 
-from keras_dp_tools.capture.base import DataParallelCallback, find_in_fit
+from keras_dp_tools.capture.base import DataParallelCallback, find_in_fit, keras_package
 from keras_dp_tools.checks.batching import walk_batch
 from keras_dp_tools.common.warn import warn
 
 logger = logging.getLogger("keras_dp_tools")
-
-
-def keras_package(model) -> str:
-    """``"keras"`` (Keras 3) or ``"tf_keras"`` (legacy), from the model's own class."""
-    return type(model).__module__.split(".", 1)[0]
 
 
 def worker_index(strategy) -> tuple[int, int]:
