@@ -11,16 +11,18 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib
+import importlib.util
 import inspect
 import io
 import json
+import os
 import re
 import subprocess
 
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.tools.cli import build_parser, main
+from keras_dp_tools.tools.cli import main
 from tests.helpers import REPO
 from tests.helpers.comparisons import write_known_comparison
 from tests.helpers.doc_blocks import documents, fenced_blocks
@@ -31,13 +33,10 @@ from tests.helpers.doc_mentions import (
     inline_calls,
     option_mentions,
     python_file_mentions,
+    subcommands,
 )
 from tests.helpers.processes import run_cli
 from tests.helpers.recorded_runs import COMM_HEAVY, write_run
-
-
-def subcommands() -> dict:
-    return next(action for action in build_parser()._actions if action.dest == "command").choices
 
 
 def options_of(parser) -> list[list[str]]:
@@ -361,15 +360,24 @@ def test_the_pages_agree_on_a_window_beside_tensorboard_profiling():
     assert not wrong, "a window beside TensorBoard's profiling is said to be: " + ", ".join(wrong)
 
 
-def test_the_tuning_page_says_how_many_trials_start_on_a_cpu():
+def test_the_tuning_page_says_how_many_trials_the_example_starts():
+    """One process per candidate that applies: the reason the example is not run says
+    how many, on a CPU and with GPUs, as the candidates' own rules count them."""
     from keras_dp_tools.tools.tuning.allreduce import CANDIDATES, _skip_reason
 
-    on_a_cpu = sum(_skip_reason(candidate, gpus=False) is None for candidate in CANDIDATES.values())
-    text = (REPO / "docs" / "tuning.md").read_text()
+    def applying(gpus: bool) -> int:
+        return sum(_skip_reason(candidate, gpus=gpus) is None for candidate in CANDIDATES.values())
 
-    said = re.findall(r"(\d+) training processes", text)
-    assert said and set(said) <= {str(on_a_cpu), str(len(CANDIDATES))}, (said, on_a_cpu)
-    assert f"{on_a_cpu} on a CPU" in text
+    (block,) = [
+        block
+        for block in fenced_blocks("docs/tuning.md")
+        if "kdt.tune_allreduce(" in block.code and block.not_run_reason
+    ]
+    said = [
+        int(n) for n in re.findall(r"(\d+) (?:training processes|on a CPU)", block.not_run_reason)
+    ]
+    assert said == [applying(False)], block.not_run_reason
+    assert f"all {applying(True)} with GPUs" in block.not_run_reason
 
 
 def test_the_notebook_commands_give_it_an_absolute_log_dir():
@@ -384,6 +392,34 @@ def test_the_notebook_commands_give_it_an_absolute_log_dir():
         if not value.startswith(("/", "$PWD", '"$PWD', "$(pwd)", "~"))
     ]
     assert not relative, "relative log dirs given to a notebook: " + ", ".join(relative)
+
+
+def test_make_notebook_gives_the_kernel_an_absolute_log_dir(tmp_path, monkeypatch):
+    """``make notebook RUN=runs/x`` runs regenerate.py from the checkout; the kernel
+    runs in notebooks/, so the path is resolved first."""
+    import nbclient
+    import nbformat
+
+    spec = importlib.util.spec_from_file_location("regenerate", REPO / "notebooks/regenerate.py")
+    regenerate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(regenerate)
+    seen = []
+
+    class Client:  # what the kernel would be given, without starting one
+        def __init__(self, notebook, **kwargs):
+            pass
+
+        def execute(self):
+            seen.append(os.environ["KERAS_DP_LOG_DIR"])
+
+    monkeypatch.setattr(nbclient, "NotebookClient", Client)
+    monkeypatch.setattr(nbformat, "write", lambda *args: None)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "x").mkdir(parents=True)
+
+    regenerate.main(["--log-dir", "runs/x"])
+
+    assert seen == [str(tmp_path / "runs" / "x")]
 
 
 @pytest.mark.parametrize("spelling", ["kdt.Report.load", "keras_dp_tools.analysis.advice.advise"])

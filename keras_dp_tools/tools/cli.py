@@ -294,6 +294,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_format_option(
         compare, "text: table, verdict and code; json: the comparison record; csv: the table"
     )
+    docs = commands.add_parser(
+        "docs",
+        help="print a page of the documentation (the pages the output refers to)",
+        description="Print the page of TOPIC from the documentation installed with the "
+        "package (docs/TOPIC.md in a checkout), e.g. keras-dp docs reading; without "
+        "TOPIC, list the topics with their titles.",
+    )
+    docs.add_argument("topic", nargs="?", default=None, help="a page, e.g. reading")
+    docs.add_argument(
+        "--path", action="store_true", help="print the page's file path instead of its text"
+    )
+    notebook = commands.add_parser(
+        "notebook",
+        help="write a copy of the report notebook (a tutorial that loads your run)",
+        description="Write a copy of the report notebook installed with the package to DEST "
+        "(a file, or a folder to hold report.ipynb; default: report.ipynb here), to open "
+        "in Jupyter with KERAS_DP_LOG_DIR set to a run's log dir (an absolute path: the "
+        "kernel runs in the notebook's folder).",
+    )
+    notebook.add_argument("dest", nargs="?", type=Path, default=Path("report.ipynb"))
+    notebook.add_argument("--force", action="store_true", help="replace DEST if it exists")
     return parser
 
 
@@ -718,6 +739,27 @@ def run_doctor_command(args: argparse.Namespace) -> int:
     return run_doctor(profile=not args.no_profile, check=args.check)
 
 
+def run_docs_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.tools import shipped
+
+    if args.topic is None:
+        for topic, title in shipped.topics().items():
+            print(f"{topic:20} {title}")
+        return 0
+    path = shipped.page(args.topic)  # ValueError: exit 1, with the topics
+    print(path if args.path else path.read_text(), end="\n" if args.path else "")
+    return 0
+
+
+def run_notebook_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.tools.demo import notebook_hint
+    from keras_dp_tools.tools.shipped import copy_notebook
+
+    written = copy_notebook(args.dest, force=args.force)
+    print(f"Wrote {written}. Open it on a run:\n  {notebook_hint('<log dir>', written)}")
+    return 0
+
+
 # What runs each command of build_parser(), by the command's name.
 HANDLERS = {
     "demo": run_demo_command,
@@ -729,6 +771,8 @@ HANDLERS = {
     "launch": run_launch_command,
     "tune-allreduce": run_tune_allreduce_command,
     "compare-strategies": run_compare_strategies_command,
+    "docs": run_docs_command,
+    "notebook": run_notebook_command,
 }
 
 

@@ -57,6 +57,13 @@ def passages(document: str) -> list[Passage]:
     return found
 
 
+def subcommands() -> dict:
+    """Each ``keras-dp`` command's name and its argparse parser."""
+    from keras_dp_tools.tools.cli import build_parser
+
+    return next(action for action in build_parser()._actions if action.dest == "command").choices
+
+
 def all_passages() -> list[Passage]:
     return [passage for document in documents() for passage in passages(document)]
 
