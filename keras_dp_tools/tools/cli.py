@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         "exists) and that are not derived from num_replicas_in_sync (KDP001; followed "
         "through helper functions and imports of project files; per-replica contracts "
         "such as distribute_datasets_from_function and values the code states are "
-        "global are not reported: docs/scaling.md), constant "
+        "global are not reported: keras-dp docs scaling), constant "
         "batch_size given to fit/evaluate/predict, the global batch (KDP003), and "
         "constant learning rates next to scaled batches (KDP002). Parses only: never "
         "imports or runs the code. '# noqa: KDP001' silences a line. Exit status: 0 "
@@ -203,7 +203,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "--check",
         action="store_true",
-        help="exit 1 unless every check a GPU machine should pass passes (see docs/gpu_monitor.md)",
+        help="exit 1 unless every check a GPU machine should pass passes "
+        "(keras-dp docs gpu_monitor)",
     )
     launch = commands.add_parser(
         "launch",
@@ -245,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(MirroredStrategy's collective default, packings, ReductionToOneDevice, NCCL and "
         "hierarchical copy on GPUs), train its build_model() on make_dataset(global_batch) "
         "in interleaved rounds, and print the table, the decision and the code that builds "
-        "the fastest strategy. See docs/tuning.md and examples/tune_allreduce_script.py.",
+        "the fastest strategy. See keras-dp docs tuning.",
     )
     tune.add_argument("script", type=Path, help="a .py file with build_model and make_dataset")
     tune.add_argument(
@@ -266,7 +267,7 @@ def build_parser() -> argparse.ArgumentParser:
         "workers, ParameterServerStrategy with a local cluster), train its build_model() on "
         "make_dataset(global_batch) at the same per-replica batch in interleaved rounds, and "
         "print the table, the verdict and the code that builds the winner. Exit status 1 "
-        "when no candidate was measured. See docs/strategies.md.",
+        "when no candidate was measured. See keras-dp docs strategies.",
     )
     compare.add_argument("script", type=Path, help="a .py file with build_model and make_dataset")
     compare.add_argument(
@@ -298,7 +299,7 @@ def build_parser() -> argparse.ArgumentParser:
         "docs",
         help="print a page of the documentation (the pages the output refers to)",
         description="Print the page of TOPIC from the documentation installed with the "
-        "package (docs/TOPIC.md in a checkout), e.g. keras-dp docs reading; without "
+        "package (the docs folder in a checkout), e.g. keras-dp docs reading; without "
         "TOPIC, list the topics with their titles.",
     )
     docs.add_argument("topic", nargs="?", default=None, help="a page, e.g. reading")
