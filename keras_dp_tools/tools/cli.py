@@ -311,7 +311,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="write a copy of the report notebook (a tutorial that loads your run)",
         description="Write a copy of the report notebook installed with the package to DEST "
         "(a file, or a folder to hold report.ipynb; default: report.ipynb here), to open "
-        "in Jupyter with KERAS_DP_LOG_DIR set to a run's log dir (an absolute path: the "
+        f"in Jupyter with {LOG_DIR_ENV} set to a run's log dir (an absolute path: the "
         "kernel runs in the notebook's folder).",
     )
     notebook.add_argument("dest", nargs="?", type=Path, default=Path("report.ipynb"))
