@@ -213,9 +213,10 @@ def test_every_inline_call_binds_to_the_signature():
 
 
 def normalised(line: str) -> str:
-    """A line's shape: numbers (dates, times, ids) as #, paths as <path>, spaces as one."""
+    """A line's shape: numbers (dates, times, ids; "<0.001" and "-1" too) as #, paths as
+    <path>, spaces as one."""
     line = re.sub(r"\S*/\S*", "<path>", line)
-    line = re.sub(r"[0-9a-f]*\d[0-9a-f.,:-]*", "#", line)
+    line = re.sub(r"(?<![\w-])[<-]?[0-9a-f]*\d[0-9a-f.,:-]*", "#", line)
     return " ".join(line.split())
 
 
@@ -229,6 +230,17 @@ def output_samples(of: str) -> list:
         if block.not_run_reason
         and block.not_run_reason.replace("`", "").startswith(f"output of {of}")
     ]
+
+
+def test_a_lines_shape_sets_numbers_and_paths_aside():
+    assert normalised("Sync wait   <0.001  ms  sync_wait_ms") == normalised(
+        "Sync wait 0.67 ms sync_wait_ms"
+    )
+    assert normalised("Summary of run 20261203-162942-a0e4d7:") == "Summary of run #"
+    assert normalised("  tensorboard --logdir /tmp/x/run   (Data parallel tab)") == (
+        "tensorboard --logdir <path> (Data parallel tab)"
+    )
+    assert normalised("p90_step_ms") != normalised("median_step_ms")
 
 
 def test_the_demo_output_samples_have_the_shape_of_a_fresh_demo_run(demo_run):

@@ -45,6 +45,14 @@ def page(topic: str) -> Path:
 
     Raises:
         ValueError: no page has that name; the message lists the topics.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.tools.shipped import page
+
+    print(page("reading").read_text()[:80])  # "# Reading the numbers ..."
+    ```
     """
     name = Path(topic).name.removesuffix(".md")
     path = docs_folder() / f"{name}.md"
@@ -65,6 +73,14 @@ def copy_notebook(destination: str | os.PathLike, force: bool = False) -> Path:
 
     Raises:
         FileExistsError: the file exists and ``force`` is False.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.tools.shipped import copy_notebook
+
+    copy_notebook("notebooks/")  # -> notebooks/report.ipynb, yours to run and save
+    ```
     """
     target = Path(destination)
     if target.is_dir() or str(destination).endswith(("/", os.sep)):
