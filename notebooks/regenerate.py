@@ -74,6 +74,9 @@ def execute(log_dir: Path, timeout_s: int = 300) -> None:
     import nbclient
     import nbformat
 
+    # The kernel runs in notebooks/: a log dir relative to where the command was started
+    # (make notebook RUN=runs/x) would name another folder there.
+    log_dir = Path(log_dir).resolve()
     notebook = nbformat.read(NOTEBOOK, as_version=4)
     client = nbclient.NotebookClient(
         notebook,

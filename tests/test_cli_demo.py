@@ -111,11 +111,27 @@ def test_importing_the_package_does_not_import_tensorflow():
     assert result.stdout.split() == ["False", "False"]
 
 
-@pytest.mark.slow
-def test_the_demo_names_the_notebook_that_is_there(demo_run):
-    _, result = demo_run
-    named = re.search(r"notebook: (\S+)", result.stdout).group(1)
-    assert Path(named) == REPO / "notebooks" / "report.ipynb" and Path(named).is_file()
+def test_the_demo_hint_writes_the_notebook_and_names_the_run_absolute(
+    demo_run, tmp_path, monkeypatch
+):
+    """The hint works after a pip install (the notebook is copied from the package, not
+    named in a checkout) and from any folder (the log dir is absolute: Jupyter starts
+    the kernel in the notebook's folder)."""
+    log_dir, result = demo_run
+    hint = re.search(r"keras-dp notebook && (\S+)=(\S+) jupyter lab (\S+)", result.stdout)
+    assert hint.groups() == ("KERAS_DP_LOG_DIR", str(log_dir.resolve()), "report.ipynb")
+
+    written = run_cli("notebook", str(tmp_path) + "/")
+    assert written.returncode == 0, written.stderr
+    copy = tmp_path / "report.ipynb"
+    assert copy.read_bytes() == (REPO / "notebooks" / "report.ipynb").read_bytes()
+    again = run_cli("notebook", str(copy))
+    assert again.returncode == 1 and "--force" in again.stderr  # never over your edits
+
+    monkeypatch.chdir(tmp_path)
+    from keras_dp_tools.tools.demo import notebook_hint
+
+    assert f"KERAS_DP_LOG_DIR={tmp_path / 'runs' / 'x'} " in notebook_hint("runs/x", "r.ipynb")
 
 
 def test_notebook_runs_on_the_demo_output(demo_run):

@@ -10,6 +10,7 @@ import pytest
 
 from keras_dp_tools.tools.cli import HANDLERS, build_parser, main
 from tests.helpers.comparisons import write_known_comparison
+from tests.helpers.doc_mentions import subcommands
 from tests.helpers.pages import text_summary
 from tests.helpers.processes import run_cli
 from tests.helpers.recorded_runs import COMM_HEAVY, write_run
@@ -38,11 +39,6 @@ def test_logdir_is_log_dir_spelt_as_tensorboard_spells_it(argv):
     tensorboard = parser.parse_args([*argv, "--logdir", "runs/a"])
 
     assert str(dashed.log_dir) == str(tensorboard.log_dir) == "runs/a"
-
-
-def subcommands() -> dict:
-    """Each command's name and its parser."""
-    return next(action for action in build_parser()._actions if action.dest == "command").choices
 
 
 def test_every_command_has_a_handler():
@@ -96,7 +92,7 @@ def test_report_text_is_the_labelled_summary_with_how_to_read_it(tmp_path, capsy
     assert summary["comm_share"] == comm_share
     assert summary["gpu_util"]["values"] == ["not measured"]  # no GPU readings, not NaN
     assert "NaN" not in out
-    assert "How to read it:" in out and "docs/reading.md" in out
+    assert "How to read it:" in out and "keras-dp docs reading" in out
 
 
 def test_report_format_csv_is_the_summary_one_row_per_run(tmp_path, capsys):

@@ -1,5 +1,7 @@
 """From a fresh clone: ``pip install .`` into a new virtual environment, then the README's
-quickstart runs there, importing the installed package (not this checkout).
+quickstart runs there, importing the installed package (not this checkout), and the
+pages and the notebook the output refers to are there (``keras-dp docs``, ``keras-dp
+notebook``).
 
 The new environment sees nothing of this one (no ``--system-site-packages``, no
 ``PYTHONPATH``), so the install proves what setup.cfg declares: the dependencies, the
@@ -75,3 +77,19 @@ def test_pip_install_of_a_clone_runs_the_readme_quickstart(tmp_path):
     assert version.stdout.strip() == kdt.__version__
     static = venv.glob("lib/python*/site-packages/keras_dp_tools/report/tensorboard_plugin/static")
     assert {path.name for path in next(static).iterdir()} >= {"index.js", "style.css"}
+    # What the output refers to, a pip user has (issue 34): the pages, the notebook.
+    keras_dp = str(venv / "bin" / "keras-dp")
+    page = subprocess.run(
+        [keras_dp, "docs", "reading"], cwd=work, capture_output=True, text=True, env=env
+    )
+    assert page.stdout == (REPO / "docs" / "reading.md").read_text(), page.stderr
+    where = subprocess.run(
+        [keras_dp, "docs", "reading", "--path"], capture_output=True, text=True, env=env
+    )
+    assert where.stdout.strip().startswith(str(venv)), where.stdout
+    copied = subprocess.run(
+        [keras_dp, "notebook"], cwd=work, capture_output=True, text=True, env=env
+    )
+    assert copied.returncode == 0, copied.stderr
+    notebook = (work / "report.ipynb").read_bytes()
+    assert notebook == (REPO / "notebooks" / "report.ipynb").read_bytes()

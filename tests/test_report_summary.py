@@ -79,7 +79,7 @@ def test_text_html_and_dashboard_show_the_same_labelled_summary(tmp_path):
     assert page.reading == dashboard["reading"]["lines"]
     assert "\n".join(f"- {line}" for line in page.reading) in report.text()
     note = " ".join(page.reading)
-    assert "do not add up to the step time" in note and "docs/reading.md" in note
+    assert "do not add up to the step time" in note and "keras-dp docs reading" in note
     assert "exposed all-reduce transfer only" in note
 
 

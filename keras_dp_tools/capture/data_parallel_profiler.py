@@ -192,7 +192,7 @@ class DataParallelProfiler(DataParallelCallback):
                 f"DataParallelProfiler profiles worker {worker} (all_workers=True): with "
                 "TensorFlow 2.21, stopping the profiler on a worker other than 0 can crash "
                 "its process or lose trace events (a TensorFlow bug; see "
-                "docs/multiworker.md). all_workers=False profiles worker 0 only.",
+                "keras-dp docs multiworker). all_workers=False profiles worker 0 only.",
             )
         self._steps.start(self.model)
         # tf_keras marks every step itself; our markers nest inside its own in windows.

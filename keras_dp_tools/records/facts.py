@@ -96,7 +96,7 @@ class RunFacts:
             except (TypeError, ValueError):
                 raise ValueError(
                     f"The window record's {name!r} is {value!r}, not what keras_dp_tools "
-                    "writes there (docs/records.md); remove it to analyse without it."
+                    "writes there (keras-dp docs records); remove it to analyse without it."
                 ) from None
         return cls(**values)
 

@@ -39,7 +39,7 @@ READING_NOTE = (
     "Communication share: exposed all-reduce transfer only (not hidden by compute), % of the "
     "profiled step.",
     "Wait share: exposed wait for the slowest replica or worker, % of the profiled step.",
-    "More: docs/reading.md (Reading the numbers).",
+    "More: keras-dp docs reading (Reading the numbers).",
 )
 
 

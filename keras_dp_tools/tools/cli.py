@@ -125,7 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
         "exists) and that are not derived from num_replicas_in_sync (KDP001; followed "
         "through helper functions and imports of project files; per-replica contracts "
         "such as distribute_datasets_from_function and values the code states are "
-        "global are not reported: docs/scaling.md), constant "
+        "global are not reported: keras-dp docs scaling), constant "
         "batch_size given to fit/evaluate/predict, the global batch (KDP003), and "
         "constant learning rates next to scaled batches (KDP002). Parses only: never "
         "imports or runs the code. '# noqa: KDP001' silences a line. Exit status: 0 "
@@ -209,7 +209,8 @@ def build_parser() -> argparse.ArgumentParser:
     doctor.add_argument(
         "--check",
         action="store_true",
-        help="exit 1 unless every check a GPU machine should pass passes (see docs/gpu_monitor.md)",
+        help="exit 1 unless every check a GPU machine should pass passes "
+        "(keras-dp docs gpu_monitor)",
     )
     launch = commands.add_parser(
         "launch",
@@ -251,7 +252,7 @@ def build_parser() -> argparse.ArgumentParser:
         "(MirroredStrategy's collective default, packings, ReductionToOneDevice, NCCL and "
         "hierarchical copy on GPUs), train its build_model() on make_dataset(global_batch) "
         "in interleaved rounds, and print the table, the decision and the code that builds "
-        "the fastest strategy. See docs/tuning.md and examples/tune_allreduce_script.py.",
+        "the fastest strategy. See keras-dp docs tuning.",
     )
     tune.add_argument("script", type=Path, help="a .py file with build_model and make_dataset")
     tune.add_argument(
@@ -272,7 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
         "workers, ParameterServerStrategy with a local cluster), train its build_model() on "
         "make_dataset(global_batch) at the same per-replica batch in interleaved rounds, and "
         "print the table, the verdict and the code that builds the winner. Exit status 1 "
-        "when no candidate was measured. See docs/strategies.md.",
+        "when no candidate was measured. See keras-dp docs strategies.",
     )
     compare.add_argument("script", type=Path, help="a .py file with build_model and make_dataset")
     compare.add_argument(
@@ -300,6 +301,27 @@ def build_parser() -> argparse.ArgumentParser:
     add_format_option(
         compare, "text: table, verdict and code; json: the comparison record; csv: the table"
     )
+    docs = commands.add_parser(
+        "docs",
+        help="print a page of the documentation (the pages the output refers to)",
+        description="Print the page of TOPIC from the documentation installed with the "
+        "package (the docs folder in a checkout), e.g. keras-dp docs reading; without "
+        "TOPIC, list the topics with their titles.",
+    )
+    docs.add_argument("topic", nargs="?", default=None, help="a page, e.g. reading")
+    docs.add_argument(
+        "--path", action="store_true", help="print the page's file path instead of its text"
+    )
+    notebook = commands.add_parser(
+        "notebook",
+        help="write a copy of the report notebook (a tutorial that loads your run)",
+        description="Write a copy of the report notebook installed with the package to DEST "
+        "(a file, or a folder to hold report.ipynb; default: report.ipynb here), to open "
+        f"in Jupyter with {LOG_DIR_ENV} set to a run's log dir (an absolute path: the "
+        "kernel runs in the notebook's folder).",
+    )
+    notebook.add_argument("dest", nargs="?", type=Path, default=Path("report.ipynb"))
+    notebook.add_argument("--force", action="store_true", help="replace DEST if it exists")
     return parser
 
 
@@ -726,6 +748,27 @@ def run_doctor_command(args: argparse.Namespace) -> int:
     return run_doctor(profile=not args.no_profile, check=args.check)
 
 
+def run_docs_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.tools import shipped
+
+    if args.topic is None:
+        for topic, title in shipped.topics().items():
+            print(f"{topic:20} {title}")
+        return 0
+    path = shipped.page(args.topic)  # ValueError: exit 1, with the topics
+    print(path if args.path else path.read_text(), end="\n" if args.path else "")
+    return 0
+
+
+def run_notebook_command(args: argparse.Namespace) -> int:
+    from keras_dp_tools.tools.demo import notebook_hint
+    from keras_dp_tools.tools.shipped import copy_notebook
+
+    written = copy_notebook(args.dest, force=args.force)
+    print(f"Wrote {written}. Open it on a run:\n  {notebook_hint('<log dir>', written)}")
+    return 0
+
+
 # What runs each command of build_parser(), by the command's name.
 HANDLERS = {
     "demo": run_demo_command,
@@ -737,6 +780,8 @@ HANDLERS = {
     "launch": run_launch_command,
     "tune-allreduce": run_tune_allreduce_command,
     "compare-strategies": run_compare_strategies_command,
+    "docs": run_docs_command,
+    "notebook": run_notebook_command,
 }
 
 

@@ -7,6 +7,7 @@ logical devices, so the all-reduces are real. No data is downloaded.
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from pathlib import Path
 
@@ -20,8 +21,6 @@ from keras_dp_tools.setup.scaling import plan_scaling
 
 IMAGE_SHAPE = (32, 32, 3)
 CLASSES = 10
-# The checkout's report notebook (this file is keras_dp_tools/tools/demo.py).
-NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "report.ipynb"
 
 
 def keras_module():
@@ -134,6 +133,14 @@ def run_demo(
     return Report.load(log_dir)
 
 
+def notebook_hint(log_dir: os.PathLike | str, notebook: os.PathLike | str) -> str:
+    """The command that opens the report notebook on ``log_dir``. The log dir is made
+    absolute (a ``<placeholder>`` is kept): Jupyter starts the kernel in the notebook's
+    folder, where a relative path would name another folder."""
+    shown = str(log_dir) if str(log_dir).startswith("<") else str(Path(log_dir).resolve())
+    return f"{LOG_DIR_ENV}={shlex.quote(shown)} jupyter lab {shlex.quote(str(notebook))}"
+
+
 def print_next_steps(report: Report, log_dir: os.PathLike) -> None:
     print()
     print(report.text())
@@ -142,5 +149,7 @@ def print_next_steps(report: Report, log_dir: os.PathLike) -> None:
         f"  tensorboard --logdir {log_dir}      (Data parallel tab, scalars, Profile tab)\n"
         f"  keras-dp analyze {log_dir}          (per-step compute / all-reduce breakdown)\n"
         f"  keras-dp report {log_dir} --html report.html\n"
-        f"  notebook: {NOTEBOOK} (set {LOG_DIR_ENV}={log_dir}, or it opens the newest run)"
+        f"  keras-dp notebook && {notebook_hint(log_dir, 'report.ipynb')}\n"
+        "      (the report notebook on this run: `keras-dp notebook` writes report.ipynb "
+        "here; pip install jupyterlab)"
     )
