@@ -237,7 +237,7 @@ def _other(profiled: pd.DataFrame) -> list[Finding]:
     medians = {name: profiled[name].median() for name in parts if name in profiled}
     medians = {name: value for name, value in medians.items() if pd.notna(value)}
     evidence = f"{share:.0%} of the step is in no named part (median of profiled steps)"
-    fix = "See docs/breakdown.md (other_ms) for what it holds."
+    fix = "See keras-dp docs breakdown (other_ms) for what it holds."
     if medians:
         largest = max(medians, key=medians.get)
         described, fix = parts[largest]
@@ -488,7 +488,7 @@ def _workers(report) -> list[Finding]:
         "a slower GPU model than its peers.",
         "unknown": "The slowness is inside its train call (input or compute): profile that "
         "worker too (DataParallelProfiler(all_workers=True); with TensorFlow 2.21 that may "
-        "crash it, docs/multiworker.md: rehearse on a short run first).",
+        "crash it, keras-dp docs multiworker: rehearse on a short run first).",
     }
     worker = found["worker"]
     evidence = (

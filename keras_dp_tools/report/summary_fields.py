@@ -100,12 +100,8 @@ SUMMARY_FIELDS = {
     "global_batch": SummaryField("Global batch", "examples", count_text),
     "steps": SummaryField("Steps (warm-up left out)", "", count_text),
     "measured_steps": SummaryField("Steps timed (behind the step times)", "", count_text),
-    "profiled_steps": SummaryField(
-        "Steps left out (profiled, or during the trace's analysis)", "", count_text
-    ),
-    "breakdown_steps": SummaryField(
-        "Steps behind the breakdown (of those left out)", "", count_text
-    ),
+    "profiled_steps": SummaryField("Steps left out (profiler, its analysis)", "", count_text),
+    "breakdown_steps": SummaryField("Steps behind the breakdown (profiled)", "", count_text),
     "median_step_ms": SummaryField("Median step time", "ms", number_text),
     "p90_step_ms": SummaryField("90th percentile step time", "ms", number_text),
     "examples_per_s": SummaryField("Throughput", "examples/s", number_text),

@@ -104,7 +104,7 @@ def dataset_spelling(make_dataset) -> str:
         "make_dataset must be make_dataset(global_batch), returning a tf.data.Dataset of "
         "batches of global_batch examples (or make_dataset(strategy) / make_dataset(), "
         f"returning global batches it chooses); received make_dataset{received}. Name "
-        "its first parameter global_batch (or strategy): see docs/tuning.md."
+        "its first parameter global_batch (or strategy): see keras-dp docs tuning."
     )
 
 
