@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import keras_dp_tools as kdt
+from keras_dp_tools.capture.gpu_monitor import NoGpuWarning
 from keras_dp_tools.capture.monitor.nvml_reader import NvmlReader
 from keras_dp_tools.capture.monitor.replay import ReplayReader
 from keras_dp_tools.capture.monitor.sampler import THREAD_NAME
@@ -58,7 +59,7 @@ def test_cpu_only_run_records_why_and_cpu_usage(tmp_path, keras, strategy4):
     assert len(report.cpu) >= 2 and (report.cpu["process_cpu_percent"] >= 0).all()
     # Once per fit, as a warning (Python shows it by default; INFO logs it does not).
     shown = [w for w in caught if "no GPU data" in str(w.message)]
-    assert len(shown) == 1 and issubclass(shown[0].category, kdt.MeasurementWarning)
+    assert len(shown) == 1 and issubclass(shown[0].category, NoGpuWarning)
     assert not sampler_threads()
 
 
@@ -148,3 +149,14 @@ def test_a_failing_reader_warns_once_and_training_goes_on(tmp_path, keras, strat
 def test_invalid_interval_names_the_value(tmp_path):
     with pytest.raises(ValueError, match="received 0"):
         kdt.GpuMonitor(tmp_path, interval=0)
+
+
+def test_the_no_gpu_warning_made_an_error_stops_no_reading(tmp_path, keras, strategy4):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", NoGpuWarning)  # the user's -W error
+        warnings.simplefilter("error", kdt.MeasurementWarning)  # nor may the monitor fail
+        fit(dense_model(keras, strategy4), [kdt.GpuMonitor(tmp_path, interval=0.01)], epochs=2)
+
+    report = kdt.Report.load(tmp_path)
+    assert "uses no GPU" in report.runs.iloc[0]["gpu_reason"]
+    assert len(report.cpu) >= 2  # the CPU readings went on

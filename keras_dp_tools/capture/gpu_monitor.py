@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import re
 import time
@@ -51,6 +52,11 @@ def _pci_bus_ids(ordinals: list[int]) -> list[str] | None:
             found[ordinal] = bus.group(1)
     ids = [found.get(ordinal) for ordinal in ordinals]
     return ids if all(ids) else None
+
+
+class NoGpuWarning(UserWarning):
+    """GpuMonitor found no GPU to read (none visible, no NVML, or a strategy on CPU
+    devices); it records the CPU usage only."""
 
 
 class GpuMonitor(DataParallelCallback):
@@ -197,7 +203,8 @@ class GpuMonitor(DataParallelCallback):
         reader = self.source
         if reader is None:
             if not ordinals:
-                self._no_gpu_data(f"the strategy uses no GPU (devices: {', '.join(devices)})")
+                on = f"devices: {', '.join(devices)}" if devices else "the default strategy"
+                self._no_gpu_data(f"the strategy uses no GPU ({on})")
                 return
             try:
                 reader = NvmlReader(
@@ -233,13 +240,15 @@ class GpuMonitor(DataParallelCallback):
         self._sampler.start()
 
     def _no_gpu_data(self, reason: str) -> None:
-        # A warning, not a log line: Python's default logging hides INFO, and a user who
-        # added a GPU monitor should learn that it has nothing to read.
-        warn(
-            f"keras_dp_tools GpuMonitor: no GPU data ({reason}); recording CPU usage only.",
-            MeasurementWarning,
-        )
         self._recorder.write("gpu_status", time=time.time(), gpu_available=False, gpu_reason=reason)
+        # A warning, not a log line: Python's default logging hides INFO, and a user who
+        # added a GPU monitor should learn that it has nothing to read. Warnings made
+        # errors must not stop the CPU readings: the record above says it too.
+        with contextlib.suppress(NoGpuWarning):
+            warn(
+                f"keras_dp_tools GpuMonitor: no GPU data ({reason}); recording CPU usage only.",
+                NoGpuWarning,
+            )
 
     def _record_gpu(self, readings: list[dict]) -> None:
         """Runs in the sampler thread: records are thread-safe; scalars wait for the
