@@ -169,3 +169,29 @@ def test_the_chart_takes_the_log_dir_of_a_comparison(tmp_path):
 
     heights = [bar.get_height() for bar in figure.axes[0].patches]
     assert heights == pytest.approx([45_678, 12_345])  # the medians, fastest first
+
+
+def test_a_comparisons_trial_runs_are_read_only_when_asked(tmp_path, capsys):
+    from tests.helpers.comparisons import write_known_comparison
+    from tests.helpers.recorded_runs import COMM_HEAVY, write_run
+
+    runs = tmp_path / "runs"
+    write_known_comparison(runs / "strategies")
+    write_run(runs / "strategies" / "mirrored", run="trial-mirrored", breakdown=COMM_HEAVY)
+    write_run(runs / "strategies", run="mine")  # the user's own run beside the comparison
+    write_run(runs / "exp1", run="exp1")
+
+    assert set(kdt.Report.load(runs).runs["run"]) == {"mine", "exp1"}
+    assert "trial-mirrored" in set(kdt.Report.load(runs, trials=True).runs["run"])
+    # A folder of the comparison and its trials alone: the comparison is the report.
+    only = tmp_path / "only"
+    write_known_comparison(only)
+    write_run(only / "mirrored", run="trial-mirrored", breakdown=COMM_HEAVY)
+    with pytest.raises(FileNotFoundError, match="trials=True"):
+        kdt.Report.load(only)
+    assert main(["report", str(only)]) == 0
+    text = capsys.readouterr().out
+    assert "No training records." in text and "trial-mirrored" not in text
+    assert "--trials shows them" in text
+    assert main(["report", str(only), "--trials"]) == 0
+    assert "trial-mirrored" in capsys.readouterr().out
