@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from keras_dp_tools.analysis.breakdown.classify import KIND_CODES, Kind, classify_device_event
+from keras_dp_tools.analysis.breakdown.device_roles import no_devices_apart, split_devices
 from keras_dp_tools.analysis.trace.xevents import EventTable, read_events
 from keras_dp_tools.analysis.trace.xspace import (
     StepMarker,
@@ -137,10 +139,13 @@ class DeviceEvents:
 @dataclass(slots=True)
 class ReplicaGpus:
     """The GPUs of a GPU run: ``ordinals[k]`` is replica k's CUDA ordinal, ``events[k]``
-    its device events."""
+    its device events; ``apart``: the GPUs of the trace that are not replicas and what
+    they did (``device_roles.DEVICES_APART_COLUMNS``), when the run's devices are not
+    known."""
 
     ordinals: list[int]
     events: list[DeviceEvents]
+    apart: pd.DataFrame = field(default_factory=no_devices_apart)
 
 
 def read_replica_gpus(space, devices: Sequence[str] | None, origin_ps: int) -> ReplicaGpus | None:
@@ -150,7 +155,8 @@ def read_replica_gpus(space, devices: Sequence[str] | None, origin_ps: int) -> R
     With the strategy's ``devices``, their kind decides: CPU devices take the CPU path
     even when the trace also has GPU planes (a CPU strategy on a GPU machine; the GPU
     planes are then not read). Without them, GPU planes that hold device events mean a
-    GPU run, one replica per such plane.
+    GPU run, one replica per GPU that ran the model's kernels; the others (only copies,
+    or nothing) are listed apart (``device_roles.split_devices``).
 
     Raises:
         UnusableTraceError: a replica's GPU has no device events in the trace (no
@@ -173,9 +179,10 @@ def read_replica_gpus(space, devices: Sequence[str] | None, origin_ps: int) -> R
     }
     busy = {ordinal for ordinal, events in read.items() if len(events.kind)}
     if not ordinals:
-        ordinals = sorted(busy)
+        ordinals, apart = split_devices(read)
         if not ordinals:
             return None
+        return ReplicaGpus(ordinals, [read[ordinal] for ordinal in ordinals], apart)
     idle = [ordinal for ordinal in ordinals if ordinal not in busy]
     if idle:  # the reason names the planes that do hold events: read those (error path)
         busy |= {o for o, plane in planes.items() if o not in read and _has_stream_events(plane)}

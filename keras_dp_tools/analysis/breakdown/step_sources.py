@@ -1,0 +1,188 @@
+"""Where a trace's steps come from, for any TensorFlow capture, first found first:
+
+1. ``kdp_marker``: our profiler's markers (``Trace("train", step_num=n, _r=1, kdp=1)``);
+2. ``train_marker``: ``Trace("train", step_num=n, _r=1)`` without ours, as tf_keras's
+   ``fit`` marks every step (numbered within the epoch) and as users write them;
+3. ``profiled_batch``: Keras 3's ``TensorBoard(profile_batch=...)`` marks each profiled
+   batch ``Trace("Profiled batch", step_num=<batch in the epoch>)``, without ``_r``, so
+   XProf does not take it as a step (keras-team/keras#19476);
+4. XProf's own step grouping (``tsl/profiler/utils/group_events.cc``), from the
+   executor's events:
+
+   * ``group_id``: the events of a capture grouped when it was written (older
+     TensorFlow grouped before saving) carry a ``group_id``: each group of
+     ``ExecutorState::Process`` events is a step;
+   * ``iter_num``: a function running a loop (``ExecutorState::Process`` events of one
+     ``step_id`` with ``iter_num`` other than 0) has one step per iteration;
+   * ``function_run``: else each root call (``FunctionRun`` with ``_r``), one
+     ``tf.function`` call, not inside another root on its thread, not on a tf.data
+     thread, and running executor work (``ExecutorState::Process`` outside tf.data
+     threads while it lasts);
+
+5. ``whole_capture``: the capture as one step (step 0), from its first host event to
+   its last.
+
+The steps are ``StepMarker`` s either way: the step engine treats them alike.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from keras_dp_tools.analysis.trace.xspace import StepMarker, TraceEvent, step_markers
+from keras_dp_tools.records.contract import OWN_MARKER_STAT, STEP_EVENT_NAME
+
+PROFILED_BATCH = "Profiled batch"  # Keras 3's TensorBoard callback (backend/tensorflow)
+FUNCTION_RUN = "FunctionRun"  # one tf.function call (a root event: ``_r``)
+EXECUTOR_PROCESS = "ExecutorState::Process"  # the executor running a function's ops
+MARKER_NAMES = frozenset({STEP_EVENT_NAME, PROFILED_BATCH})
+ROOT_NAMES = frozenset({FUNCTION_RUN, EXECUTOR_PROCESS})
+
+# What each value of the ``step_source`` column means (docs/breakdown.md).
+STEP_SOURCES = {
+    "kdp_marker": "keras_dp_tools' step markers",
+    "train_marker": 'Trace("train", step_num=...) markers (tf_keras fit, or your own)',
+    "profiled_batch": "Keras 3 TensorBoard(profile_batch=...) batch markers",
+    "group_id": "XProf's step groups written with the capture (group_id)",
+    "iter_num": "XProf's step grouping: the iterations of a loop in a function (iter_num)",
+    "function_run": "XProf's step grouping: one step per tf.function call (FunctionRun)",
+    "whole_capture": "no step marker or step grouping: the whole capture as one step",
+}
+_ROOT_STAT, _GROUP, _ITER, _STEP_ID = "_r", "group_id", "iter_num", "step_id"
+_TF_DATA_LINE = "tf_data"  # tf.data's threads: input production, not steps
+
+
+@dataclass(frozen=True)
+class TraceSteps:
+    """A trace's steps: ``markers`` in time order and where they came from
+    (``source``, a key of ``STEP_SOURCES``; None: the trace has no host events)."""
+
+    markers: list[StepMarker]
+    source: str | None
+
+
+def find_steps(
+    markers: Sequence[TraceEvent],
+    roots: Sequence[TraceEvent],
+    extent: tuple[int, int | None] | None,
+) -> TraceSteps:
+    """The steps of a trace, from the first source (module docstring) that has any.
+
+    Args:
+        markers: host events named as step markers (``MARKER_NAMES``), with stats.
+        roots: host ``FunctionRun`` and ``ExecutorState::Process`` events, with stats.
+        extent: the host events' earliest start and latest end (absolute ps) other
+            than the markers', as ``host_reading.read_host`` gives it; None: no events.
+
+    Returns:
+        A ``TraceSteps``.
+    """
+    for source, names, own in (
+        ("kdp_marker", {STEP_EVENT_NAME}, True),
+        ("train_marker", {STEP_EVENT_NAME}, False),
+        ("profiled_batch", {PROFILED_BATCH}, False),
+    ):
+        chosen = [
+            event
+            for event in markers
+            if event.name in names
+            and event.stats.get("step_num") is not None
+            and (event.stats.get(OWN_MARKER_STAT) is not None) == own
+        ]
+        if chosen:
+            return TraceSteps(step_markers(chosen, names), source)
+    processes = [
+        event
+        for event in roots
+        if event.name == EXECUTOR_PROCESS and not event.line.startswith(_TF_DATA_LINE)
+    ]
+    for source, find in (
+        ("group_id", _group_steps),
+        ("iter_num", _loop_steps),
+        ("function_run", lambda work: _root_steps(roots, work)),
+    ):
+        found = find(processes)
+        if found:
+            return TraceSteps(found, source)
+    if extent is None:
+        return TraceSteps([], None)
+    first, last = extent
+    return TraceSteps([StepMarker(0, first, first if last is None else last)], "whole_capture")
+
+
+def _span_marker(step: int, events: Sequence[TraceEvent]) -> StepMarker:
+    """A step lasting from the first of ``events`` to the last, on the first's thread."""
+    head = min(events, key=lambda event: event.start_ps)
+    end = max(event.end_ps for event in events)
+    return StepMarker(step, head.start_ps, end, head.line, (head.plane, head.line_id))
+
+
+def _group_steps(processes: Sequence[TraceEvent]) -> list[StepMarker]:
+    """One step per ``group_id`` the executor's events carry, numbered by it."""
+    groups = defaultdict(list)
+    for event in processes:
+        group = event.stats.get(_GROUP)
+        if isinstance(group, int):
+            groups[group].append(event)
+    return _in_time_order(_span_marker(group, events) for group, events in groups.items())
+
+
+def _loop_steps(processes: Sequence[TraceEvent]) -> list[StepMarker]:
+    """One step per iteration of a loop run by a function (XProf's
+    ``ProcessTensorFlowLoop``): the executor's events of one ``step_id`` and
+    ``iter_num``, where that ``step_id`` ran more than iteration 0; numbered in time
+    order."""
+    loops = defaultdict(lambda: defaultdict(list))
+    for event in processes:
+        step_id, iteration = event.stats.get(_STEP_ID), event.stats.get(_ITER)
+        if isinstance(step_id, int) and isinstance(iteration, int):
+            loops[step_id][iteration].append(event)
+    iterations = [events for loop in loops.values() if set(loop) != {0} for events in loop.values()]
+    spans = sorted((_span_marker(0, events) for events in iterations), key=_start)
+    return [StepMarker(n, m.start_ps, m.end_ps, m.line, m.thread) for n, m in enumerate(spans)]
+
+
+def _root_steps(roots: Sequence[TraceEvent], processes: Sequence[TraceEvent]) -> list[StepMarker]:
+    """One step per root ``FunctionRun`` (``_r`` set) that is not on a tf.data thread,
+    not inside another root on its thread, and ran executor work; numbered in time
+    order."""
+    calls = sorted(
+        (
+            event
+            for event in roots
+            if event.name == FUNCTION_RUN
+            and event.stats.get(_ROOT_STAT)
+            and not event.line.startswith(_TF_DATA_LINE)
+        ),
+        key=lambda event: (event.start_ps, -event.end_ps),
+    )
+    outer, reach = [], {}
+    for call in calls:  # a root inside a root of its thread is part of that one
+        thread = (call.plane, call.line_id)
+        if call.start_ps < reach.get(thread, call.start_ps):
+            continue
+        reach[thread] = call.end_ps
+        outer.append(call)
+    work = sorted(event.start_ps for event in processes)
+    kept = [call for call in outer if _any_between(work, call.start_ps, call.end_ps)]
+    return [
+        StepMarker(n, call.start_ps, call.end_ps, call.line, (call.plane, call.line_id))
+        for n, call in enumerate(kept)
+    ]
+
+
+def _any_between(sorted_starts: list[int], start: int, end: int) -> bool:
+    from bisect import bisect_left
+
+    position = bisect_left(sorted_starts, start)
+    return position < len(sorted_starts) and sorted_starts[position] < end
+
+
+def _start(marker: StepMarker) -> int:
+    return marker.start_ps
+
+
+def _in_time_order(markers) -> list[StepMarker]:
+    return sorted(markers, key=_start)
