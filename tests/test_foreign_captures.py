@@ -1,0 +1,195 @@
+"""Captures made without our markers: where the steps come from (``step_sources``), the
+devices rows name, the GPUs that are not replicas, and the run facts nobody gave.
+
+Traces are XSpace protos as the profiler writes them (``tests/helpers``); expected
+values are computed by hand in the docstrings, and on GPU traces XProf's own step
+grouping on the same file is the second opinion."""
+
+import pytest
+
+from keras_dp_tools.analysis import analyze_trace, analyze_xspace
+from keras_dp_tools.analysis.consistency import breakdown_problems
+
+
+def steps_of(breakdown):
+    assert breakdown_problems(breakdown.replicas) == []
+    return breakdown.steps.set_index("step")
+
+
+def function_call(host, start, end, line="python", **stats):
+    """One tf.function call as TF 2.21 records it: a root ``FunctionRun`` on the
+    calling thread and the executor's work on a compute thread."""
+    host.event(line, "FunctionRun", start, end, _r=1, **stats)
+    host.event("tf_Compute/1", "ExecutorState::Process", start + 0.1, end - 0.1, iter_num=0)
+
+
+def test_keras3_tensorboard_batches_are_the_steps(builder):
+    """Keras 3's TensorBoard marks profiled batches ``Profiled batch`` (no ``_r``).
+    Batches 2 (0-4 ms, a 1-3 ms op) and 3 (5-8 ms, a 6-7 ms op)."""
+    space = builder()
+    host = space.host()
+    host.event("python", "Profiled batch", 0, 4, step_num=2)
+    host.event("python", "Profiled batch", 5, 8, step_num=3)
+    host.event("tf_Compute/1", "sequential/dense/MatMul:_MklMatMul", 1, 3)
+    host.event("tf_Compute/1", "sequential/dense/MatMul:_MklMatMul", 6, 7)
+    breakdown = analyze_xspace(space.space)
+    steps = steps_of(breakdown)
+    assert breakdown.step_source == "profiled_batch"
+    assert list(steps.index) == [2, 3]
+    assert steps["step_ms"].tolist() == pytest.approx([4.0, 3.0])
+    assert steps["compute_ms"].tolist() == pytest.approx([2.0, 1.0])
+    assert set(breakdown.replicas["step_source"]) == {"profiled_batch"}
+    assert breakdown.replicas["device"].tolist() == ["/host:CPU", "/host:CPU"]
+
+
+def test_markers_win_in_order_ours_train_then_profiled_batch(builder):
+    """tf_keras's ``train`` markers (0-4, 5-8) win over Keras 3's batches (0-2), and
+    ours (0-10) over both."""
+    space = builder()
+    host = space.host()
+    host.event("python", "Profiled batch", 0, 2, step_num=7)
+    space.step(1, 0, 4, own=False).step(2, 5, 8, own=False)
+    host.event("tf_Compute/1", "sequential/dense/MatMul:_MklMatMul", 1, 3)
+    breakdown = analyze_xspace(space.space)
+    assert breakdown.step_source == "train_marker"
+    assert list(steps_of(breakdown).index) == [1, 2]
+    space.step(9, 0, 10)
+    breakdown = analyze_xspace(space.space)
+    assert breakdown.step_source == "kdp_marker"
+    assert steps_of(breakdown)["step_ms"].tolist() == pytest.approx([10.0])
+
+
+def test_function_calls_are_steps_as_xprof_groups_them(builder):
+    """Without markers, each root ``FunctionRun`` that ran executor work is a step
+    (0-4 ms and 10-13 ms), numbered in time order. Not steps: a root nested in another
+    on its thread (1-2 ms), one on a tf.data thread (5-6 ms), one that ran no executor
+    work (20-21 ms)."""
+    space = builder()
+    host = space.host()
+    function_call(host, 0, 4)
+    host.event("python", "FunctionRun", 1, 2, _r=1)  # nested: part of the outer call
+    host.event("tf_data_iterator_resource/7", "FunctionRun", 5, 6, _r=1)
+    host.event("tf_data_iterator_resource/7", "ExecutorState::Process", 5.1, 5.9, iter_num=0)
+    function_call(host, 10, 13)
+    host.event("python", "FunctionRun", 20, 21, _r=1)  # no executor work
+    host.event("tf_Compute/1", "sequential/dense/MatMul:_MklMatMul", 1, 2.5)
+    host.event("tf_Compute/1", "sequential/dense/MatMul:_MklMatMul", 11, 12)
+    breakdown = analyze_xspace(space.space)
+    steps = steps_of(breakdown)
+    assert breakdown.step_source == "function_run"
+    assert list(steps.index) == [0, 1]
+    assert steps["step_ms"].tolist() == pytest.approx([4.0, 3.0])
+    assert steps["compute_ms"].tolist() == pytest.approx([1.5, 1.0])
+
+
+def test_loop_iterations_are_steps(builder):
+    """A function looping 3 times (``step_id`` 5, ``iter_num`` 0-2, each 3 ms from 0,
+    3, 6) has a step per iteration; a one-off function (``step_id`` 6) is no loop."""
+    space = builder()
+    host = space.host()
+    host.event("python", "FunctionRun", 0, 10, _r=1)
+    for iteration in range(3):
+        start = 3.0 * iteration
+        host.event(
+            "tf_Compute/1",
+            "ExecutorState::Process",
+            start,
+            start + 2.5,
+            step_id=5,
+            iter_num=iteration,
+        )
+    host.event("tf_Compute/2", "ExecutorState::Process", 0, 1, step_id=6, iter_num=0)
+    breakdown = analyze_xspace(space.space)
+    assert breakdown.step_source == "iter_num"
+    assert steps_of(breakdown)["step_ms"].tolist() == pytest.approx([2.5, 2.5, 2.5])
+
+
+def test_group_ids_written_with_the_capture_are_the_steps(builder):
+    """Older TensorFlow grouped events before saving: ``group_id`` 4 spans 0-3 ms
+    (two executor events), ``group_id`` 5 spans 4-6 ms."""
+    space = builder()
+    host = space.host()
+    host.event("tf_Compute/1", "ExecutorState::Process", 0, 2, group_id=4, iter_num=0)
+    host.event("tf_Compute/2", "ExecutorState::Process", 1, 3, group_id=4, iter_num=0)
+    host.event("tf_Compute/1", "ExecutorState::Process", 4, 6, group_id=5, iter_num=0)
+    breakdown = analyze_xspace(space.space)
+    steps = steps_of(breakdown)
+    assert breakdown.step_source == "group_id"
+    assert list(steps.index) == [4, 5]
+    assert steps["step_ms"].tolist() == pytest.approx([3.0, 2.0])
+
+
+def test_nothing_to_group_by_gives_the_whole_capture_as_one_step(builder):
+    """Host events from 1 to 9 ms and nothing to find steps by: one step 0 of 8 ms."""
+    space = builder()
+    host = space.host()
+    host.event("tf_Compute/1", "sequential/dense/MatMul:_MklMatMul", 1, 3)
+    host.event("python", "something", 2, 9)
+    breakdown = analyze_xspace(space.space)
+    steps = steps_of(breakdown)
+    assert breakdown.step_source == "whole_capture"
+    assert list(steps.index) == [0]
+    assert steps.loc[0, "step_ms"] == pytest.approx(8.0)
+    assert steps.loc[0, "compute_ms"] == pytest.approx(2.0)
+
+
+def foreign_gpu_capture(gpu_trace):
+    """A 3-GPU capture of a model on GPU 0 alone, made without markers: two calls (python
+    ``FunctionRun`` 0-4 and 10-14 ms) launch kernels on GPU 0 (1-6, 6-8 and 11-15 ms);
+    GPU 1 only receives host-to-device copies (0.2-0.5 and 10.2-10.4 ms); GPU 2 runs
+    nothing (a derived line only)."""
+    trace = gpu_trace()
+    host = trace.builder.host()
+    for start, end in ((0, 4), (10, 14)):
+        function_call(host, start, end)
+    trace.kernel(0, 13, "volta_sgemm_128x64_nn", 1, 6, correlation_id=11, launched_at=0.5)
+    trace.kernel(0, 13, "adam_kernel", 6, 8, correlation_id=12, launched_at=3.5)
+    trace.kernel(0, 13, "volta_sgemm_128x64_nn", 11, 15, correlation_id=21, launched_at=10.5)
+    trace.copy(1, 14, "H2D", 0.2, 0.5, correlation_id=13, launched_at=0.1)
+    trace.copy(1, 14, "H2D", 10.2, 10.4, correlation_id=22, launched_at=10.1)
+    trace.derived_line(2, "fusion", 1, 2)
+    return trace
+
+
+def test_a_gpu_that_ran_no_model_kernel_is_listed_apart_and_xprof_agrees(gpu_trace, tmp_path):
+    """Steps: call 1 lasts until its last kernel ends (0-8 ms), call 2 until 15 ms
+    (10-15). GPU 0 computes [1,8] = 7 ms and [11,15] = 4 ms; the time before the first
+    kernel (1 ms each) is dispatch. XProf groups the same calls (its implicit roots,
+    without a host step marker) and times a step by its device events alone: 7 and
+    4 ms, our step less its dispatch, with the same device compute."""
+    path = foreign_gpu_capture(gpu_trace).write(tmp_path)
+    breakdown = analyze_trace(path, xprof=True)
+    steps = steps_of(breakdown)
+    assert breakdown.step_source == "function_run"
+    assert steps["replicas"].tolist() == [1, 1]
+    assert set(breakdown.replicas["device"]) == {"/device:GPU:0"}
+    assert steps["step_ms"].tolist() == pytest.approx([8.0, 5.0])
+    assert steps["compute_ms"].tolist() == pytest.approx([7.0, 4.0])
+    apart = breakdown.devices_apart.set_index("device")
+    assert list(apart.index) == ["/device:GPU:1", "/device:GPU:2"]
+    assert apart.loc["/device:GPU:1", "did"] == "2 host-to-device copies"
+    assert apart.loc["/device:GPU:1", "busy_ms"] == pytest.approx(0.5)
+    assert apart.loc["/device:GPU:2", "did"] == "nothing"
+    assert steps["dispatch_ms"].tolist() == pytest.approx([1.0, 1.0])
+    assert steps["xprof_step_ms"].tolist() == pytest.approx([7.0, 4.0])
+    assert steps["xprof_device_compute_ms"].tolist() == pytest.approx([7.0, 4.0])
+
+
+def test_run_facts_nobody_gave_are_named_not_guessed(gpu_trace):
+    """Two GPUs and no facts: the gradient bytes, replicas in sync and devices are
+    named as unknown; given, nothing is."""
+    trace = gpu_trace()
+    host = trace.builder.host()
+    function_call(host, 0, 4)
+    trace.kernel(0, 13, "volta_sgemm_128x64_nn", 1, 3, correlation_id=1, launched_at=0.5)
+    trace.kernel(1, 13, "volta_sgemm_128x64_nn", 1, 3, correlation_id=2, launched_at=0.6)
+    breakdown = analyze_xspace(trace.space)
+    assert "gradient bytes" in breakdown.unknown
+    assert "replicas in sync" in breakdown.unknown
+    assert "devices" in breakdown.unknown
+    assert breakdown.replicas["bandwidth_note"].notna().all()
+    given = analyze_xspace(
+        trace.space, allreduce_bytes=1000, group_size=2, devices=["/gpu:0", "/gpu:1"]
+    )
+    assert given.unknown is None
+    assert given.replicas["device"].tolist() == ["/gpu:0", "/gpu:1"]
