@@ -9,6 +9,7 @@ import pytest
 
 from keras_dp_tools.analysis import analyze_trace, analyze_xspace
 from keras_dp_tools.analysis.consistency import breakdown_problems
+from tests.helpers.xplane_builder import Uint
 
 
 def steps_of(breakdown):
@@ -16,11 +17,16 @@ def steps_of(breakdown):
     return breakdown.steps.set_index("step")
 
 
-def function_call(host, start, end, line="python", **stats):
+def function_call(host, start, end, work=None, line="python"):
     """One tf.function call as TF 2.21 records it: a root ``FunctionRun`` on the
-    calling thread and the executor's work on a compute thread."""
-    host.event(line, "FunctionRun", start, end, _r=1, **stats)
-    host.event("tf_Compute/1", "ExecutorState::Process", start + 0.1, end - 0.1, iter_num=0)
+    calling thread and the executor's work (``work``: its start and end; default just
+    inside the call) on a compute thread, in the call's context (``_p``/``_pt`` of the
+    call are ``_c``/``_ct`` of the work; ids are random uint64s)."""
+    context = 13219020320256177691 + round(start * 1000)
+    host.event(line, "FunctionRun", start, end, _r=1, _pt=2, _p=Uint(context))
+    first, last = work or (start + 0.1, end - 0.1)
+    worker = "tf_data_iterator_resource/7" if line.startswith("tf_data") else "tf_Compute/1"
+    host.event(worker, "ExecutorState::Process", first, last, iter_num=0, _ct=2, _c=Uint(context))
 
 
 def test_keras3_tensorboard_batches_are_the_steps(builder):
@@ -60,25 +66,25 @@ def test_markers_win_in_order_ours_train_then_profiled_batch(builder):
 
 
 def test_function_calls_are_steps_as_xprof_groups_them(builder):
-    """Without markers, each root ``FunctionRun`` that ran executor work is a step
-    (0-4 ms and 10-13 ms), numbered in time order. Not steps: a root nested in another
-    on its thread (1-2 ms), one on a tf.data thread (5-6 ms), one that ran no executor
-    work (20-21 ms)."""
+    """Without markers, each root ``FunctionRun`` that ran executor work in its context
+    is a step, numbered in time order: 0-4 ms, and 10-15 ms (a call of 10-10.1 ms whose
+    work ran 10.5-15 ms, after it returned, as seen on a loaded machine). Not steps: a
+    root nested in another on its thread (1-2 ms), one on a tf.data thread (5-6 ms), one
+    whose context ran no executor work (20-21 ms)."""
     space = builder()
     host = space.host()
     function_call(host, 0, 4)
-    host.event("python", "FunctionRun", 1, 2, _r=1)  # nested: part of the outer call
-    host.event("tf_data_iterator_resource/7", "FunctionRun", 5, 6, _r=1)
-    host.event("tf_data_iterator_resource/7", "ExecutorState::Process", 5.1, 5.9, iter_num=0)
-    function_call(host, 10, 13)
-    host.event("python", "FunctionRun", 20, 21, _r=1)  # no executor work
+    function_call(host, 1, 2, work=(1.2, 1.8))  # nested: part of the outer call
+    function_call(host, 5, 6, line="tf_data_iterator_resource/7")
+    function_call(host, 10, 10.1, work=(10.5, 15))
+    host.event("python", "FunctionRun", 20, 21, _r=1, _pt=2, _p=Uint(5))  # no work
     host.event("tf_Compute/1", "sequential/dense/MatMul:_MklMatMul", 1, 2.5)
     host.event("tf_Compute/1", "sequential/dense/MatMul:_MklMatMul", 11, 12)
     breakdown = analyze_xspace(space.space)
     steps = steps_of(breakdown)
     assert breakdown.step_source == "function_run"
     assert list(steps.index) == [0, 1]
-    assert steps["step_ms"].tolist() == pytest.approx([4.0, 3.0])
+    assert steps["step_ms"].tolist() == pytest.approx([4.0, 5.0])
     assert steps["compute_ms"].tolist() == pytest.approx([1.5, 1.0])
 
 
@@ -193,3 +199,88 @@ def test_run_facts_nobody_gave_are_named_not_guessed(gpu_trace):
     )
     assert given.unknown is None
     assert given.replicas["device"].tolist() == ["/gpu:0", "/gpu:1"]
+
+
+# Captures made here as users make them (tests/helpers/foreign_capture.py), read by
+# ``keras-dp analyze`` and, on the same files, by XProf (one folder per capture).
+
+
+def capture(kind, log_dir):
+    """Runs ``tests.helpers.foreign_capture`` in a process of its own."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "PYTHONPATH": str(root), "TF_CPP_MIN_LOG_LEVEL": "2"}
+    command = [sys.executable, "-m", "tests.helpers.foreign_capture", kind, str(log_dir)]
+    done = subprocess.run(command, cwd=root, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def analyze_command(source, capsys, *options):
+    """``keras-dp analyze SOURCE --format json``: the rows, and stderr's notes."""
+    import json
+
+    from keras_dp_tools.tools.cli import main
+
+    capsys.readouterr()
+    assert main(["analyze", str(source), "--format", "json", "--jobs", "1", *options]) == 0
+    out, err = capsys.readouterr()
+    return json.loads(out), err
+
+
+def only_trace(folder):
+    from keras_dp_tools.analysis import find_traces
+
+    (trace,) = find_traces(folder)
+    return trace
+
+
+@pytest.mark.slow
+def test_keras3_tensorboard_and_a_bare_profiler_capture(tmp_path, capsys, monkeypatch):
+    """Keras 3's ``TensorBoard(profile_batch=(3, 6))`` profiles the 3rd to 6th batches
+    (``step_num`` 2-5, the batch in the epoch). XProf lists no step for such a CPU capture
+    (no ``_r`` on its markers, keras-team/keras#19476); we find the four. A bare
+    ``tf.profiler`` capture around 8 calls of a custom ``tf.function`` step gives 8
+    steps, one per call (XProf's grouping by ``FunctionRun``; it lists no step on CPU
+    either: a call is an implicit root, which names no step)."""
+    from keras_dp_tools.analysis.breakdown.xprof_steps import xprof_step_table
+    from tests.helpers.foreign_capture import CALLS, PROFILE_BATCH
+
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    capture("keras3", tmp_path)
+    rows, notes = analyze_command(tmp_path / "train", capsys, "--allreduce-bytes", "1000")
+    first, last = PROFILE_BATCH
+    assert [row["step"] for row in rows] == list(range(first - 1, last))
+    assert {row["step_source"] for row in rows} == {"profiled_batch"}
+    assert all(0 < row["compute_ms"] < row["step_ms"] for row in rows)
+    assert "Keras 3 TensorBoard" in notes
+    assert xprof_step_table(only_trace(tmp_path / "train")).empty
+    rows, notes = analyze_command(tmp_path / "bare", capsys)
+    assert [row["step"] for row in rows] == list(range(CALLS))
+    assert {row["step_source"] for row in rows} == {"function_run"}
+    assert {row["replicas"] for row in rows} == {1}
+    assert all(0 < row["compute_ms"] < row["step_ms"] for row in rows)
+    assert "one step per tf.function call" in notes
+    assert xprof_step_table(only_trace(tmp_path / "bare")).empty
+
+
+@pytest.mark.slow
+def test_tf_keras_tensorboard_capture_matches_xprofs_steps(tmp_path, capsys, monkeypatch):
+    """tf_keras marks every step ``Trace("train", step_num=<batch in the epoch>, _r=1)``,
+    which XProf takes as its steps too: the same steps, and the same step times (both
+    are the marker's length) to 1%."""
+    from keras_dp_tools.analysis.breakdown.xprof_steps import xprof_step_table
+
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    capture("tf_keras", tmp_path)
+    rows, _ = analyze_command(tmp_path, capsys)
+    assert {row["step_source"] for row in rows} == {"train_marker"}
+    replica_rows, _ = analyze_command(tmp_path, capsys, "--per-replica")
+    assert {row["device"] for row in replica_rows} == {"/host:CPU"}
+    xprof = xprof_step_table(only_trace(tmp_path)).set_index("step")
+    assert [row["step"] for row in rows] == list(xprof.index)
+    for row in rows:
+        assert row["step_ms"] == pytest.approx(xprof.loc[row["step"], "xprof_step_ms"], rel=0.01)

@@ -16,8 +16,9 @@
      ``step_id`` with ``iter_num`` other than 0) has one step per iteration;
    * ``function_run``: else each root call (``FunctionRun`` with ``_r``), one
      ``tf.function`` call, not inside another root on its thread, not on a tf.data
-     thread, and running executor work (``ExecutorState::Process`` outside tf.data
-     threads while it lasts);
+     thread, that ran executor work (an ``ExecutorState::Process`` outside tf.data
+     threads in its context, ``_c``/``_ct`` = its ``_p``/``_pt``), lasting until that
+     work ended;
 
 5. ``whole_capture``: the capture as one step (step 0), from its first host event to
    its last.
@@ -146,8 +147,11 @@ def _loop_steps(processes: Sequence[TraceEvent]) -> list[StepMarker]:
 
 def _root_steps(roots: Sequence[TraceEvent], processes: Sequence[TraceEvent]) -> list[StepMarker]:
     """One step per root ``FunctionRun`` (``_r`` set) that is not on a tf.data thread,
-    not inside another root on its thread, and ran executor work; numbered in time
-    order."""
+    not inside another root on its thread, and ran executor work: an
+    ``ExecutorState::Process`` (not on a tf.data thread) whose context (``_ct``, ``_c``)
+    is the call's (``_pt``, ``_p``), as XProf connects them. The executor may run after
+    the call returned (seen on a loaded machine: 33 us calls, their work after them),
+    so a step lasts until the last of its work ends. Numbered in time order."""
     calls = sorted(
         (
             event
@@ -158,26 +162,30 @@ def _root_steps(roots: Sequence[TraceEvent], processes: Sequence[TraceEvent]) ->
         ),
         key=lambda event: (event.start_ps, -event.end_ps),
     )
-    outer, reach = [], {}
+    work_end = {}  # by context: the latest end of the executor's work in it
+    for event in processes:
+        context = _context(event, "_ct", "_c")
+        if context is not None:
+            work_end[context] = max(work_end.get(context, event.end_ps), event.end_ps)
+    steps, reach = [], {}
     for call in calls:  # a root inside a root of its thread is part of that one
         thread = (call.plane, call.line_id)
         if call.start_ps < reach.get(thread, call.start_ps):
             continue
         reach[thread] = call.end_ps
-        outer.append(call)
-    work = sorted(event.start_ps for event in processes)
-    kept = [call for call in outer if _any_between(work, call.start_ps, call.end_ps)]
-    return [
-        StepMarker(n, call.start_ps, call.end_ps, call.line, (call.plane, call.line_id))
-        for n, call in enumerate(kept)
-    ]
+        end = work_end.get(_context(call, "_pt", "_p"))
+        if end is not None:
+            line = (call.line, (call.plane, call.line_id))
+            steps.append(StepMarker(len(steps), call.start_ps, max(call.end_ps, end), *line))
+    return steps
 
 
-def _any_between(sorted_starts: list[int], start: int, end: int) -> bool:
-    from bisect import bisect_left
-
-    position = bisect_left(sorted_starts, start)
-    return position < len(sorted_starts) and sorted_starts[position] < end
+def _context(event: TraceEvent, kind: str, key: str) -> tuple[int, int] | None:
+    """An event's context (type, id) from the stats named ``kind`` and ``key``."""
+    kind, key = event.stats.get(kind), event.stats.get(key)
+    if isinstance(kind, int) and isinstance(key, int):
+        return kind, key & ((1 << 64) - 1)  # an id may be written signed or unsigned
+    return None
 
 
 def _start(marker: StepMarker) -> int:
