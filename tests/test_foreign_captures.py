@@ -284,3 +284,34 @@ def test_tf_keras_tensorboard_capture_matches_xprofs_steps(tmp_path, capsys, mon
     assert [row["step"] for row in rows] == list(xprof.index)
     for row in rows:
         assert row["step_ms"] == pytest.approx(xprof.loc[row["step"], "xprof_step_ms"], rel=0.01)
+
+
+@pytest.mark.slow
+def test_a_bare_capture_of_mirrored_fit_has_a_step_per_all_reduce(tmp_path, capsys, monkeypatch):
+    """Keras 3 ``fit`` under ``MirroredStrategy`` on 2 logical CPUs, in a bare profiler
+    session: each train step is two ``FunctionRun`` calls whose work runs together,
+    one step. The independent count: the capture's all-reduces, one
+    ``CollectiveReduceV2`` per replica with the same peer key per step; every step we
+    find holds exactly one, for both replicas (named by their replica)."""
+    from collections import Counter
+
+    from keras_dp_tools.analysis.trace.xspace import host_planes, load_xspace, plane_events
+    from tests.helpers.foreign_capture import REPLICAS
+
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "2")
+    capture("mirrored", tmp_path)
+    space = load_xspace(only_trace(tmp_path))
+    peers = Counter(
+        (event.stats.get("group_key"), event.stats.get("instance_key"), event.stats.get("step_id"))
+        for plane in host_planes(space)
+        for event in plane_events(plane)
+        if event.name.endswith(":CollectiveReduceV2")
+    )
+    assert set(peers.values()) == {REPLICAS}
+    rows, notes = analyze_command(tmp_path, capsys, "--per-replica")
+    steps = sorted({row["step"] for row in rows})
+    assert len(steps) == len(peers)
+    assert {row["step_source"] for row in rows} == {"function_run"}
+    assert {row["device"] for row in rows} == {f"/host:CPU replica {k}" for k in range(REPLICAS)}
+    assert all(row["allreduce_ms"] > 0 for row in rows)
+    assert "gradient bytes" in notes

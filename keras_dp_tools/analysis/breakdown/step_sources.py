@@ -18,7 +18,7 @@
      ``tf.function`` call, not inside another root on its thread, not on a tf.data
      thread, that ran executor work (an ``ExecutorState::Process`` outside tf.data
      threads in its context, ``_c``/``_ct`` = its ``_p``/``_pt``), lasting until that
-     work ended;
+     work ended; a call made while the previous one's work still ran joins its step;
 
 5. ``whole_capture``: the capture as one step (step 0), from its first host event to
    its last.
@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from keras_dp_tools.analysis.trace.xspace import StepMarker, TraceEvent, step_markers
 from keras_dp_tools.records.contract import OWN_MARKER_STAT, STEP_EVENT_NAME
@@ -151,7 +151,10 @@ def _root_steps(roots: Sequence[TraceEvent], processes: Sequence[TraceEvent]) ->
     ``ExecutorState::Process`` (not on a tf.data thread) whose context (``_ct``, ``_c``)
     is the call's (``_pt``, ``_p``), as XProf connects them. The executor may run after
     the call returned (seen on a loaded machine: 33 us calls, their work after them),
-    so a step lasts until the last of its work ends. Numbered in time order."""
+    so a step lasts until the last of its work ends; a call made on the thread while
+    the previous call's work still ran is part of that step (seen: Keras 3's train step
+    under MirroredStrategy is two calls, the second 0.05 ms after the first returned,
+    whose work runs together for 11 ms). Numbered in time order."""
     calls = sorted(
         (
             event
@@ -174,9 +177,17 @@ def _root_steps(roots: Sequence[TraceEvent], processes: Sequence[TraceEvent]) ->
             continue
         reach[thread] = call.end_ps
         end = work_end.get(_context(call, "_pt", "_p"))
-        if end is not None:
-            line = (call.line, (call.plane, call.line_id))
-            steps.append(StepMarker(len(steps), call.start_ps, max(call.end_ps, end), *line))
+        if end is None:
+            continue
+        end = max(call.end_ps, end)
+        last = steps[-1] if steps and steps[-1].thread == (call.plane, call.line_id) else None
+        if last is not None and call.start_ps < last.end_ps:
+            # Called while the previous call's work still ran: one step (Keras 3's
+            # train step under MirroredStrategy runs as two calls whose work overlaps).
+            steps[-1] = replace(last, end_ps=max(last.end_ps, end))
+            continue
+        line = (call.line, (call.plane, call.line_id))
+        steps.append(StepMarker(len(steps), call.start_ps, end, *line))
     return steps
 
 
