@@ -41,7 +41,11 @@ import numpy as np
 import pandas as pd
 
 from keras_dp_tools.analysis.breakdown import gpu_trace
-from keras_dp_tools.analysis.breakdown.device_roles import gpu_device_name, no_devices_apart
+from keras_dp_tools.analysis.breakdown.device_roles import (
+    gpu_device_name,
+    host_device_names,
+    no_devices_apart,
+)
 from keras_dp_tools.analysis.breakdown.host_reading import origin_ps, read_host
 from keras_dp_tools.analysis.breakdown.marker_checks import (
     Untrue,
@@ -53,13 +57,9 @@ from keras_dp_tools.analysis.breakdown.memory import memory_release
 from keras_dp_tools.analysis.breakdown.replicas import attribute_cpu_replicas, cpu_replica_count
 from keras_dp_tools.analysis.breakdown.rows import replica_frame, step_rows
 from keras_dp_tools.analysis.breakdown.spans import SpanColumns, Spans, sort_by_start
+from keras_dp_tools.analysis.breakdown.unknown_facts import unknown_facts
 from keras_dp_tools.analysis.trace.xevents import WireError
-from keras_dp_tools.analysis.trace.xspace import (
-    HOST_PLANE_PREFIX,
-    StepMarker,
-    gpu_planes,
-    stream_xspace,
-)
+from keras_dp_tools.analysis.trace.xspace import StepMarker, gpu_planes, stream_xspace
 from keras_dp_tools.records.columns import REPLICA_COLUMNS, XPROF_COLUMNS
 from keras_dp_tools.records.facts import RunFacts
 
@@ -287,46 +287,10 @@ def _read_trace(space, facts: RunFacts, release_memory: Callable[[], None]) -> _
     spans, attribution = attribute_cpu_replicas(spans, replica_count)  # in trace order
     sort_by_start(spans, release_memory)
     markers = _without_length(markers, untrue)
-    names = _host_device_names(space, replica_count)
+    names = host_device_names(space, replica_count)
     return _Trace(
         markers, spans, replica_count, attribution, False, untrue, unchecked, steps.source, names
     )
-
-
-def _host_device_names(space, replica_count: int) -> list[str]:
-    """Names for the rows of CPU replicas the run's devices do not name: the host's
-    plane (``/host:CPU``), and the replica where it runs several (logical devices
-    share its threads, so the trace names no device per op)."""
-    host = next(
-        (plane.name for plane in space.planes if plane.name.startswith(HOST_PLANE_PREFIX)),
-        f"{HOST_PLANE_PREFIX}CPU",
-    )
-    if replica_count == 1:
-        return [host]
-    return [f"{host} replica {replica}" for replica in range(replica_count)]
-
-
-def unknown_facts(facts: RunFacts, replica_count: int, on_gpu: bool) -> str | None:
-    """The run's facts a trace cannot tell that nobody gave, each with what it leaves
-    out or assumes; None when none matters (one replica exchanges nothing)."""
-    if replica_count < 2 and not facts.replicas_in_sync:
-        return None
-    unknown = []
-    if facts.allreduce_bytes is None:
-        unknown.append(
-            "gradient bytes per step (allreduce_bytes; keras-dp analyze --allreduce-bytes): "
-            "bandwidths left empty"
-        )
-    if facts.replicas_in_sync is None:
-        unknown.append(
-            f"replicas in sync (replicas_in_sync; --replicas-in-sync): taken as the "
-            f"{replica_count} replicas of this trace, for the bus bandwidth (a "
-            "multi-worker job has more)"
-        )
-    if facts.devices is None:
-        where = "GPUs that ran the model's kernels" if on_gpu else "replica scopes of the ops"
-        unknown.append(f"the run's devices: replicas are the {where}")
-    return "; ".join(unknown) or None
 
 
 def _add_gpu_spans(gpus: gpu_trace.ReplicaGpus, columns: SpanColumns, launches, markers):

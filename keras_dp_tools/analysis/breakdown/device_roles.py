@@ -16,6 +16,7 @@ import pandas as pd
 
 from keras_dp_tools.analysis.breakdown.classify import KIND_CODES, Kind
 from keras_dp_tools.analysis.breakdown.intervals import union_lengths
+from keras_dp_tools.analysis.trace.xspace import HOST_PLANE_PREFIX
 
 # A device takes part in the training when it ran any of these: kernels, collectives,
 # copies to or from its peers. Host-to-device copies and copies within the device (or
@@ -31,6 +32,19 @@ _WHAT = {
 def gpu_device_name(ordinal: int) -> str:
     """The name a row gives the GPU of a trace's plane ``/device:GPU:<ordinal>``."""
     return f"/device:GPU:{ordinal}"
+
+
+def host_device_names(space, replica_count: int) -> list[str]:
+    """Names for the rows of CPU replicas the run's devices do not name: the host's
+    plane (``/host:CPU``), and the replica where it runs several (logical devices
+    share its threads, so the trace names no device per op)."""
+    host = next(
+        (plane.name for plane in space.planes if plane.name.startswith(HOST_PLANE_PREFIX)),
+        f"{HOST_PLANE_PREFIX}CPU",
+    )
+    if replica_count == 1:
+        return [host]
+    return [f"{host} replica {replica}" for replica in range(replica_count)]
 
 
 def runs_model(kind: np.ndarray) -> bool:
