@@ -139,6 +139,18 @@ def test_nothing_to_group_by_gives_the_whole_capture_as_one_step(builder):
     assert steps.loc[0, "compute_ms"] == pytest.approx(2.0)
 
 
+def test_a_log_dir_of_captures_alone_points_report_at_analyze(builder, tmp_path):
+    """``Report`` reads records; on a log dir that holds only captures, its error says
+    how to break them down instead."""
+    import keras_dp_tools as kdt
+
+    space = builder()
+    space.host().event("python", "Profiled batch", 0, 4, step_num=2)
+    space.write(tmp_path / "train")
+    with pytest.raises(FileNotFoundError, match=r"1 profiler capture\(s\): `keras-dp analyze"):
+        kdt.Report.load(tmp_path)
+
+
 def foreign_gpu_capture(gpu_trace):
     """A 3-GPU capture of a model on GPU 0 alone, made without markers: two calls (python
     ``FunctionRun`` 0-4 and 10-14 ms) launch kernels on GPU 0 (1-6, 6-8 and 11-15 ms);

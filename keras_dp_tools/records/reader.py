@@ -29,6 +29,7 @@ import pyarrow.json as pa_json
 import pyarrow.parquet as pq
 
 from keras_dp_tools.common.warn import warn
+from keras_dp_tools.records.contract import PROFILE_SUBDIR, TRACE_SUFFIX
 from keras_dp_tools.records.fields import COMMON_FIELDS, FIELDS, STEP_FIELDS
 from keras_dp_tools.records.writer import LAUNCHER_RECORDS, RECORDS_DIRNAME, SCHEMA_VERSION
 
@@ -57,10 +58,22 @@ def find_record_files(sources: str | os.PathLike | Iterable[str | os.PathLike]) 
             raise FileNotFoundError(f"No such file or directory: {path}")
     found = sorted(set(found))
     if not found:
+        captures = [
+            path
+            for source in searched
+            if Path(source).is_dir()
+            for path in Path(source).glob(f"**/{PROFILE_SUBDIR}/*/*{TRACE_SUFFIX}")
+        ]
+        hint = (
+            f" It holds {len(captures)} profiler capture(s): `keras-dp analyze "
+            f"{searched[0]}` (or kdt.analyze_trace) breaks them down without records."
+            if captures
+            else ""
+        )
         raise FileNotFoundError(
             f"No keras_dp_tools records found under {', '.join(searched)}. Expected "
             f"'{RECORDS_DIRNAME}/worker-<i>.jsonl' files, written when a model is trained "
-            "with kdt.callbacks(log_dir)."
+            f"with kdt.callbacks(log_dir).{hint}"
         )
     return found
 
