@@ -193,6 +193,32 @@ def test_a_gpu_that_ran_no_model_kernel_is_listed_apart_and_xprof_agrees(gpu_tra
     assert steps["xprof_device_compute_ms"].tolist() == pytest.approx([7.0, 4.0])
 
 
+def test_device_events_grouped_with_the_capture_join_their_group_step(gpu_trace):
+    """The layout of a real multi-worker GPU capture of TF 2.4 (tensorflow/profiler's
+    demo, benchmarks/gpu_captures.md): events carry ``group_id``, no host launch is
+    recorded, and a GPU may run its share after the host's group ended. Group 0 (a
+    python call, executor work 0-10 ms) is the step; group 1 (tf.data's call) is not.
+    GPU 0 runs group 0's kernels at 2-4 ms, GPU 1 at 12-14 ms: both count in step 0,
+    which lasts 0-14 ms."""
+    trace = gpu_trace()
+    host = trace.builder.host()
+    host.event("python3", "FunctionRun", 0, 0.5, group_id=0)
+    host.event("tf_Compute/1", "ExecutorState::Process", 0.2, 10, group_id=0, iter_num=0)
+    host.event("tf_data_iterator_resource/3", "FunctionRun", 5, 6, group_id=1)
+    host.event("tf_Compute/2", "ExecutorState::Process", 5.1, 5.9, group_id=1, iter_num=0)
+    for gpu, start in ((0, 2), (1, 12)):
+        plane = trace.builder.gpu(gpu)
+        plane.line("Stream #13(Compute)", line_id=13)
+        plane.event("Stream #13(Compute)", "volta_sgemm_128x64_nn", start, start + 2, group_id=0)
+    breakdown = analyze_xspace(trace.space)
+    steps = steps_of(breakdown)
+    assert breakdown.step_source == "group_id"
+    assert list(steps.index) == [0]
+    assert steps.loc[0, "step_ms"] == pytest.approx(14.0)
+    assert breakdown.replicas["compute_ms"].tolist() == pytest.approx([2.0, 2.0])
+    assert breakdown.replicas["device"].tolist() == ["/device:GPU:0", "/device:GPU:1"]
+
+
 def test_run_facts_nobody_gave_are_named_not_guessed(gpu_trace):
     """Two GPUs and no facts: the gradient bytes, replicas in sync and devices are
     named as unknown; given, nothing is."""

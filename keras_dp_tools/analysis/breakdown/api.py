@@ -271,7 +271,7 @@ def _read_trace(space, facts: RunFacts, release_memory: Callable[[], None]) -> _
     if gpus is not None:
         # Linked by the markers as written: a launch inside an untrue marker goes to it
         # (and its row stays empty), not to another step.
-        _add_gpu_spans(gpus, columns, launches, markers)
+        _add_gpu_spans(gpus, columns, launches, markers, steps.source == "group_id")
         replica_count = facts.local_replicas or len(gpus.ordinals)
         names = [gpu_device_name(ordinal) for ordinal in gpus.ordinals]
         apart = gpus.apart
@@ -293,17 +293,25 @@ def _read_trace(space, facts: RunFacts, release_memory: Callable[[], None]) -> _
     )
 
 
-def _add_gpu_spans(gpus: gpu_trace.ReplicaGpus, columns: SpanColumns, launches, markers):
+def _add_gpu_spans(
+    gpus: gpu_trace.ReplicaGpus, columns: SpanColumns, launches, markers, by_group: bool
+):
     """Adds each replica's device events as arrays, each linked by its correlation id
-    to the marker that enclosed its host launch."""
+    to the marker that enclosed its host launch; where the steps are XProf's groups
+    written with the capture (``by_group``), an event without that link goes to the
+    step of its own ``group_id`` (such captures may hold no host launches at all)."""
     links = gpu_trace.launch_links(launches, markers, columns.origin_ps)
     for replica, events in enumerate(gpus.events):
+        launched = gpu_trace.launching_markers(events.correlation, links)
+        if by_group:
+            grouped = gpu_trace.grouped_markers(events.group, markers)
+            launched = np.where(launched >= 0, launched, grouped)
         columns.extend(
             events.kind,
             np.full(len(events.kind), replica, dtype=np.int16),
             events.start,
             events.end,
-            launched=gpu_trace.launching_markers(events.correlation, links),
+            launched=launched,
             reducing=events.reducing,
         )
 
