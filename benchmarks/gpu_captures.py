@@ -7,14 +7,14 @@ its own (XProf caches its answers by folder) and read by both tools:
 * ours: ``kdt.analyze_trace`` (where the steps came from, the replicas and their devices,
   the devices listed apart, per-GPU compute and step time);
 * XProf's ``input_pipeline_analyzer`` (``use_saved_result`` off): its steps, step time and
-  device compute, merged over all GPUs.
+  device compute.
 
 Prints a Markdown table (``--output`` also writes it) and exits 1 when a capture's step
 time or compute differs from XProf's by more than ``--tolerance`` (5%) on a step both
 list. XProf times a step without a host step marker (``_r``) by its device events
 alone, so ours is then compared after removing the host time before the first and after
-the last device event (``dispatch_ms``); its device compute (all GPUs merged) with the sum over
-replicas of ours on one GPU and with the mean on several.
+the last device event (``dispatch_ms``); its device compute with ours on one GPU,
+or our mean over several.
 
 Run: ``python benchmarks/gpu_captures.py FOLDER [--output PATH] [--tolerance 0.05]``.
 """
@@ -64,8 +64,8 @@ def compare(trace: Path, tolerance: float) -> tuple[list[str], bool]:
     marked = breakdown.step_source in ("kdp_marker", "train_marker")
     ours_step = both["step_ms"] - (0 if marked else both["dispatch_ms"])
     compute = replicas.groupby("step")["compute_ms"]
-    # XProf merges the GPUs into one timeline: one GPU's compute is its compute.
-    ours_compute = compute.sum() if replicas["replica"].nunique() == 1 else compute.mean()
+    # XProf's device compute: one GPU's (seen on a 2-GPU capture), so our mean per GPU.
+    ours_compute = compute.mean()
     ours_compute = ours_compute.reindex(both["step"]).to_numpy()
     worst = 0.0
     for ours, theirs in (
