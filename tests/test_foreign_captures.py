@@ -330,7 +330,9 @@ def test_a_bare_capture_of_mirrored_fit_has_a_step_per_all_reduce(tmp_path, caps
     session: each train step is two ``FunctionRun`` calls whose work runs together,
     one step. The independent count: the capture's all-reduces, one
     ``CollectiveReduceV2`` per replica with the same peer key per step; every step we
-    find holds exactly one, for both replicas (named by their replica)."""
+    find holds one for both replicas (named by their replica). A step dispatched before
+    the previous one's work ended joins it (step_sources; seen once in 128 steps on a
+    loaded machine), so up to two of 16 may be joined, never split."""
     from collections import Counter
 
     from keras_dp_tools.analysis.trace.xspace import host_planes, load_xspace, plane_events
@@ -348,7 +350,7 @@ def test_a_bare_capture_of_mirrored_fit_has_a_step_per_all_reduce(tmp_path, caps
     assert set(peers.values()) == {REPLICAS}
     rows, notes = analyze_command(tmp_path, capsys, "--per-replica")
     steps = sorted({row["step"] for row in rows})
-    assert len(steps) == len(peers)
+    assert len(peers) - 2 <= len(steps) <= len(peers)
     assert {row["step_source"] for row in rows} == {"function_run"}
     assert {row["device"] for row in rows} == {f"/host:CPU replica {k}" for k in range(REPLICAS)}
     assert all(row["allreduce_ms"] > 0 for row in rows)

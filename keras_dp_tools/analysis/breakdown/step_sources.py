@@ -167,7 +167,10 @@ def _root_steps(roots: Sequence[TraceEvent], processes: Sequence[TraceEvent]) ->
     so a step lasts until the last of its work ends; a call made on the thread while
     the previous call's work still ran is part of that step (seen: Keras 3's train step
     under MirroredStrategy is two calls, the second 0.05 ms after the first returned,
-    whose work runs together for 11 ms). Numbered in time order."""
+    their work running together). The rule can join two steps when the next one is
+    dispatched before the previous one's work ended: seen once in 128 steps of a 4-CPU
+    mirrored capture on a loaded machine (that row then holds two all-reduces).
+    Numbered in time order."""
     calls = sorted(
         (
             event
