@@ -26,6 +26,7 @@ from keras_dp_tools.analysis.breakdown.spans import NO_REPLICA, SpanColumns
 from keras_dp_tools.analysis.breakdown.step_sources import (
     MARKER_NAMES,
     ROOT_NAMES,
+    ROOT_STATS,
     TraceSteps,
     find_steps,
 )
@@ -157,6 +158,7 @@ def read_host(
     earliest = latest_other = None  # from the origin
     for plane in host_planes(space):
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
+        root_stat_names = {key: name for key, name in stat_names.items() if name in ROOT_STATS}
         plain, special = {}, {}  # by metadata id: spans without and with stats to read
         for key, meta in plane.event_metadata.items():
             role = _host_metadata(meta.name, inputs_only)
@@ -211,7 +213,9 @@ def read_host(
                     continue
                 event = line.events[index]
                 stats = meta_stats
-                if event.stats:
+                if event.stats and role[0] == _ROOT:  # many: only the stats steps need
+                    stats = {**meta_stats, **_picked_stats(event.stats, root_stat_names)}
+                elif event.stats:
                     stats = {**meta_stats, **named_stats(event.stats, stat_names)}
                 start = base + origin + event.offset_ps
                 end = start + event.duration_ps
@@ -228,6 +232,18 @@ def read_host(
         return find_steps(markers, roots, None), launches, None
     extent = origin + earliest, None if latest_other is None else origin + latest_other
     return find_steps(markers, roots, extent), launches, extent
+
+
+def _picked_stats(stats, wanted: dict[int, str]) -> dict[str, object]:
+    """The stats of ``stats`` whose metadata ``wanted`` names (integers or strings:
+    a reference is not resolved), by name; the last of one name wins."""
+    picked = {}
+    for stat in stats:
+        name = wanted.get(stat.metadata_id)
+        if name is not None:
+            kind = stat.WhichOneof("value")
+            picked[name] = None if kind is None else getattr(stat, kind)
+    return picked
 
 
 def _extend_line(columns: SpanColumns, roles: _PlainRoles, events, base: int, rows) -> None:

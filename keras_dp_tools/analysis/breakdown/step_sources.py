@@ -52,6 +52,9 @@ STEP_SOURCES = {
     "whole_capture": "no step marker or step grouping: the whole capture as one step",
 }
 _ROOT_STAT, _GROUP, _ITER, _STEP_ID = "_r", "group_id", "iter_num", "step_id"
+# The stats of the executor's events the steps are found by (contexts: ``_p``/``_pt``
+# of a call, ``_c``/``_ct`` of its work).
+ROOT_STATS = frozenset({_ROOT_STAT, _GROUP, _ITER, _STEP_ID, "_p", "_pt", "_c", "_ct"})
 _TF_DATA_LINE = "tf_data"  # tf.data's threads: input production, not steps
 
 
