@@ -239,6 +239,29 @@ def test_run_facts_nobody_gave_are_named_not_guessed(gpu_trace):
     assert given.replicas["device"].tolist() == ["/gpu:0", "/gpu:1"]
 
 
+def test_analyze_takes_the_facts_a_capture_cannot_know(gpu_trace, tmp_path, capsys):
+    """``keras-dp analyze`` names what nobody gave on stderr; ``--allreduce-bytes``,
+    ``--replicas-in-sync`` and ``--devices`` give it, and the rows then carry it."""
+    trace = gpu_trace()
+    host = trace.builder.host()
+    function_call(host, 0, 4)
+    trace.kernel(0, 13, "volta_sgemm_128x64_nn", 1, 3, correlation_id=1, launched_at=0.5)
+    trace.kernel(1, 13, "volta_sgemm_128x64_nn", 1, 3, correlation_id=2, launched_at=0.6)
+    trace.write(tmp_path)
+    rows, notes = analyze_command(tmp_path, capsys, "--per-replica")
+    assert "unknown: gradient bytes" in notes and "replicas in sync" in notes
+    assert [row["device"] for row in rows] == ["/device:GPU:0", "/device:GPU:1"]
+    assert {row["bandwidth_note"] for row in rows} == {
+        "all-reduce bytes unknown (pass allreduce_bytes)"
+    }
+    given = ("--allreduce-bytes", "1000", "--replicas-in-sync", "4", "--devices", "/gpu:0,/gpu:1")
+    rows, notes = analyze_command(tmp_path, capsys, "--per-replica", *given)
+    assert "unknown" not in notes
+    assert [row["device"] for row in rows] == ["/gpu:0", "/gpu:1"]
+    # The bytes are known now; this step ran no all-reduce to divide them by.
+    assert {row["bandwidth_note"] for row in rows} == {"no all-reduce collective ran in this step"}
+
+
 # Captures made here as users make them (tests/helpers/foreign_capture.py), read by
 # ``keras-dp analyze`` and, on the same files, by XProf (one folder per capture).
 
