@@ -141,6 +141,7 @@ RECORD_FIELDS = {
     "busbw_gbps": "double",
     "gather_busbw_gbps": "double",
     "bandwidth_note": "string",
+    "step_source": "string",
     "max_sync_wait_ms": "double",
     "straggler_replica": "int64",
     "xprof_step_ms": "double",
@@ -214,6 +215,7 @@ REPLICA_COLUMNS = {
     "busbw_gbps": "float",
     "gather_busbw_gbps": "float",
     "bandwidth_note": "str",
+    "step_source": "str",
 }
 STEP_COLUMNS = {
     "step": "int",
@@ -245,6 +247,7 @@ STEP_COLUMNS = {
     "busbw_gbps": "float",
     "gather_busbw_gbps": "float",
     "bandwidth_note": "str",
+    "step_source": "str",
 }
 XPROF_COLUMNS = {
     "xprof_step_ms": "float",

@@ -42,6 +42,9 @@ REPLICA_FIELDS: dict[str, type] = {
     "busbw_gbps": float,
     "gather_busbw_gbps": float,
     "bandwidth_note": str,  # why the bandwidths are empty, if they are
+    # Where the step came from: our markers, tf_keras's or Keras 3's, XProf's step
+    # grouping, or the whole capture (analysis.breakdown.step_sources.STEP_SOURCES).
+    "step_source": str,
 }
 REPLICA_COLUMNS = list(REPLICA_FIELDS)
 _SIZES = REPLICA_COLUMNS.index("allreduce_bytes")  # sizes and bandwidths from here on

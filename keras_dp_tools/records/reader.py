@@ -30,6 +30,7 @@ import pyarrow.parquet as pq
 
 from keras_dp_tools.common.warn import warn
 from keras_dp_tools.records.comparison import comparison_path, find_comparisons
+from keras_dp_tools.records.contract import PROFILE_SUBDIR, TRACE_SUFFIX
 from keras_dp_tools.records.fields import COMMON_FIELDS, FIELDS, STEP_FIELDS
 from keras_dp_tools.records.writer import LAUNCHER_RECORDS, RECORDS_DIRNAME, SCHEMA_VERSION
 
@@ -71,14 +72,28 @@ def find_record_files(
         raise FileNotFoundError(
             f"No keras_dp_tools records found under {', '.join(searched)}. Expected "
             f"'{RECORDS_DIRNAME}/worker-<i>.jsonl' files, written when a model is trained "
-            "with kdt.callbacks(log_dir)."
-            + (
-                " (Strategy comparisons' trial runs are left out: trials=True reads them.)"
-                if not trials and any(find_comparisons(place) for place in searched)
-                else ""
-            )
+            f"with kdt.callbacks(log_dir).{_nothing_found_hint(searched, trials)}"
         )
     return found
+
+
+def _nothing_found_hint(searched: list[str], trials: bool) -> str:
+    """What else the searched folders hold: a comparison's trial runs left out, or
+    profiler captures that ``keras-dp analyze`` reads without records."""
+    if not trials and any(find_comparisons(place) for place in searched):
+        return " (Strategy comparisons' trial runs are left out: trials=True reads them.)"
+    captures = [
+        path
+        for source in searched
+        if Path(source).is_dir()
+        for path in Path(source).glob(f"**/{PROFILE_SUBDIR}/*/*{TRACE_SUFFIX}")
+    ]
+    if captures:
+        return (
+            f" It holds {len(captures)} profiler capture(s): `keras-dp analyze "
+            f"{searched[0]}` (or kdt.analyze_trace) breaks them down without records."
+        )
+    return ""
 
 
 def _trial_run(file: Path, root: Path) -> bool:

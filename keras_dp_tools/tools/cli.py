@@ -83,8 +83,12 @@ def build_parser() -> argparse.ArgumentParser:
         "analyze",
         help="break profiled steps down into compute, all-reduce, sync wait and input",
         description=f"Read profiler traces (a {TRACE_SUFFIX}, or every one under a log dir) and "
-        "print the per-step breakdown averaged over replicas. Under a log dir written by "
-        "keras_dp_tools, the records supply replica count, devices and gradient bytes. "
+        "print the per-step breakdown averaged over replicas. Any TensorFlow capture "
+        "works: steps come from keras_dp_tools' markers, else tf_keras's or Keras 3's "
+        "(TensorBoard profile_batch), else XProf's step grouping, else the whole capture "
+        "(the step_source column says which). Under a log dir written by keras_dp_tools, "
+        "the records supply replica count, devices and gradient bytes; otherwise give "
+        "them with the options below (what stays unknown is said on stderr). "
         f"{EXIT_STATUSES}",
     )
     analyze.add_argument("source", type=Path, help=f"a {TRACE_SUFFIX} file or a log dir")
@@ -115,6 +119,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="bytes all-reduced per step (the gradients), for bandwidths, when the "
         "records do not say",
+    )
+    analyze.add_argument(
+        "--replicas-in-sync",
+        type=positive_int,
+        default=None,
+        help="ranks of each all-reduce over all workers (num_replicas_in_sync), for the "
+        "bus bandwidth, when the records do not say (default: the trace's replicas)",
+    )
+    analyze.add_argument(
+        "--devices",
+        default=None,
+        help="the replicas' devices, comma-separated in the strategy's order (e.g. "
+        "/gpu:0,/gpu:1), when the records do not say; on GPU traces they choose the "
+        "planes (default: every GPU that ran the model's kernels)",
     )
 
     lint = commands.add_parser(
@@ -624,7 +642,6 @@ def run_analyze_command(args: argparse.Namespace) -> int:
 
     from keras_dp_tools.analysis import find_traces
     from keras_dp_tools.analysis.runner import analyze_windows
-    from keras_dp_tools.records.contract import STEP_EVENT_NAME
     from keras_dp_tools.records.facts import RunFacts
 
     for line in _interrupted_windows(args.source):
@@ -632,10 +649,9 @@ def run_analyze_command(args: argparse.Namespace) -> int:
     traces = find_traces(args.source)
     recorded = _recorded_facts(args.source)
     windows = []
+    given = _given_facts(args)
     for trace in traces:
-        facts = recorded.get(trace.resolve(), RunFacts())
-        if args.allreduce_bytes:
-            facts = dataclasses.replace(facts, allreduce_bytes=args.allreduce_bytes)
+        facts = dataclasses.replace(recorded.get(trace.resolve(), RunFacts()), **given)
         windows.append((trace, facts))
 
     def progress(done: int, total: int, window) -> None:
@@ -653,6 +669,8 @@ def run_analyze_command(args: argparse.Namespace) -> int:
             raise window.error
         if breakdown.unmeasured:  # their rows stay, empty, with the reason
             print(f"{trace}: {breakdown.unmeasured}", file=sys.stderr, flush=True)
+        for line in _trace_notes(breakdown):
+            print(f"{trace}: {line}", file=sys.stderr, flush=True)
         frame = breakdown.replicas if args.per_replica else breakdown.steps
         frames.append(frame.assign(trace=str(trace)))
     if not frames:
@@ -660,9 +678,8 @@ def run_analyze_command(args: argparse.Namespace) -> int:
     table = pd.concat(frames, ignore_index=True)
     if table.empty:
         raise ValueError(
-            f"no marked steps in {len(traces)} trace(s) under {args.source}: capture with "
-            "kdt.DataParallelProfiler, or wrap steps in "
-            f'tf.profiler.experimental.Trace("{STEP_EVENT_NAME}", step_num=..., _r=1).'
+            f"no host events in {len(traces)} trace(s) under {args.source}: the profiler "
+            "captured no steps (was anything running between start and stop?)"
         )
     if args.format == "csv":
         table.to_csv(sys.stdout, index=False)
@@ -672,6 +689,30 @@ def run_analyze_command(args: argparse.Namespace) -> int:
         with pd.option_context("display.width", 200, "display.max_columns", 40):
             print(table.drop(columns="trace").round(3).to_string(index=False))
     return 0
+
+
+def _given_facts(args: argparse.Namespace) -> dict:
+    """The run's facts given on the command line (they win over the records')."""
+    given = {"allreduce_bytes": args.allreduce_bytes, "replicas_in_sync": args.replicas_in_sync}
+    if args.devices:
+        devices = tuple(device.strip() for device in args.devices.split(",") if device.strip())
+        given.update(devices=devices, local_replicas=len(devices))
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def _trace_notes(breakdown) -> list[str]:
+    """What a reader of a trace's rows must know beyond them: where the steps came from
+    (when not from our markers), the devices that are not replicas, the unknown facts."""
+    from keras_dp_tools.analysis.breakdown.step_sources import STEP_SOURCES
+
+    notes = []
+    if breakdown.step_source not in (None, "kdp_marker"):
+        notes.append(f"steps from {STEP_SOURCES[breakdown.step_source]}")
+    for row in breakdown.devices_apart.itertuples():
+        notes.append(f"{row.device} is not a replica (it ran no model kernel): {row.did}")
+    if breakdown.unknown:
+        notes.append(f"unknown: {breakdown.unknown}")
+    return notes
 
 
 def _interrupted_windows(source: Path) -> list[str]:

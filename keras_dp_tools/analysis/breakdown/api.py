@@ -41,6 +41,11 @@ import numpy as np
 import pandas as pd
 
 from keras_dp_tools.analysis.breakdown import gpu_trace
+from keras_dp_tools.analysis.breakdown.device_roles import (
+    gpu_device_name,
+    host_device_names,
+    no_devices_apart,
+)
 from keras_dp_tools.analysis.breakdown.host_reading import origin_ps, read_host
 from keras_dp_tools.analysis.breakdown.marker_checks import (
     Untrue,
@@ -52,6 +57,7 @@ from keras_dp_tools.analysis.breakdown.memory import memory_release
 from keras_dp_tools.analysis.breakdown.replicas import attribute_cpu_replicas, cpu_replica_count
 from keras_dp_tools.analysis.breakdown.rows import replica_frame, step_rows
 from keras_dp_tools.analysis.breakdown.spans import SpanColumns, Spans, sort_by_start
+from keras_dp_tools.analysis.breakdown.unknown_facts import unknown_facts
 from keras_dp_tools.analysis.trace.xevents import WireError
 from keras_dp_tools.analysis.trace.xspace import StepMarker, gpu_planes, stream_xspace
 from keras_dp_tools.records.columns import REPLICA_COLUMNS, XPROF_COLUMNS
@@ -75,6 +81,17 @@ class Breakdown:
         unmeasured: None when every marked step was measured; otherwise which steps'
             markers cannot be true (``marker_checks``) and why. Their rows are kept
             with empty numbers and the reason in ``bandwidth_note``.
+        step_source: where the steps came from (``step_sources.STEP_SOURCES``: our
+            markers, tf_keras's or Keras 3's, XProf's step grouping, or the whole
+            capture as one step); also each row's ``step_source``. None: the trace
+            has no host events.
+        devices_apart: the trace's devices that are not replicas (they ran none of
+            the model's kernels: only copies, or nothing) and what they did
+            (``device_roles.DEVICES_APART_COLUMNS``); found only when the run's
+            devices are not given.
+        unknown: the run's facts the trace cannot tell and nobody gave (gradient
+            bytes, replicas in sync), and what their absence leaves out; None when
+            all are known.
     """
 
     replicas: pd.DataFrame
@@ -82,6 +99,9 @@ class Breakdown:
     source: str | None = None
     attribution: str | None = None
     unmeasured: str | None = None
+    step_source: str | None = None
+    devices_apart: pd.DataFrame = field(default_factory=no_devices_apart)
+    unknown: str | None = None
 
 
 def analyze_window(
@@ -116,7 +136,11 @@ def analyze_window(
             (training) allocate, and the pages they reuse fault back in.
 
     Returns:
-        A ``Breakdown``; empty frames if the trace has no step markers.
+        A ``Breakdown``. Its steps come from the first source the trace has
+        (``step_sources``): our markers, tf_keras's or Keras 3's, XProf's step grouping
+        of the executor's events, else the whole capture as one step
+        (``Breakdown.step_source`` says which); empty frames only for a trace without
+        host events.
 
     Raises:
         gpu_trace.UnusableTraceError: the replicas run on GPUs but a replica's GPU has
@@ -225,6 +249,9 @@ class _Trace:
     on_gpu: bool
     untrue: dict[int, Untrue] = field(default_factory=dict)
     unchecked: str | None = None
+    step_source: str | None = None
+    device_names: list[str] = field(default_factory=list)
+    devices_apart: pd.DataFrame = field(default_factory=no_devices_apart)
 
     def take_spans(self) -> Spans:
         """The spans, no longer held here: the breakdown frees them (the largest part
@@ -238,37 +265,53 @@ def _read_trace(space, facts: RunFacts, release_memory: Callable[[], None]) -> _
     columns = SpanColumns(origin_ps(space))
     # The strategy's devices choose the path; a CPU strategy ignores GPU planes.
     gpus = gpu_trace.read_replica_gpus(space, devices, columns.origin_ps)
-    markers, launches, extent = read_host(space, devices, columns, inputs_only=gpus is not None)
+    steps, launches, extent = read_host(space, devices, columns, inputs_only=gpus is not None)
+    markers = steps.markers
     untrue, unchecked = untrue_markers(markers, extent, capture_length_ps(space))
     if gpus is not None:
         # Linked by the markers as written: a launch inside an untrue marker goes to it
         # (and its row stays empty), not to another step.
-        _add_gpu_spans(gpus, columns, launches, markers)
+        _add_gpu_spans(gpus, columns, launches, markers, steps.source == "group_id")
         replica_count = facts.local_replicas or len(gpus.ordinals)
+        names = [gpu_device_name(ordinal) for ordinal in gpus.ordinals]
+        apart = gpus.apart
         del gpus  # the spans hold the events now
         spans = columns.build(release_memory)
         sort_by_start(spans, release_memory)
         markers = _without_length(markers, untrue)
-        return _Trace(markers, spans, replica_count, None, True, untrue, unchecked)
+        return _Trace(
+            markers, spans, replica_count, None, True, untrue, unchecked, steps.source, names, apart
+        )
     spans = columns.build(release_memory)
     replica_count = facts.local_replicas or cpu_replica_count(spans)
     spans, attribution = attribute_cpu_replicas(spans, replica_count)  # in trace order
     sort_by_start(spans, release_memory)
     markers = _without_length(markers, untrue)
-    return _Trace(markers, spans, replica_count, attribution, False, untrue, unchecked)
+    names = host_device_names(space, replica_count)
+    return _Trace(
+        markers, spans, replica_count, attribution, False, untrue, unchecked, steps.source, names
+    )
 
 
-def _add_gpu_spans(gpus: gpu_trace.ReplicaGpus, columns: SpanColumns, launches, markers):
+def _add_gpu_spans(
+    gpus: gpu_trace.ReplicaGpus, columns: SpanColumns, launches, markers, by_group: bool
+):
     """Adds each replica's device events as arrays, each linked by its correlation id
-    to the marker that enclosed its host launch."""
+    to the marker that enclosed its host launch; where the steps are XProf's groups
+    written with the capture (``by_group``), an event without that link goes to the
+    step of its own ``group_id`` (such captures may hold no host launches at all)."""
     links = gpu_trace.launch_links(launches, markers, columns.origin_ps)
     for replica, events in enumerate(gpus.events):
+        launched = gpu_trace.launching_markers(events.correlation, links)
+        if by_group:
+            grouped = gpu_trace.grouped_markers(events.group, markers)
+            launched = np.where(launched >= 0, launched, grouped)
         columns.extend(
             events.kind,
             np.full(len(events.kind), replica, dtype=np.int16),
             events.start,
             events.end,
-            launched=gpu_trace.launching_markers(events.correlation, links),
+            launched=launched,
             reducing=events.reducing,
         )
 
@@ -303,6 +346,8 @@ def _break_down(
         link_peak_gbps,
         release_memory,
         notes,
+        None if facts.devices else trace.device_names,
+        trace.step_source,
     )
     ranks = facts.ranks(trace.replica_count)
     steps = step_rows(replicas, facts, ranks, link_peak_gbps, step_notes)
@@ -316,4 +361,7 @@ def _break_down(
         steps,
         attribution=trace.attribution,
         unmeasured="; ".join(filter(None, reasons)) or None,
+        step_source=trace.step_source,
+        devices_apart=trace.devices_apart,
+        unknown=unknown_facts(facts, trace.replica_count, trace.on_gpu) if trace.markers else None,
     )

@@ -26,11 +26,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+import pandas as pd
 
 from keras_dp_tools.analysis.breakdown.classify import KIND_CODES, Kind, classify_device_event
+from keras_dp_tools.analysis.breakdown.device_roles import no_devices_apart, split_devices
 from keras_dp_tools.analysis.trace.xevents import EventTable, read_events
 from keras_dp_tools.analysis.trace.xspace import (
     StepMarker,
@@ -44,6 +46,7 @@ from keras_dp_tools.analysis.trace.xspace import (
 from keras_dp_tools.records.contract import gpu_ordinal
 
 CORRELATION_STAT = "correlation_id"
+GROUP_STAT = "group_id"  # XProf's step group, written into captures by older TensorFlow
 TF_OP_STAT = "tf_op"
 STREAM_LINE_PREFIX = "Stream #"
 # Host CUDA API calls (driver ``cu*`` and runtime ``cuda*``) that start device work.
@@ -124,7 +127,9 @@ class DeviceEvents:
     ``kind``: index in ``list(Kind)``; ``start``, ``end``: picoseconds from the origin
     the reader was given; ``correlation``: the ``correlation_id`` linking each event to
     its host launch (-1: none); ``reducing``: False for NCCL kernels of collectives
-    other than all-reduce (they do not count towards the all-reduce bandwidth).
+    other than all-reduce (they do not count towards the all-reduce bandwidth);
+    ``group``: the ``group_id`` a capture grouped before saving gave the event (XProf's
+    step group; -1: none).
     """
 
     kind: np.ndarray
@@ -132,15 +137,19 @@ class DeviceEvents:
     end: np.ndarray
     correlation: np.ndarray
     reducing: np.ndarray
+    group: np.ndarray
 
 
 @dataclass(slots=True)
 class ReplicaGpus:
     """The GPUs of a GPU run: ``ordinals[k]`` is replica k's CUDA ordinal, ``events[k]``
-    its device events."""
+    its device events; ``apart``: the GPUs of the trace that are not replicas and what
+    they did (``device_roles.DEVICES_APART_COLUMNS``), when the run's devices are not
+    known."""
 
     ordinals: list[int]
     events: list[DeviceEvents]
+    apart: pd.DataFrame = field(default_factory=no_devices_apart)
 
 
 def read_replica_gpus(space, devices: Sequence[str] | None, origin_ps: int) -> ReplicaGpus | None:
@@ -150,7 +159,8 @@ def read_replica_gpus(space, devices: Sequence[str] | None, origin_ps: int) -> R
     With the strategy's ``devices``, their kind decides: CPU devices take the CPU path
     even when the trace also has GPU planes (a CPU strategy on a GPU machine; the GPU
     planes are then not read). Without them, GPU planes that hold device events mean a
-    GPU run, one replica per such plane.
+    GPU run, one replica per GPU that ran the model's kernels; the others (only copies,
+    or nothing) are listed apart (``device_roles.split_devices``).
 
     Raises:
         UnusableTraceError: a replica's GPU has no device events in the trace (no
@@ -173,9 +183,10 @@ def read_replica_gpus(space, devices: Sequence[str] | None, origin_ps: int) -> R
     }
     busy = {ordinal for ordinal, events in read.items() if len(events.kind)}
     if not ordinals:
-        ordinals = sorted(busy)
+        ordinals, apart = split_devices(read)
         if not ordinals:
             return None
+        return ReplicaGpus(ordinals, [read[ordinal] for ordinal in ordinals], apart)
     idle = [ordinal for ordinal in ordinals if ordinal not in busy]
     if idle:  # the reason names the planes that do hold events: read those (error path)
         busy |= {o for o, plane in planes.items() if o not in read and _has_stream_events(plane)}
@@ -258,10 +269,11 @@ class PlaneCorrelation:
     by_metadata: dict[int, int]
 
     @classmethod
-    def of(cls, plane, metadata_ids=None) -> PlaneCorrelation:
-        """The plane's rule; event metadata limited to ``metadata_ids`` if given."""
+    def of(cls, plane, metadata_ids=None, stat: str = CORRELATION_STAT) -> PlaneCorrelation:
+        """The plane's rule; event metadata limited to ``metadata_ids`` if given.
+        ``stat``: another integer stat read the same way (``group_id``)."""
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
-        ids = stat_ids(stat_names, CORRELATION_STAT)
+        ids = stat_ids(stat_names, stat)
         wanted = set(ids.tolist())
         keys = plane.event_metadata.keys() if metadata_ids is None else metadata_ids
         by_metadata = {}
@@ -302,6 +314,7 @@ class _PlaneReader:
         self.plane_name = plane.name
         self.stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
         self.correlation = PlaneCorrelation.of(plane)
+        self.group = PlaneCorrelation.of(plane, stat=GROUP_STAT)
         self.op_ids = stat_ids(self.stat_names, TF_OP_STAT)
         self.metadata = {
             key: (meta.name, named_stats(meta.stats, self.stat_names))
@@ -329,7 +342,7 @@ class _PlaneReader:
             parts.append(self._batch(batch, bases, names))
         if not parts:
             empty = np.empty(0, np.int64)
-            return DeviceEvents(np.empty(0, np.int8), empty, empty, empty, np.empty(0, bool))
+            return DeviceEvents(np.empty(0, np.int8), empty, empty, empty, np.empty(0, bool), empty)
         return DeviceEvents(*(np.concatenate(column) for column in zip(*parts, strict=True)))
 
     def _batch(self, lines: list[bytes], bases: list[int], names: list[str]):
@@ -342,7 +355,7 @@ class _PlaneReader:
         )
         correlation = self.correlation.ids(table)
         kind, reducing = self._kinds(table.metadata_id, *self._ops(table))
-        return kind, start, end, correlation, reducing
+        return kind, start, end, correlation, reducing, self.group.ids(table)
 
     def _ops(self, table: EventTable) -> tuple[np.ndarray, np.ndarray]:
         """Per event its own ``tf_op``: its kind (``_NO_OP``, ``_OP_REF``,
@@ -436,6 +449,18 @@ def launch_links(launches, markers: Sequence[StepMarker], origin_ps: int):
     correlation, index = correlation[inside][::-1], index[inside][::-1]
     ids, last = np.unique(correlation, return_index=True)  # first of reversed: last launch
     return ids, index[last]
+
+
+def grouped_markers(group: np.ndarray, markers: Sequence[StepMarker]) -> np.ndarray:
+    """Per device event, the index of the marker of its ``group_id`` (-1: none), for
+    steps found by ``group_id`` (``step_sources``: a marker's ``step`` is its group)."""
+    ids = np.array([marker.step for marker in markers], dtype=np.int64)
+    if not len(ids):
+        return np.full(len(group), -1, dtype=np.int64)
+    order = np.argsort(ids, kind="stable")
+    position = np.minimum(np.searchsorted(ids[order], group), len(ids) - 1)
+    found = (ids[order][position] == group) & (group >= 0)
+    return np.where(found, order[position], -1)
 
 
 def launching_markers(correlation: np.ndarray, links) -> np.ndarray:

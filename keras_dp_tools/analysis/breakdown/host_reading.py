@@ -23,23 +23,30 @@ from keras_dp_tools.analysis.breakdown.classify import (
     scoped_replica,
 )
 from keras_dp_tools.analysis.breakdown.spans import NO_REPLICA, SpanColumns
+from keras_dp_tools.analysis.breakdown.step_sources import (
+    MARKER_NAMES,
+    ROOT_NAMES,
+    ROOT_STATS,
+    TraceSteps,
+    find_steps,
+)
 from keras_dp_tools.analysis.trace.xevents import read_line_events
 from keras_dp_tools.analysis.trace.xspace import (
-    STEP_EVENT_NAME,
     TraceEvent,
     event_count,
     gpu_planes,
     host_planes,
     line_timestamps,
     named_stats,
-    step_markers,
     whole_lines,
 )
 
 # Kinds as small integers, for the span columns.
 _KINDS = list(Kind)
 _CODE = KIND_CODES
-_MARKER, _LAUNCH = "marker", "launch"  # host events read for their stats, not as spans
+# Host events read for their stats, not as spans: step markers, CUDA launches, and the
+# executor's events XProf groups steps by (read where a plane has no markers).
+_MARKER, _LAUNCH, _ROOT = "marker", "launch", "root"
 
 
 def _peer_key(stats) -> tuple | None:
@@ -86,9 +93,12 @@ def origin_ps(space) -> int:
 
 def _host_metadata(name: str, inputs_only: bool):
     """What the engine does with host events of this name, decided once per event
-    metadata: None (skip), (_MARKER | _LAUNCH,) or (kind, replica, needs_stats, copied)."""
-    if name == STEP_EVENT_NAME:
+    metadata: None (skip), (_MARKER | _LAUNCH | _ROOT,) or (kind, replica, needs_stats,
+    copied)."""
+    if name in MARKER_NAMES:
         return (_MARKER,)
+    if name in ROOT_NAMES:
+        return (_ROOT,)
     if gpu_trace.is_cuda_api_call(name):
         return (_LAUNCH,)
     classified = classify_host_name(name)
@@ -132,19 +142,23 @@ class _PlainRoles:
         return self.ids[index] == metadata_ids, index
 
 
-def read_host(space, devices, columns: SpanColumns, inputs_only: bool):
+def read_host(
+    space, devices, columns: SpanColumns, inputs_only: bool
+) -> tuple[TraceSteps, list, tuple | None]:
     """One pass over the host planes: the spans of classified events (into ``columns``;
-    only input waits if ``inputs_only``), the step markers as ``TraceEvent`` (few
-    events), the CUDA launches as arrays (``gpu_trace.read_launches``) and the host
-    events' extent: the earliest start of any and the latest end of one that is not a
-    step marker (absolute picoseconds; None: no events). Events are
-    classified by their metadata, once, and read line by line into arrays; only the
-    events whose stats matter (collectives, markers) are read one by one."""
-    markers, launches = [], []
+    only input waits if ``inputs_only``), the steps (``step_sources.find_steps``: from
+    the step markers, else the executor's events), the CUDA launches as arrays
+    (``gpu_trace.read_launches``) and the host events' extent: the earliest start of
+    any and the latest end of one that is not a step marker (absolute picoseconds;
+    None: no events). Events are classified by their metadata, once, and read line by
+    line into arrays; only the events whose stats matter (collectives, markers, and
+    the executor's events where a plane has no markers) are read one by one."""
+    markers, roots, launches = [], [], []
     origin = columns.origin_ps
     earliest = latest_other = None  # from the origin
     for plane in host_planes(space):
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
+        root_stat_names = {key: name for key, name in stat_names.items() if name in ROOT_STATS}
         plain, special = {}, {}  # by metadata id: spans without and with stats to read
         for key, meta in plane.event_metadata.items():
             role = _host_metadata(meta.name, inputs_only)
@@ -156,6 +170,9 @@ def read_host(space, devices, columns: SpanColumns, inputs_only: bool):
             else:
                 special[key] = (role, meta.name, named_stats(meta.stats, stat_names))
         roles = _PlainRoles(plain)
+        if any(value[0][0] == _MARKER for value in special.values()):
+            # The executor's events matter only without step markers (step_sources).
+            special = {k: v for k, v in special.items() if v[0][0] != _ROOT}
         special_ids = np.array(sorted(special), dtype=np.int64)
         # CUDA launches (one per kernel) are read as arrays (gpu_trace.read_launches).
         launch_ids = np.array([k for k, v in special.items() if v[0][0] == _LAUNCH], np.int64)
@@ -196,21 +213,37 @@ def read_host(space, devices, columns: SpanColumns, inputs_only: bool):
                     continue
                 event = line.events[index]
                 stats = meta_stats
-                if event.stats:
+                if event.stats and role[0] == _ROOT:  # many: only the stats steps need
+                    stats = {**meta_stats, **_picked_stats(event.stats, root_stat_names)}
+                elif event.stats:
                     stats = {**meta_stats, **named_stats(event.stats, stat_names)}
                 start = base + origin + event.offset_ps
                 end = start + event.duration_ps
                 traced = TraceEvent(plane.name, line_name, name, start, end, stats, line.id)
                 if role[0] == _MARKER:
                     markers.append(traced)
+                elif role[0] == _ROOT:
+                    roots.append(traced)
                 else:
                     rows.append((index, _host_span(role, traced, devices, origin)))
             if off_python:
                 _extend_line(columns, roles, events, base, rows)
     if earliest is None:
-        return step_markers(markers), launches, None
+        return find_steps(markers, roots, None), launches, None
     extent = origin + earliest, None if latest_other is None else origin + latest_other
-    return step_markers(markers), launches, extent
+    return find_steps(markers, roots, extent), launches, extent
+
+
+def _picked_stats(stats, wanted: dict[int, str]) -> dict[str, object]:
+    """The stats of ``stats`` whose metadata ``wanted`` names (integers or strings:
+    a reference is not resolved), by name; the last of one name wins."""
+    picked = {}
+    for stat in stats:
+        name = wanted.get(stat.metadata_id)
+        if name is not None:
+            kind = stat.WhichOneof("value")
+            picked[name] = None if kind is None else getattr(stat, kind)
+    return picked
 
 
 def _extend_line(columns: SpanColumns, roles: _PlainRoles, events, base: int, rows) -> None:

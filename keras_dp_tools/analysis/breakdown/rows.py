@@ -7,7 +7,7 @@ is per step (a marker covering k steps has its times divided by k).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
@@ -34,13 +34,17 @@ def replica_frame(
     peak_gbps,
     release_memory,
     unmeasured: Mapping[int, str],
+    device_names: Sequence[str] = (),
+    step_source: str | None = None,
 ):
     """One row per step and replica (``REPLICA_COLUMNS`` and ``_BANDWIDTH_TIMES``).
     Vectorised over steps: each span is assigned to its steps once, then the union
     lengths of all (step, replica) groups come from one sort, batch by batch of
     markers. The rows of the markers in ``unmeasured`` have empty times, sizes and
     bandwidths, and their note as ``bandwidth_note``; bandwidths are floats (NaN: not
-    shown). The collectives' ranks: ``facts.ranks(replica_count)``."""
+    shown). The collectives' ranks: ``facts.ranks(replica_count)``. ``device_names``:
+    each replica's device (else ``facts.devices``); ``step_source``: where the markers
+    came from (``step_sources.STEP_SOURCES``)."""
     columns = [*REPLICA_COLUMNS, *_BANDWIDTH_TIMES]
     if not markers:
         return pd.DataFrame([], columns=columns).astype(dict.fromkeys(BANDWIDTH_COLUMNS, float))
@@ -104,12 +108,12 @@ def replica_frame(
         comm_share = np.where(nonzero, exposed_transfer_ms / step_ms, np.nan)
         wait_share = np.where(nonzero, exposed_sync_wait_ms / step_ms, np.nan)
     row_replica = np.tile(replicas, count)
+    names = list(device_names or facts.devices or ())
     frame = {
         "step": per_row(np.array([m.step for m in markers], dtype=np.int64), replica_count),
         "replica": row_replica,
         "device": [
-            facts.devices[replica] if facts.devices and replica < len(facts.devices) else None
-            for replica in row_replica.tolist()
+            names[replica] if replica < len(names) else None for replica in row_replica.tolist()
         ],
         "steps": per_row(steps, replica_count),
         "step_ms": step_ms,
@@ -159,6 +163,7 @@ def replica_frame(
     for marker, note in unmeasured.items():
         first = marker * replica_count
         frame["bandwidth_note"][first : first + replica_count] = [note] * replica_count
+    frame["step_source"] = [step_source] * rows
     return pd.DataFrame(frame)[columns].astype(dict.fromkeys(BANDWIDTH_COLUMNS, float))
 
 
@@ -180,6 +185,7 @@ def step_rows(
     steps.insert(0, "steps", grouped["steps"].first())
     steps.insert(0, "replicas", grouped["replica"].nunique())
     steps["max_sync_wait_ms"] = grouped["sync_wait_ms"].max()
+    steps["step_source"] = grouped["step_source"].first()
     # The replica the others waited for arrived last, so it waited least itself.
     measured = replica_frame.dropna(subset=["sync_wait_ms"])  # not the unmeasured steps
     waits = measured.groupby("step", sort=True)["sync_wait_ms"]
@@ -203,7 +209,9 @@ def step_rows(
     if untrue_steps:
         notes = pd.Series(untrue_steps, dtype=object)
         keep = ~steps.index.isin(notes.index)
-        for name in steps.columns[steps.columns.get_loc("step_ms") :].drop("bandwidth_note"):
+        for name in steps.columns[steps.columns.get_loc("step_ms") :].drop(
+            ["bandwidth_note", "step_source"]
+        ):
             steps[name] = steps[name].where(keep)  # an int column (bytes) turns float
         steps.loc[notes.index, "bandwidth_note"] = notes
     steps = steps.astype(dict.fromkeys(BANDWIDTH_COLUMNS, float))

@@ -340,8 +340,11 @@ def gpu_planes(space) -> dict[int, object]:
     return dict(sorted(planes.items()))
 
 
-def step_markers(host_events: list[TraceEvent]) -> list[StepMarker]:
-    """Steps marked on the host with ``Trace("train", step_num=n, _r=1)``.
+def step_markers(
+    host_events: list[TraceEvent], names: frozenset[str] | set[str] = frozenset({STEP_EVENT_NAME})
+) -> list[StepMarker]:
+    """Steps marked on the host with ``Trace("train", step_num=n, _r=1)`` (or events of
+    other ``names`` with a ``step_num``).
 
     When our profiler's markers are present, only they count: tf_keras marks every
     step itself (numbered within the epoch) and the two would nest. Markers of one step
@@ -350,7 +353,7 @@ def step_markers(host_events: list[TraceEvent]) -> list[StepMarker]:
     markers = [
         event
         for event in host_events
-        if event.name == STEP_EVENT_NAME and event.stats.get("step_num") is not None
+        if event.name in names and event.stats.get("step_num") is not None
     ]
     own = [event for event in markers if event.stats.get(OWN_MARKER_STAT) is not None]
     # One marker per step, start and thread (a thread's duplicates are one event).
