@@ -15,6 +15,7 @@ from .conftest import run_cli
 
 TF = "import tensorflow as tf\n"
 MIRRORED = TF + "strategy = tf.distribute.MirroredStrategy()\n"
+DIST = "dist = strategy.experimental_distribute_dataset(ds)\n"
 
 
 def marked(source: str) -> list[int]:
@@ -114,8 +115,11 @@ INTENT = {
 }
 INTENT_REPORTED = {
     "a comment that says per replica": MIRRORED
-    + "BATCH = 256  # per replica\nds.batch(BATCH)  # REPORT\n",
-    "a global name for something else": MIRRORED + "global_step = 100\nds.batch(100)  # REPORT\n",
+    + "BATCH = 256  # per replica\nds = ds.batch(BATCH)  # REPORT\n"
+    + DIST,
+    "a global name for something else": MIRRORED
+    + "global_step = 100\nds = ds.batch(100)  # REPORT\n"
+    + DIST,
 }
 
 # 4. Not tf.distribute: other ways to split a batch are not this rule's business.
@@ -136,19 +140,24 @@ OTHER_SPLITTERS = {
 OTHER_SPLITTERS_REPORTED = {
     "the tf.distribute batch of a file that also uses PyTorch": MIRRORED
     + "import torch\nloader = torch.utils.data.DataLoader(data, batch_size=64)\n"
-    + "ds = tf.data.Dataset.range(9).batch(64)  # REPORT\n",
+    + "ds = tf.data.Dataset.range(9).batch(64)  # REPORT\n"
+    + DIST,
 }
 
 # 5. Other batching calls, where real code hides the same mistake.
 BATCHING_CALLS_REPORTED = {
     "dense_to_ragged_batch": MIRRORED
-    + "ds = ds.apply(tf.data.experimental.dense_to_ragged_batch(32))  # REPORT\n",
-    "ragged_batch": MIRRORED + "ds = ds.ragged_batch(32)  # REPORT\n",
+    + "ds = ds.apply(tf.data.experimental.dense_to_ragged_batch(32))  # REPORT\n"
+    + DIST,
+    "ragged_batch": MIRRORED + "ds = ds.ragged_batch(32)  # REPORT\n" + DIST,
     "bucket_by_sequence_length": MIRRORED
-    + "ds = ds.bucket_by_sequence_length(length, [10, 20], [32, 32, 32])  # REPORT\n",
+    + "ds = ds.bucket_by_sequence_length(length, [10, 20], [32, 32, 32])  # REPORT\n"
+    + DIST,
     "experimental bucket_by_sequence_length by keyword": MIRRORED
     + "f = tf.data.experimental.bucket_by_sequence_length(\n"
-    + "    length, bucket_boundaries=[10], bucket_batch_sizes=[16, 16])  # REPORT\n",
+    + "    length, bucket_boundaries=[10], bucket_batch_sizes=[16, 16])  # REPORT\n"
+    + "ds = ds.apply(f)\n"
+    + DIST,
     "a keras.utils.Sequence with a batch size, given to fit": TF
     + "class Batches(tf.keras.utils.Sequence):\n"
     + "    def __init__(self, x, y, batch_size):\n        self.batch_size = batch_size\n"
@@ -160,7 +169,9 @@ BATCHING_CALLS_REPORTED = {
     "a PyDataset subclass, batch size by keyword": MIRRORED
     + "class Frames(keras.utils.PyDataset):\n"
     + "    def __init__(self, paths, batch_size=32, **kwargs):\n        pass\n"
-    + "frames = Frames(paths, batch_size=64)  # REPORT\n",
+    + "frames = Frames(paths, batch_size=64)  # REPORT\n"
+    + "with strategy.scope():\n    model = build()\n"
+    + "model.fit(frames)\n",
 }
 BATCHING_CALLS = {
     "a scaled ragged batch": MIRRORED
@@ -181,7 +192,8 @@ BATCHING_CALLS = {
 ONE_PER_LINE_REPORTED = {
     "a literal given to a helper's batch_size keyword": MIRRORED
     + "def make(batch_size):\n    return ds.batch(batch_size)\n"
-    + "train = make(batch_size=64)  # REPORT\n",
+    + "train = make(batch_size=64)  # REPORT\n"
+    + "dist = strategy.experimental_distribute_dataset(train)\n",
 }
 ONE_PER_LINE = {
     "a helper that scales its batch_size keyword itself": MIRRORED
@@ -236,7 +248,7 @@ def test_a_magic_looking_line_inside_brackets_is_python(tmp_path):
     notebook = nbformat.v4.new_notebook()
     notebook.cells.append(nbformat.v4.new_code_cell(MIRRORED))
     notebook.cells.append(
-        nbformat.v4.new_code_cell("print('%d'\n      %(1))\nds = ds.batch(64)\n%time x\n")
+        nbformat.v4.new_code_cell("print('%d'\n      %(1))\nds = ds.batch(64)\n%time x\n" + DIST)
     )
     nbformat.write(notebook, str(tmp_path / "guide.ipynb"))
     findings = json.loads(run_cli("lint", str(tmp_path), "--format", "json").stdout)
@@ -254,7 +266,7 @@ def project(tmp_path):
         "def make(ds, size):\n    return ds.batch(size)\n"
     )
     (tmp_path / "train.py").write_text(
-        MIRRORED + "from data import pipeline\nds = pipeline.make(ds, 64)  # REPORT\n"
+        MIRRORED + "from data import pipeline\nds = pipeline.make(ds, 64)  # REPORT\n" + DIST
     )
     return tmp_path
 

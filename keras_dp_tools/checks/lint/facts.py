@@ -4,16 +4,21 @@ from __future__ import annotations
 
 import ast
 
+from keras_dp_tools.checks.lint.collector import Collector, self_attribute
 from keras_dp_tools.checks.lint.contracts import per_replica_contracts
-from keras_dp_tools.checks.lint.intent import commented_global, divided_names, says_global
+from keras_dp_tools.checks.lint.intent import GLOBAL, PER_REPLICA, commented, divided_names, named
 from keras_dp_tools.checks.lint.reach import distributed_data
-from keras_dp_tools.checks.lint.scopes import Collector, Scope, sequence_classes
+from keras_dp_tools.checks.lint.scopes import Scope, sequence_classes
+from keras_dp_tools.checks.lint.windows import window_batches
+
+MAX_ROUNDS = 8  # rounds of passing strategies and models from callers to callees
 
 
 class Module:
-    """One parsed file: its scopes, imports, strategies, per-replica contracts, stated
-    intent and the data its strategies distribute. ``lines``: its source lines, for the
-    comments that state intent (read from ``path`` when not given)."""
+    """One parsed file: its scopes, imports, strategies, the models they build, per-replica
+    contracts, stated intent, sequence windows and the data its strategies distribute.
+    ``lines``: its source lines, for the comments that state intent (read from ``path``
+    when not given)."""
 
     def __init__(self, tree: ast.Module, path=None, lines: list[str] | None = None):
         self.path = path  # a pathlib.Path for project files, None for a bare source
@@ -23,46 +28,118 @@ class Module:
             except OSError:
                 lines = None
         self.lines = lines
-        self.collector = Collector(sequence_classes(tree))
+        classes = sequence_classes(tree)
+        self.collector = Collector(classes)
         self.collector.visit(tree)
-        self._propagate_strategy_arguments()
+        received = self._propagate_strategy_arguments()
+        if received:  # again, knowing which parameters hold strategies (their scopes)
+            self.collector = Collector(classes, received)
+            self.collector.visit(tree)
+            self._propagate_strategy_arguments()
+        self._propagate_models()
         self.contracts = per_replica_contracts(tree)
         self.divided = divided_names(tree)
+        self.windows = window_batches(self.collector)
         self.reach = distributed_data(self.collector)
 
-    def _propagate_strategy_arguments(self):
-        """A module function called with a strategy receives one (to a fixpoint)."""
-        changed = True
-        while changed:
+    def _callees(self, scope: Scope, call: ast.Call):
+        """The functions of this file a call runs, and the (parameter, value) it passes."""
+        collector = self.collector
+        func = call.func
+        if isinstance(func, ast.Name):
+            callees = [collector.functions[func.id]] if func.id in collector.functions else []
+            skip = 0
+        elif self_attribute(func):
+            callees = [f for f in collector.all_functions.get(func.attr, []) if f.class_name]
+            skip = 1
+        else:
+            return
+        for callee in callees:
+            parameters = callee.parameters[skip:]
+            passed = [
+                (parameters[index] if index < len(parameters) else None, value)
+                for index, value in enumerate(call.args)
+            ] + [(keyword.arg, keyword.value) for keyword in call.keywords]
+            yield callee, [(name, value) for name, value in passed if name]
+
+    def _propagate_strategy_arguments(self) -> set[tuple[int, str]]:
+        """A function of this file called with a strategy receives one (to a fixpoint);
+        the (line of the function, parameter) pairs that do."""
+        received = set()
+        for _ in range(MAX_ROUNDS):
             changed = False
             for scope in self.collector.scopes:
                 for call in scope.calls:
-                    if not isinstance(call.func, ast.Name):
-                        continue
-                    callee = self.collector.functions.get(call.func.id)
-                    if callee is None:
-                        continue
-                    passed = [
-                        (callee.parameters[index] if index < len(callee.parameters) else None, arg)
-                        for index, arg in enumerate(call.args)
-                    ] + [(keyword.arg, keyword.value) for keyword in call.keywords]
-                    for parameter, value in passed:
+                    for callee, passed in self._callees(scope, call):
+                        for parameter, value in passed:
+                            if parameter in callee.strategy_names:
+                                continue
+                            if self.collector.is_strategy_value(value, call.lineno, scope):
+                                callee.strategy_names[parameter] = callee.node.lineno
+                                callee.received = True
+                                received.add((callee.node.lineno, parameter))
+                                changed = True
+            if not changed:
+                break
+        return received
+
+    def _propagate_models(self) -> None:
+        """Models built in a function called under a strategy's scope, passed to a
+        function, or returned by one (to a fixpoint)."""
+        collector = self.collector
+        for scope in collector.scopes:
+            if scope.name in collector.scoped_functions and scope.parent is not None:
+                for name, values in scope.assignments.items():
+                    for value in values:
+                        if isinstance(value, ast.Call):
+                            collector.mark_model(ast.Name(name, ast.Load()), value.lineno, scope)
+        for (_, attribute), assigned in list(collector.class_values.items()):
+            for scope, value in assigned:  # self.model = build() in a scoped method
+                if scope.name in collector.scoped_functions and isinstance(value, ast.Call):
+                    owner = ast.Attribute(ast.Name("self", ast.Load()), attribute, ast.Load())
+                    collector.mark_model(owner, value.lineno, scope)
+        for _ in range(MAX_ROUNDS):
+            changed = False
+            makers = {
+                scope.name
+                for scope in collector.scopes
+                if scope.name
+                and any(collector.distributed_model(v, 10**9, scope) for v in scope.returns)
+            }
+            for scope in collector.scopes:
+                for name, values in scope.assignments.items():
+                    for value in values:
                         if (
-                            parameter
-                            and parameter not in callee.strategy_names
-                            and self.collector.is_strategy_value(value, call.lineno, scope)
+                            isinstance(value, ast.Call)
+                            and isinstance(value.func, ast.Name)
+                            and value.func.id in makers
                         ):
-                            callee.strategy_names[parameter] = callee.node.lineno
-                            callee.received = True
-                            changed = True
+                            changed |= collector.mark_model(
+                                ast.Name(name, ast.Load()), value.lineno, scope
+                            )
+                for call in scope.calls:
+                    for callee, passed in self._callees(scope, call):
+                        for parameter, value in passed:
+                            if collector.distributed_model(value, call.lineno, scope):
+                                changed |= collector.mark_model(
+                                    ast.Name(parameter, ast.Load()), 0, callee
+                                )
+            if not changed:
+                break
+
+    def intent(self, name: str, values: list[ast.expr]) -> str | None:
+        """What the code states ``name`` (given ``values``) is: GLOBAL, PER_REPLICA or None."""
+        by_name = named(name)
+        by_comment = {commented(self.lines, value) for value in values}
+        if by_name == PER_REPLICA or PER_REPLICA in by_comment:
+            return PER_REPLICA
+        if by_name == GLOBAL or GLOBAL in by_comment or name in self.divided:
+            return GLOBAL
+        return None
 
     def says_global(self, name: str, values: list[ast.expr]) -> bool:
         """Whether the code states that ``name`` (given ``values``) is the global batch."""
-        return (
-            says_global(name)
-            or name in self.divided
-            or any(commented_global(self.lines, value) for value in values)
-        )
+        return self.intent(name, values) == GLOBAL
 
     def per_replica(self, scope: Scope) -> bool:
         """Whether ``scope`` is, or is inside, a function that is per replica by contract."""
@@ -70,25 +147,6 @@ class Module:
         while current is not None:
             if self.contracts.covers_function(current.node):
                 return True
-            current = current.parent
-        return False
-
-    def strategy_at(self, scope: Scope, line: int) -> bool:
-        """Whether a strategy exists at ``line`` of ``scope``: created earlier in it,
-        received, held on ``self``, or existing where an enclosing function was defined;
-        or the scope makes data a strategy distributes."""
-        current = scope
-        while current is not None:
-            if current.received:
-                return True
-            if current.strategy_line is not None and current.strategy_line < line:
-                return True
-            attrs = self.collector.class_strategy_attrs.get(current.class_name or "", set())
-            if attrs & current.uses_self_attrs:
-                return True
-            if current.name in self.reach.functions:
-                return True
-            line = getattr(current.node, "lineno", line)
             current = current.parent
         return False
 

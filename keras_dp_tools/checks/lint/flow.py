@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Calls whose result is already per replica or scaled by the replica count.
 SCALED_CALLS = {
@@ -29,6 +29,7 @@ SCALED, GLOBAL, CONSTANT, UNKNOWN, PARAMETER = (
 class Flow:
     kind: str
     params: frozenset = frozenset()  # (scope, name) pairs, for PARAMETER
+    origin: ast.AST | None = field(default=None, compare=False)  # where a constant is written
 
 
 def combine(flows) -> Flow:
@@ -41,7 +42,8 @@ def combine(flows) -> Flow:
     if UNKNOWN in kinds or not flows:
         return Flow(UNKNOWN)
     params = frozenset().union(*(flow.params for flow in flows))
-    return Flow(PARAMETER, params) if params else Flow(CONSTANT)
+    origin = next((flow.origin for flow in flows if flow.origin is not None), None)
+    return Flow(PARAMETER, params, origin) if params else Flow(CONSTANT, origin=origin)
 
 
 def from_input_context(func: ast.Attribute) -> bool:

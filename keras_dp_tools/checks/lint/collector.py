@@ -1,0 +1,391 @@
+"""Walks one file once, filling in its scopes: imports, assignments, batch sites, calls,
+strategies (``scopes.py`` holds the pieces) and the models built under a strategy's scope.
+
+Only synchronous strategies count (``STRATEGY_CLASSES``): a ``ParameterServerStrategy`` or
+a DTensor mesh is never one, however it is held, and ``with x.scope():`` is a strategy's
+scope only when ``x`` provably holds one (a strategy call, a name or ``self`` attribute
+bound to one, a parameter named as one, a function returning one).
+"""
+
+from __future__ import annotations
+
+import ast
+from collections import defaultdict
+
+from keras_dp_tools.checks.lint.scopes import (
+    BATCHING_CALLS,
+    GLOBAL_BATCH_METHODS,
+    OPTIMIZERS,
+    OTHER_SPLITTERS,
+    PER_REPLICA_SHAPES,
+    STRATEGY_CLASSES,
+    STRATEGY_HELPERS,
+    STRATEGY_PARAMETERS,
+    Scope,
+    Site,
+    _target_names,
+    arguments_of,
+    bind,
+    keyword_value,
+)
+
+# Calls whose functions make sequence windows, not training batches (``window.batch(n)``).
+WINDOW_METHODS = {"flat_map", "interleave"}
+
+
+class Collector(ast.NodeVisitor):
+    """Walks a module once, building scopes and the import aliases."""
+
+    def __init__(
+        self,
+        sequence_classes: dict[str, ast.FunctionDef] | None = None,
+        received: set[tuple[int, str]] = frozenset(),
+    ):
+        # (line of a function, parameter): parameters callers give a strategy.
+        self.received = received
+        self.aliases: dict[str, str] = {}
+        # local name -> (level, module, imported name or None): for following imports.
+        self.imports: dict[str, tuple[int, str, str | None]] = {}
+        self.module = Scope(None, None)
+        self.scopes: list[Scope] = [self.module]
+        self.functions: dict[str, Scope] = {}  # module-level functions
+        self.all_functions: dict[str, list[Scope]] = defaultdict(list)  # any depth
+        self.classes: set[str] = set()
+        self.class_strategy_attrs: dict[str, set[str]] = defaultdict(set)
+        # (class, attribute) -> [(scope, value)]: ``self.x = v`` and class-body ``x = v``.
+        self.class_values: dict[tuple[str, str], list[tuple[Scope, ast.expr]]] = defaultdict(list)
+        self.strategy_functions: set[str] = set()  # functions returning a strategy
+        self.sequence_classes = sequence_classes or {}
+        # Models a strategy builds: (id of the scope, name) or ("self", class, attribute)
+        # bound under ``with <strategy>.scope():`` (or compiled there) -> first line.
+        self.models: dict[tuple, int] = {}
+        self.scoped_functions: set[str] = set()  # functions called under a strategy scope
+        self.window_functions: set[str] = set()  # functions given to flat_map/interleave
+        self.window_calls: set[int] = set()  # batch calls inside such lambdas
+        self._stack = [self.module]
+        self._class: list[str] = []
+        self._class_body: list[bool] = [False]
+        self._targets: list[frozenset] = [frozenset()]
+        self._strategy_blocks = 0
+        self._windows = 0
+
+    @property
+    def scope(self) -> Scope:
+        return self._stack[-1]
+
+    # -- names -----------------------------------------------------------------
+
+    def visit_Import(self, node):
+        for alias in node.names:
+            if alias.asname:
+                self.aliases[alias.asname] = alias.name
+                self.imports[alias.asname] = (0, alias.name, None)
+            else:
+                top = alias.name.split(".")[0]
+                self.aliases[top] = top
+                self.imports[top] = (0, top, None)
+
+    def visit_ImportFrom(self, node):
+        for alias in node.names:
+            self.aliases[alias.asname or alias.name] = f"{node.module or ''}.{alias.name}"
+            self.imports[alias.asname or alias.name] = (node.level, node.module or "", alias.name)
+
+    def qualified(self, node) -> str | None:
+        if isinstance(node, ast.Name):
+            name = self.aliases.get(node.id, node.id)
+        elif isinstance(node, ast.Attribute):
+            base = self.qualified(node.value)
+            if base is None:
+                return None
+            name = f"{base}.{node.attr}"
+        else:
+            return None
+        return "tensorflow" + name[2:] if name == "tf" or name.startswith("tf.") else name
+
+    # -- strategies and models ---------------------------------------------------------
+
+    def is_strategy_call(self, node) -> bool:
+        if not isinstance(node, ast.Call):
+            return False
+        if isinstance(node.func, ast.Name) and node.func.id in self.strategy_functions:
+            return True
+        name = self.qualified(node.func) or ""
+        if name in STRATEGY_HELPERS or name.endswith(".mirrored_strategy"):
+            return True
+        parts = name.split(".")
+        return parts[-1] in STRATEGY_CLASSES and "distribute" in parts[:-1]
+
+    def is_strategy_value(self, value, line: int, scope: Scope | None = None) -> bool:
+        """A strategy call, a name holding a strategy at ``line`` (of ``scope``, by
+        default the scope being visited), or a ``self`` attribute holding one."""
+        if self.is_strategy_call(value):
+            return True
+        scope = scope or self.scope
+        if isinstance(value, ast.Name):
+            return scope.strategy_name_at(value.id, line)
+        attribute = self_attribute(value)
+        return attribute is not None and attribute in self.class_strategy_attrs.get(
+            class_of(scope) or "", set()
+        )
+
+    def model_key(self, owner, scope: Scope) -> tuple | None:
+        """How a model held by ``owner`` (a name or ``self.<attr>``) read in ``scope`` is
+        known: the scope defining the name, or the class holding the attribute."""
+        if isinstance(owner, ast.Name):
+            defining = scope.lookup(owner.id)[0] or scope
+            return id(defining), owner.id
+        attribute = self_attribute(owner)
+        if attribute is not None and class_of(scope):
+            return "self", class_of(scope), attribute
+        return None
+
+    def mark_model(self, owner, line: int, scope: Scope | None = None) -> bool:
+        """Marks ``owner`` as a model a strategy builds from ``line``; whether it is new."""
+        scope = scope or self.scope
+        key = self.model_key(owner, scope)
+        if key is None or (key in self.models and self.models[key] <= line):
+            return False
+        self.models[key] = line if key[0] != "self" else 0
+        return True
+
+    def distributed_model(self, owner, line: int, scope: Scope) -> bool:
+        """Whether ``owner`` (read in ``scope``) holds a model built or compiled under a
+        synchronous strategy's scope before ``line``."""
+        key = self.model_key(owner, scope)
+        return key is not None and key in self.models and self.models[key] <= line
+
+    # -- scopes ------------------------------------------------------------------
+
+    def visit_ClassDef(self, node):
+        self.classes.add(node.name)
+        self._class.append(node.name)
+        self._class_body.append(True)
+        for decorator in node.decorator_list:
+            self.visit(decorator)
+        for statement in node.body:
+            self.visit(statement)
+        self._class_body.pop()
+        self._class.pop()
+
+    def visit_FunctionDef(self, node):
+        scope = Scope(node, self.scope, self._class[-1] if self._class_body[-1] else None)
+        arguments = arguments_of(node)
+        scope.parameters = [argument.arg for argument in arguments]
+        for argument in arguments:
+            annotation = ast.unparse(argument.annotation) if argument.annotation else ""
+            if (
+                _strategy_word(argument.arg)
+                or annotation.endswith("Strategy")
+                or (node.lineno, argument.arg) in self.received
+            ):
+                scope.strategy_names[argument.arg] = node.lineno
+                scope.received = True
+        self.scopes.append(scope)
+        if self.scope is self.module and not self._class:
+            self.functions[node.name] = scope
+        self.all_functions[node.name].append(scope)
+        self._stack.append(scope)
+        self._class_body.append(False)
+        blocks, self._strategy_blocks = self._strategy_blocks, 0
+        for statement in node.body:
+            self.visit(statement)
+        self._strategy_blocks = blocks
+        self._class_body.pop()
+        self._stack.pop()
+        for default in [*node.args.defaults, *node.args.kw_defaults]:
+            if default is not None:
+                self.visit(default)
+
+    visit_AsyncFunctionDef = visit_FunctionDef
+
+    def visit_Return(self, node):
+        if node.value is not None and self.scope is not self.module:
+            self.scope.returns.append(node.value)
+            if self.is_strategy_value(node.value, node.lineno) and self.scope.name:
+                self.strategy_functions.add(self.scope.name)
+        self.generic_visit(node)
+
+    # -- facts -------------------------------------------------------------------
+
+    def _assign(self, target, value):
+        if self._strategy_blocks and isinstance(value, ast.Call):
+            for name in _target_names(target):
+                self.mark_model(ast.Name(name, ast.Load()), value.lineno)
+            if self_attribute(target):
+                self.mark_model(target, value.lineno)
+        if isinstance(target, (ast.Tuple, ast.List)):
+            for name in _target_names(target):  # unpacked: where the value goes, not what
+                self.scope.assignments[name].append(ast.Tuple([], ast.Load()))
+                self.scope.unpacked[name].append(value)
+        if isinstance(target, ast.Name):
+            if self._class_body[-1]:  # class Config: batch_size = 64
+                self.class_values[(self._class[-1], target.id)].append((self.scope, value))
+                return
+            self.scope.assignments[target.id].append(value)
+            if self.is_strategy_value(value, value.lineno):
+                self.scope.strategy_names.setdefault(target.id, value.lineno)
+                self.scope.created(value.lineno)
+        elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
+            self.scope.unpacked[target.value.id].append(value)  # data["train"] = ds
+        elif self_attribute(target) and class_of(self.scope):
+            owner = class_of(self.scope)
+            self.class_values[(owner, target.attr)].append((self.scope, value))
+            if self.is_strategy_value(value, value.lineno):
+                self.class_strategy_attrs[owner].add(target.attr)
+                self.scope.created(value.lineno)
+
+    def _visit_value(self, node, targets):
+        self._targets.append(frozenset(set().union(*(_target_names(t) for t in targets))))
+        self.visit(node.value)
+        self._targets.pop()
+        for target in targets:
+            self.visit(target)
+
+    def visit_Assign(self, node):
+        for target in node.targets:
+            self._assign(target, node.value)
+        self._visit_value(node, node.targets)
+
+    def visit_AnnAssign(self, node):
+        if node.value is not None:
+            self._assign(node.target, node.value)
+            self._visit_value(node, [node.target])
+
+    def visit_AugAssign(self, node):
+        if isinstance(node.target, ast.Name):
+            combined = ast.BinOp(
+                left=ast.Name(node.target.id, ast.Load()), op=node.op, right=node.value
+            )
+            ast.copy_location(combined, node)
+            self.scope.assignments[node.target.id].append(combined)
+        self.generic_visit(node)
+
+    def visit_For(self, node):
+        for name in _target_names(node.target):  # for batch in ds: where ds's data goes
+            self.scope.assignments[name].append(ast.Tuple([], ast.Load()))
+            self.scope.unpacked[name].append(node.iter)
+        self.generic_visit(node)
+
+    visit_AsyncFor = visit_For
+
+    def _strategy_scope(self, expression) -> bool:
+        """``with <strategy>.scope():``; a parameter entering a scope is one received."""
+        if not (
+            isinstance(expression, ast.Call)
+            and isinstance(expression.func, ast.Attribute)
+            and expression.func.attr == "scope"
+        ):
+            return False
+        owner = expression.func.value
+        if self.is_strategy_value(owner, expression.lineno):
+            return True
+        if isinstance(owner, ast.Name) and owner.id in self.scope.parameters:
+            if owner.id not in self.scope.strategy_names and not _strategy_word(owner.id):
+                return False
+            self.scope.strategy_names.setdefault(owner.id, self.scope.node.lineno)
+            self.scope.received = True
+            return True
+        return False
+
+    def visit_With(self, node):
+        strategy = any(self._strategy_scope(item.context_expr) for item in node.items)
+        for item in node.items:
+            self.visit(item)
+        self._strategy_blocks += strategy
+        for statement in node.body:
+            self.visit(statement)
+        self._strategy_blocks -= strategy
+
+    visit_AsyncWith = visit_With
+
+    def visit_Attribute(self, node):
+        if isinstance(node.value, ast.Name) and node.value.id == "self":
+            self.scope.uses_self_attrs.add(node.attr)
+        self.generic_visit(node)
+
+    def _batch_size(self, node: ast.Call) -> tuple[ast.expr | None, str]:
+        """The batch size a call is given, and its code (KDP003 for fit's global batch)."""
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+        if name in self.sequence_classes:  # MySequence(x, y, batch_size)
+            init = self.sequence_classes[name]
+            for parameter in [a.arg for a in arguments_of(init)[1:] if "batch" in a.arg]:
+                bound = bind(node, init, parameter, skip_self=True)
+                if bound is not None and bound[0] == "argument":
+                    return bound[1], "KDP001"
+            return None, "KDP001"
+        size = keyword_value(node, "batch_size")
+        if name in BATCHING_CALLS and node.args:
+            size = node.args[0]
+        elif name == "bucket_by_sequence_length":
+            size = keyword_value(node, "bucket_batch_sizes")
+            size = size if size is not None or len(node.args) < 3 else node.args[2]
+        elif name in GLOBAL_BATCH_METHODS and isinstance(func, ast.Attribute):
+            return size, "KDP003"
+        return size, "KDP001"
+
+    def _per_replica_shape(self, node: ast.Call) -> bool:
+        """``keras.Input(batch_size=...)``, also under a local alias (``make = layers.Input``)."""
+        names = [ast.unparse(node.func)]
+        if isinstance(node.func, ast.Name):
+            names += [ast.unparse(value) for value in self.scope.lookup(node.func.id)[1]]
+        return any(name.split(".")[-1] in PER_REPLICA_SHAPES for name in names)
+
+    def visit_Call(self, node):
+        if self.is_strategy_call(node):
+            self.scope.created(node.lineno)
+        self.scope.calls.append(node)
+        func = node.func
+        if self._strategy_blocks:
+            if isinstance(func, ast.Attribute) and func.attr == "compile":
+                self.mark_model(func.value, node.lineno)
+            elif isinstance(func, ast.Name):
+                self.scoped_functions.add(func.id)
+        qualified = self.qualified(func) or ""
+        if not qualified.startswith(OTHER_SPLITTERS) and not self._per_replica_shape(node):
+            size, code = self._batch_size(node)
+            if size is not None:
+                self.scope.batch_sites.append(Site(size, node, code, self._targets[-1]))
+                if self._windows:
+                    self.window_calls.add(id(node))
+        if qualified.split(".")[-1] in OPTIMIZERS:
+            rate = keyword_value(node, "learning_rate") or keyword_value(node, "lr")
+            rate = rate if rate is not None else (node.args[0] if node.args else None)
+            if rate is not None:
+                self.scope.learning_rates.append(rate)
+        window = isinstance(func, ast.Attribute) and func.attr in WINDOW_METHODS
+        if window:
+            self.window_functions.update(a.id for a in node.args if isinstance(a, ast.Name))
+        self.visit(func)
+        self._windows += window
+        for argument in [*node.args, *node.keywords]:
+            self.visit(argument)
+        self._windows -= window
+
+
+def self_attribute(node) -> str | None:
+    """``attr`` for ``self.attr``, else None."""
+    if (
+        isinstance(node, ast.Attribute)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    ):
+        return node.attr
+    return None
+
+
+def class_of(scope: Scope | None) -> str | None:
+    """The class whose method ``scope`` is (or is nested in)."""
+    while scope is not None:
+        if scope.class_name:
+            return scope.class_name
+        scope = scope.parent
+    return None
+
+
+def _strategy_word(name: str) -> bool:
+    """A parameter named as a (synchronous) strategy."""
+    lowered = name.lower()
+    if "ps_" in lowered or "parameter_server" in lowered:
+        return False
+    return "strateg" in lowered or name in STRATEGY_PARAMETERS
