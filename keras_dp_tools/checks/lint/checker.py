@@ -282,10 +282,7 @@ class Checker(Values):
             if module.collector.distributed_model(owner, site.call.lineno, scope):
                 return [Entry(site.call)]
             return []
-        entries = list(module.reach.of_call(site.call))
-        for target in site.targets:
-            entries += module.reach.of_name(scope, target)
-        return entries
+        return list(module.reach.of_call(site.call))
 
     # -- findings ---------------------------------------------------------------------
 

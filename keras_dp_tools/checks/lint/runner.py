@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import json
 import os
 import re
 from collections.abc import Iterable, Iterator
@@ -11,11 +10,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from keras_dp_tools.checks.lint.checker import Checker, Module, Related, Violation, check_source
+from keras_dp_tools.checks.lint.notebook import notebook_cells
 from keras_dp_tools.common.severity import Severity
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
-# IPython syntax that is not Python: line magics, shell escapes, help.
-_IPYTHON_LINE = re.compile(r"^\s*(?:[%!]|\?|\w[\w.]*\?\??\s*$)")
 
 
 @dataclass(frozen=True)
@@ -147,41 +145,6 @@ def suppressed(line: str, code: str) -> bool:
     return codes is None or code.upper() in {c.upper() for c in re.split(r"[,\s]+", codes)}
 
 
-def notebook_cells(path: Path) -> list[str]:
-    """Sources of a notebook's code cells (IPython-only lines blanked, so line numbers
-    stay). Raises ValueError if the file is not a notebook."""
-    try:
-        notebook = json.loads(path.read_text(encoding="utf-8"))
-        cells = notebook["cells"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"{path} is not a Jupyter notebook ({error})") from None
-    sources = []
-    for cell in cells:
-        if cell.get("cell_type") != "code":
-            continue
-        source = cell.get("source", "")
-        source = "".join(source) if isinstance(source, list) else source
-        if source.lstrip().startswith("%%"):  # a cell magic: the whole cell is not Python
-            sources.append("\n" * source.count("\n"))
-            continue
-        sources.append(_blank_ipython_lines(source))
-    return sources
-
-
-def _blank_ipython_lines(source: str) -> str:
-    """The cell with IPython-only lines blanked; a line inside open brackets (``%(a, b)``
-    continuing an expression) is Python, not a magic."""
-    lines, depth = [], 0
-    for line in source.split("\n"):
-        if depth <= 0 and _IPYTHON_LINE.match(line):
-            lines.append("")
-            continue
-        lines.append(line)
-        code = re.sub(r"'[^']*'|\"[^\"]*\"|#.*", "", line)  # roughly: strings, comments
-        depth += sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
-    return "\n".join(lines)
-
-
 def _related(related: Iterable[Related], path: str, locate) -> tuple[dict, ...]:
     found = []
     for place in related:
@@ -260,17 +223,45 @@ def python_files(paths: Iterable[str | os.PathLike]) -> Iterator[Path]:
             raise FileNotFoundError(f"No such file or directory: {path}")
 
 
+@dataclass
+class Summary:
+    """What a lint run covered: files checked and findings reported (``line()`` is the
+    one line ``keras-dp lint`` prints on stderr)."""
+
+    files: int = 0
+    findings: int = 0
+
+    def line(self) -> str:
+        files = "file" if self.files == 1 else "files"
+        findings = "finding" if self.findings == 1 else "findings"
+        return f"keras-dp lint: {self.files} {files} checked, {self.findings} {findings}"
+
+
 def lint_paths(
-    paths: Iterable[str | os.PathLike], ignore: Iterable[str] = (), project: Project | None = None
+    paths: Iterable[str | os.PathLike],
+    ignore: Iterable[str] = (),
+    project: Project | None = None,
+    summary: Summary | None = None,
 ) -> Iterator[Report]:
     """Violations in the files under ``paths``, in file order. Imports between project
-    files are followed (the folders in ``paths`` are searched for modules)."""
+    files are followed (the folders in ``paths`` are searched for modules). A ``summary``
+    given counts the files checked and the findings yielded.
+
+    Example:
+        >>> summary = Summary()
+        >>> reports = list(lint_paths(["train.py"], summary=summary))  # doctest: +SKIP
+        >>> print(summary.line())  # doctest: +SKIP
+        keras-dp lint: 1 file checked, 0 findings
+    """
     ignored = {code.upper() for code in ignore}
     paths = [Path(path) for path in paths]
     if project is None:
         project = Project(path for path in paths if path.is_dir())
+    summary = summary if summary is not None else Summary()
     for path in python_files(paths):
         lint = _lint_notebook if path.suffix == ".ipynb" else _lint_python
+        summary.files += 1
         for report in lint(path, project):
             if report.violation.code not in ignored:
+                summary.findings += 1
                 yield report
