@@ -171,15 +171,23 @@ def project(tmp_path):
 
 
 def expected_findings(root: Path) -> dict:
-    """(file, line, code) -> (case, batch line, default line), from the markers."""
+    """(file, line, code) -> (case, batch line, default line), from the markers. A default
+    of the same file is reported where it is written (the constant to fix), any other
+    value at the call where it enters."""
     found = {}
     for case, (code, batch, default) in EXPECTED.items():
         name = "pkg/train_relative.py" if case == "relative-import" else "train.py"
         line = marker_line(root, name, f"CALL:{case}")
         batch_at = (batch[0], marker_line(root, *batch)) if batch else None
         default_at = (default[0], marker_line(root, *default)) if default else None
+        if default_at is not None and default_at[0] == name:
+            line = default_at[1]
         found[(name, line, code)] = (case, batch_at, default_at)
     return found
+
+
+def call_line(root: Path, name: str, case: str) -> int:
+    return marker_line(root, name, f"CALL:{case}")
 
 
 def lint_json(root: Path, *options: str) -> tuple[int, list[dict]]:
@@ -235,7 +243,8 @@ def test_helpers_and_imports_are_followed_by_keras_dp_lint(project):
     for (name, line, code), (case, batch_at, default_at) in expected.items():
         finding = python[(name, line, code)]
         assert finding["severity"] == str(SEVERITIES[code])
-        assert_names_places(finding["message"], case, line, batch_at, default_at, name)
+        called = call_line(project, name, case)
+        assert_names_places(finding["message"], case, called, batch_at, default_at, name)
         if batch_at is not None:  # the batch(...) line is a related place, path and line
             assert any(
                 related["path"].endswith(batch_at[0]) and related["line"] == batch_at[1]
@@ -267,7 +276,8 @@ def test_flake8_finds_the_same_places_as_keras_dp_lint(project):
     assert {(path, line, code) for path, line, _, code, _ in theirs} == set(expected)
     for path, line, _, code, message in theirs:
         case, batch_at, default_at = expected[(path, line, code)]
-        assert_names_places(message, case, line, batch_at, default_at, path)
+        called = call_line(project, path, case)
+        assert_names_places(message, case, called, batch_at, default_at, path)
 
 
 def test_the_literal_is_the_place_reported(project):

@@ -230,9 +230,9 @@ PROVEN_REPORTED = {
     + "def build_and_train():\n    model = build()\n    model.compile('adam')\n"
     + "    model.fit(raw.batch(64))  # REPORT\n"
     + "with strategy.scope():\n    build_and_train()\n",
-    "strategy.run on the batches of a dataset": MIRRORED
+    "strategy.run given a batch": MIRRORED
     + "ds = raw.batch(64)  # REPORT\n"
-    + "for batch in ds:\n    strategy.run(step, args=(batch,))\n",
+    + "strategy.run(step, args=(next(iter(ds)),))\n",
     "a batch size held on self": TF
     + "class Trainer:\n    def __init__(self, strategy):\n"
     + "        self.strategy = strategy\n        self.batch_size = 64\n"
@@ -254,6 +254,9 @@ PROVEN = {
     "a display helper after the strategy": MIRRORED
     + "def show(ds):\n    for images, labels in ds.batch(9).take(1):\n        plot(images)\n"
     + "show(raw)\n",
+    "NumPy pulled out of a batch, then given to a distributed model": BUILT
+    + "def to_numpy(ds, n):\n    for x, y in ds.batch(n):\n        return x.numpy(), y.numpy()\n"
+    + "digits, labels = to_numpy(raw, 24)\nmodel.predict(digits)\n",
     "a model built under the scope fits other data than the batch": BUILT
     + "preview = raw.batch(64)\nshow(preview)\nmodel.fit(x_train, y_train)\n",
     "a strategy passed only by name, of unknown kind": TF
@@ -505,11 +508,29 @@ def test_magics_alone_are_no_finding_and_no_syntax_error(tmp_path):
             tmp_path,
             "try:\n    %tensorflow_version 2.x\nexcept Exception:\n    pass\n",
             "!wget -q https://example.invalid/a.zip \\\n  -O a.zip\n%%bash\n",
-            "%%writefile setup.py\nthis is not python(\n",
+            "%%writefile notes.txt\nthis is not python(\n",
             MIRRORED + "ds = raw.batch(64 * strategy.num_replicas_in_sync)\n" + DIST,
         )
         == []
     )
+
+
+def test_a_broken_cell_is_left_out_and_a_written_python_file_is_checked_alone(tmp_path):
+    assert notebook_findings(
+        tmp_path,
+        MIRRORED,
+        "train_dataset = # TODO: your code here\n",
+        "%%writefile train.py\n" + BUILT + "ds = raw.batch(32)\nmodel.fit(ds)\n",
+        "ds = raw.batch(16)\n" + DIST,
+    ) == [(2, 1, "KDP900"), (3, 6, "KDP001"), (4, 1, "KDP001")]
+
+
+def test_a_python_file_exported_from_a_notebook_keeps_its_magics_out(tmp_path):
+    (tmp_path / "kernel.py").write_text(
+        "!pip install -q efficientnet\n" + BUILT + "%%time\nmodel.fit(raw.batch(128))\n"
+    )
+    findings = json.loads(run_cli("lint", str(tmp_path), "--format", "json").stdout)
+    assert [(f["line"], f["code"]) for f in findings] == [(7, "KDP001")]
 
 
 # 12. Each message gives the value, the line defining it and the line reaching the strategy.
@@ -552,3 +573,15 @@ def test_a_run_is_summed_up_in_one_line(tmp_path):
     clean = Summary()
     assert list(lint_paths([tmp_path / "clean.py"], summary=clean)) == []
     assert clean.line() == "keras-dp lint: 1 file checked, 0 findings"
+
+
+def test_a_function_defined_above_the_strategy_it_uses_is_followed():
+    source = TF + (
+        "def main():\n    with strategy.scope():\n        model = build()\n"
+        "    model.fit(raw.batch(64))  # REPORT\n"
+        "if __name__ == '__main__':\n"
+        "    strategy = tf.distribute.MirroredStrategy()\n    main()\n"
+    )
+    assert reported(source) == marked(source)
+    ps = source.replace("MirroredStrategy()", "experimental.ParameterServerStrategy(r)")
+    assert check_source(ps) == []

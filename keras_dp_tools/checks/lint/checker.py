@@ -109,6 +109,7 @@ class _Sink:
     reach: tuple = ()  # (module, Entry): where it reaches the strategy inside the function
     reported: bool = False  # already flagged where the constant entered
     model: str | None = None  # the parameter holding the model a KDP003 fit is called on
+    to_result: bool = False  # the batch makes the function's result
 
 
 class _Binding:
@@ -192,6 +193,7 @@ class Checker(Values):
                 batch = _place(module, site.size, site.text())  # on the batch(...) line
                 size = ast.unparse(site.size)
                 model = None if entries else _model_parameter(site, function)
+                result = module.makes_result(site.call, function)
                 if flow.kind == CONSTANT:
                     sinks.append(
                         _Sink(
@@ -204,11 +206,14 @@ class Checker(Values):
                             inside,
                             bool(entries),
                             model,
+                            result,
                         )
                     )
                 elif flow.kind == PARAMETER and all(owner is function for owner, _ in flow.params):
                     names = frozenset(name for _, name in flow.params)
-                    sinks.append(_Sink(names, site.code, batch, "", size, (), inside, False, model))
+                    sinks.append(
+                        _Sink(names, site.code, batch, "", size, (), inside, False, model, result)
+                    )
             for call in scope.calls:
                 if module.contracts.covers_node(call):
                     continue
@@ -217,7 +222,8 @@ class Checker(Values):
                 for sink, binding in self.through_call(module, scope, call, budget - 1):
                     flow = combine(binding.flows) if sink.params else Flow(CONSTANT)
                     sink = self._pass_model(module, scope, call, sink, function)
-                    reach = sink.reach or inside[:1]
+                    reach = sink.reach or (inside[:1] if sink.to_result else ())
+                    result = sink.to_result and module.makes_result(call, function)
                     through = (here, *sink.through)
                     if flow.kind == CONSTANT:
                         sinks.append(
@@ -228,13 +234,18 @@ class Checker(Values):
                                 through=through,
                                 reach=reach,
                                 reported=sink.reported or bool(reach),
+                                to_result=result,
                             )
                         )
                     elif flow.kind == PARAMETER and all(
                         owner is function for owner, _ in flow.params
                     ):
                         names = frozenset(name for _, name in flow.params)
-                        sinks.append(replace(sink, params=names, through=through, reach=reach))
+                        sinks.append(
+                            replace(
+                                sink, params=names, through=through, reach=reach, to_result=result
+                            )
+                        )
         self._active.discard((id(module), id(function)))
         self._summaries[key] = sinks
         return sinks
@@ -347,7 +358,7 @@ class Checker(Values):
         found = []
         for sink, binding in self.through_call(self.module, scope, call, MAX_CALL_DEPTH):
             sink = self._pass_model(self.module, scope, call, sink, None)
-            if sink.reported or not (entries or sink.reach):
+            if sink.reported or not (sink.reach or (entries and sink.to_result)):
                 continue
             if sink.params and combine(binding.flows).kind != CONSTANT:
                 continue
@@ -373,25 +384,26 @@ class Checker(Values):
         place = _place(reach_module, entry.sink, entry.text())
         related.append(self.related(place, "the data reaches the strategy here"))
         if binding.arguments:
-            anchor = binding.arguments[0]
+            anchor = (binding.arguments[0].lineno, binding.arguments[0].col_offset)
             values = ", ".join(ast.unparse(argument) for argument in binding.arguments)
             opening = f"batch size {values} passed to {callee} at {at} reaches {reaches}"
             if len(binding.flows) > 1:
                 opening = f"{values} passed to {callee} at {at} make {reaches} constant"
         elif binding.defaults:
-            anchor = call
             default = binding.defaults[0]
+            # the constant is written at the default: the place to fix (and to silence)
+            same_file = default.module is self.module
+            anchor = (default.line, default.col) if same_file else (call.lineno, call.col_offset)
             opening = (
                 f"{callee} at {at} leaves {default.text} (its default, "
                 f"{self.where(default)}), which reaches {reaches}"
             )
             related.append(self.related(default, "the default is set here"))
         else:
-            anchor = call
+            anchor = (call.lineno, call.col_offset)
             opening = f"{callee} at {at} runs {reaches} with the constant batch size {shown}"
         return Violation(
-            anchor.lineno,
-            anchor.col_offset,
+            *anchor,
             sink.code,
             f"{opening}, and the data reaches {strategy}; {reading(sink.code, shown)}",
             tuple(related),
@@ -452,12 +464,13 @@ def _shown(sink: _Sink, binding: _Binding) -> str:
     return values[0] if len(values) == 1 else f"({sink.size})"
 
 
-def _syntax_violation(error: Exception) -> Violation:
+def syntax_violation(error: Exception, what: str = "file") -> Violation:
+    """KDP900 for a parse error: the ``what`` (a file, a notebook cell) is not checked."""
     return Violation(
         getattr(error, "lineno", None) or 1,
         max((getattr(error, "offset", None) or 1) - 1, 0),
         "KDP900",
-        f"syntax error, file not checked: {getattr(error, 'msg', error)}",
+        f"syntax error, {what} not checked: {getattr(error, 'msg', error)}",
     )
 
 
@@ -474,7 +487,7 @@ def check_source(
         tree = ast.parse(source, filename=filename)
     # ValueError: a null byte; RecursionError: nesting too deep for the parser.
     except (SyntaxError, ValueError, RecursionError) as error:
-        return [_syntax_violation(error)]
+        return [syntax_violation(error)]
     lines = source.splitlines()
     return check_tree(tree, filename if project is not None else None, project, label, lines)
 

@@ -39,9 +39,13 @@ class Collector(ast.NodeVisitor):
     def __init__(
         self,
         sequence_classes: dict[str, ast.FunctionDef] | None = None,
+        known: Collector | None = None,
         received: set[tuple[int, str]] = frozenset(),
     ):
-        # (line of a function, parameter): parameters callers give a strategy.
+        """``known``: a first walk of the same file, whose strategies (module names,
+        ``self`` attributes, functions returning one) hold from the start, as they do by
+        the time its functions run; ``received``: (line of a function, parameter) pairs
+        that callers give a strategy."""
         self.received = received
         self.aliases: dict[str, str] = {}
         # local name -> (level, module, imported name or None): for following imports.
@@ -62,12 +66,19 @@ class Collector(ast.NodeVisitor):
         self.scoped_functions: set[str] = set()  # functions called under a strategy scope
         self.window_functions: set[str] = set()  # functions given to flat_map/interleave
         self.window_calls: set[int] = set()  # batch calls inside such lambdas
+        # Command-line options: argparse dest or absl flag name -> its default (or None).
+        self.options: dict[str, ast.expr | None] = {}
         self._stack = [self.module]
         self._class: list[str] = []
         self._class_body: list[bool] = [False]
         self._targets: list[frozenset] = [frozenset()]
         self._strategy_blocks = 0
         self._windows = 0
+        if known is not None:
+            self.module.strategy_names = dict.fromkeys(known.module.strategy_names, 0)
+            for owner, attributes in known.class_strategy_attrs.items():
+                self.class_strategy_attrs[owner] |= attributes
+            self.strategy_functions |= known.strategy_functions
 
     @property
     def scope(self) -> Scope:
@@ -261,9 +272,10 @@ class Collector(ast.NodeVisitor):
         self.generic_visit(node)
 
     def visit_For(self, node):
-        for name in _target_names(node.target):  # for batch in ds: where ds's data goes
+        # for x, y in ds: elements pulled out of a dataset (to NumPy, to a plot) are not
+        # the batches a strategy splits; the names are of unknown value.
+        for name in _target_names(node.target):
             self.scope.assignments[name].append(ast.Tuple([], ast.Load()))
-            self.scope.unpacked[name].append(node.iter)
         self.generic_visit(node)
 
     visit_AsyncFor = visit_For
@@ -331,10 +343,33 @@ class Collector(ast.NodeVisitor):
             names += [ast.unparse(value) for value in self.scope.lookup(node.func.id)[1]]
         return any(name.split(".")[-1] in PER_REPLICA_SHAPES for name in names)
 
+    def _option(self, node: ast.Call) -> None:
+        """``parser.add_argument("--batch-size", default=64)``, ``flags.DEFINE_integer(
+        "batch_size", 64, ...)``: an option and its default."""
+        func = node.func
+        name = func.attr if isinstance(func, ast.Attribute) else ""
+        texts = [a.value for a in node.args if isinstance(a, ast.Constant)]
+        texts = [text for text in texts if isinstance(text, str)]
+        default = keyword_value(node, "default")
+        if name == "add_argument":
+            longs = [t for t in texts if t.startswith("--")] or [
+                t for t in texts if t.startswith("-")
+            ]
+            dest = keyword_value(node, "dest")
+            if isinstance(dest, ast.Constant) and isinstance(dest.value, str):
+                self.options[dest.value] = default
+            elif longs:
+                self.options[longs[0].lstrip("-").replace("-", "_")] = default
+        elif name.startswith("DEFINE_") and texts and node.args:
+            if default is None and len(node.args) > 1:
+                default = node.args[1]
+            self.options[texts[0]] = default
+
     def visit_Call(self, node):
         if self.is_strategy_call(node):
             self.scope.created(node.lineno)
         self.scope.calls.append(node)
+        self._option(node)
         func = node.func
         if self._strategy_blocks:
             if isinstance(func, ast.Attribute) and func.attr == "compile":

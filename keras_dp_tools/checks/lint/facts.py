@@ -7,7 +7,7 @@ import ast
 from keras_dp_tools.checks.lint.collector import Collector, self_attribute
 from keras_dp_tools.checks.lint.contracts import per_replica_contracts
 from keras_dp_tools.checks.lint.intent import GLOBAL, PER_REPLICA, commented, divided_names, named
-from keras_dp_tools.checks.lint.reach import distributed_data
+from keras_dp_tools.checks.lint.reach import distributed_data, returned_data
 from keras_dp_tools.checks.lint.scopes import Scope, sequence_classes
 from keras_dp_tools.checks.lint.windows import window_batches
 
@@ -29,18 +29,24 @@ class Module:
                 lines = None
         self.lines = lines
         classes = sequence_classes(tree)
-        self.collector = Collector(classes)
-        self.collector.visit(tree)
+        self.collector = first = Collector(classes)
+        first.visit(tree)
         received = self._propagate_strategy_arguments()
-        if received:  # again, knowing which parameters hold strategies (their scopes)
-            self.collector = Collector(classes, received)
-            self.collector.visit(tree)
-            self._propagate_strategy_arguments()
+        # Again, knowing from the start the strategies the first walk found, so that a
+        # function defined above the strategy it uses (or given one) sees it.
+        self.collector = Collector(classes, first, received)
+        self.collector.visit(tree)
+        self._propagate_strategy_arguments()
         self._propagate_models()
         self.contracts = per_replica_contracts(tree)
         self.divided = divided_names(tree)
         self.windows = window_batches(self.collector)
         self.reach = distributed_data(self.collector)
+        self.returned = returned_data(self.collector)
+
+    def makes_result(self, node, function: Scope) -> bool:
+        """Whether the call ``node`` makes (part of) the result of ``function``."""
+        return any(entry.sink is function.node for entry in self.returned.of_call(node))
 
     def _callees(self, scope: Scope, call: ast.Call):
         """The functions of this file a call runs, and the (parameter, value) it passes."""

@@ -35,7 +35,9 @@ GLOBAL_COMMENT = re.compile(
     r"|across (all )?(the )?(replicas|devices|gpus|cores|workers|tpus)"
     r"|all (replicas|devices|gpus|cores|workers)"
     r"|divisible by|split (across|over|among|between)|divided (among|across|over|between)"
-    r"|(number|count) of (replicas|devices|gpus|cores|workers|tpus))\b"
+    r"|(number|count) of (replicas|devices|gpus|cores|workers|tpus)"
+    r"|(all )?in (one|a single) batch)\b"
+    r"|%\s*\w+\s*==\s*0"  # batch_size % 8 == 0: it must divide
 )
 # Names of a replica, core, device or worker count.
 COUNT_NAME = re.compile(

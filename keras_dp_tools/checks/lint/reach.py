@@ -104,13 +104,33 @@ def given_data(collector: Collector, scope: Scope, call: ast.Call) -> list[ast.e
     return []
 
 
-def _walk(node):
-    """``ast.walk`` that leaves lambdas alone (their parameters are not this scope's names)."""
+# Calls that turn data into NumPy values: examples, no longer the batches a strategy splits.
+MATERIALIZING_METHODS = {"numpy", "get_next", "as_numpy_iterator", "eval"}
+
+
+def _walk(collector: Collector, scope: Scope, node):
+    """``ast.walk`` that leaves lambdas alone (their parameters are not this scope's
+    names) and stops at calls that make NumPy values of data (``.numpy()``,
+    ``iterator.get_next()``, a session's ``run``, ``np.array(...)``)."""
     todo = [node]
     while todo:
         node = todo.pop()
+        if isinstance(node, ast.Call) and _materializes(collector, scope, node):
+            continue
         yield node
         todo.extend(c for c in ast.iter_child_nodes(node) if not isinstance(c, ast.Lambda))
+
+
+def _materializes(collector: Collector, scope: Scope, call: ast.Call) -> bool:
+    func = call.func
+    if isinstance(func, ast.Attribute):
+        if func.attr in MATERIALIZING_METHODS:
+            return True
+        if func.attr in RUN_CALLS and not collector.is_strategy_value(
+            func.value, call.lineno, scope
+        ):
+            return True  # sess.run(...)
+    return (collector.qualified(func) or "").startswith("numpy.")
 
 
 class _Follower:
@@ -125,7 +145,7 @@ class _Follower:
         self.work: list[tuple[Scope, ast.expr, Entry]] = []
 
     def add(self, scope: Scope, expression, entry: Entry) -> None:
-        for node in _walk(expression):
+        for node in _walk(self.collector, scope, expression):
             if isinstance(node, ast.Name):
                 self._name(scope, node, entry)
             elif self_attribute(node) and class_of(scope):
@@ -170,3 +190,15 @@ class _Follower:
 def distributed_data(collector: Collector) -> Reach:
     """Where the data of a module's strategies comes from."""
     return _Follower(collector).run()
+
+
+def returned_data(collector: Collector) -> Reach:
+    """Where the results of a module's functions come from: each place reached records
+    an ``Entry`` whose ``sink`` is the function (its ``def`` node) whose result it makes."""
+    follower = _Follower(collector)
+    for scope in collector.scopes:
+        if scope.node is not None:
+            follower.work += [(scope, value, Entry(scope.node)) for value in scope.returns]
+    while follower.work:
+        follower.add(*follower.work.pop())
+    return follower.reach

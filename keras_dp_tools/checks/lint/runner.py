@@ -9,8 +9,15 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from keras_dp_tools.checks.lint.checker import Checker, Module, Related, Violation, check_source
-from keras_dp_tools.checks.lint.notebook import notebook_cells
+from keras_dp_tools.checks.lint.checker import (
+    Checker,
+    Module,
+    Related,
+    Violation,
+    check_source,
+    syntax_violation,
+)
+from keras_dp_tools.checks.lint.notebook import blank_ipython_lines, code_cells
 from keras_dp_tools.common.severity import Severity
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
@@ -169,6 +176,10 @@ def _lint_python(path: Path, project: Project) -> Iterator[Report]:
         violations = Checker(module, project).violations()
     else:
         violations = check_source(source, str(path), project)
+        python = blank_ipython_lines(source)  # a notebook exported with its magics
+        if _unparsed(violations) and python != source:
+            retry = check_source(python, str(path), project)
+            violations = violations if _unparsed(retry) else retry
     for violation in violations:
         line = lines[violation.line - 1] if 0 < violation.line <= len(lines) else ""
         if not suppressed(line, violation.code):
@@ -176,18 +187,33 @@ def _lint_python(path: Path, project: Project) -> Iterator[Report]:
             yield Report(str(path), violation.line, violation.col + 1, violation, None, related)
 
 
+def _unparsed(violations: list[Violation]) -> bool:
+    return any(violation.code == "KDP900" for violation in violations)
+
+
 def _lint_notebook(path: Path, project: Project) -> Iterator[Report]:
     """Checks the code cells as one program (a strategy made in one cell reaches the
-    others) and reports ``cell_<n>:line:col`` (cells counted from 1, code cells only)."""
-    cells = notebook_cells(path)
-    starts, joined = [], []
+    others) and reports ``cell_<n>:line:col`` (cells counted from 1, code cells only). A
+    cell that is not valid Python is one KDP900 and is left out; the others are checked.
+    A ``%%writefile <name>.py`` cell is checked as a file of its own."""
+    cells = code_cells(path)
+    starts, joined, found = [], [], []
     line = 1
-    for source in cells:
+    for number, cell in enumerate(cells, 1):
         starts.append(line)
-        joined.append(source)
-        line += source.count("\n") + 1
+        python = cell.python
+        try:
+            ast.parse(python)
+        except (SyntaxError, ValueError, RecursionError) as error:
+            found.append((number, syntax_violation(error, "cell")))
+            python = "\n" * python.count("\n")
+        if cell.own_file:
+            label = lambda line, n=number: f"cell_{n}:{line}"  # noqa: E731
+            found += [(number, v) for v in check_source(python, str(path), None, label)]
+            python = "\n" * python.count("\n")
+        joined.append(python)
+        line += python.count("\n") + 1
     program = "\n".join(joined)
-    lines = program.splitlines()
 
     def locate(line: int) -> tuple[int, int]:
         cell = max(index for index, start in enumerate(starts) if start <= line)
@@ -198,10 +224,17 @@ def _lint_notebook(path: Path, project: Project) -> Iterator[Report]:
         return f"cell_{cell}:{line}"
 
     for violation in check_source(program, str(path), project, label):
-        text = lines[violation.line - 1] if 0 < violation.line <= len(lines) else ""
-        if not suppressed(text, violation.code):
+        found.append((None, violation))
+    for number, violation in found:
+        if number is None:
             cell, line = locate(violation.line)
             related = _related(violation.related, str(path), locate)
+        else:
+            cell, line = number, violation.line
+            related = _related(violation.related, str(path), lambda line, n=number: (n, line))
+        source = cells[cell - 1].python.split("\n")
+        text = source[line - 1] if 0 < line <= len(source) else ""
+        if not suppressed(text, violation.code):
             yield Report(str(path), line, violation.col + 1, violation, cell, related)
 
 

@@ -106,8 +106,8 @@ class Values:
         if isinstance(node, ast.Constant):
             if not _number(node):
                 return Flow(UNKNOWN)
-            if self._named_global(module, scope, node):
-                return Flow(GLOBAL)
+            if self._named_global(module, scope, node) or module.intent("", [node]) == "global":
+                return Flow(GLOBAL)  # ... or a comment on (or above) its line says so
             return Flow(CONSTANT, origin=node)
         if isinstance(node, ast.Attribute):
             if node.attr == "num_replicas_in_sync":
@@ -117,6 +117,11 @@ class Values:
             held = self._attribute_values(module, scope, node)
             if held is not None:
                 return self._flows_of(module, node.attr, held, seen)
+            if node.attr in module.collector.options and not self_attribute(node):
+                default = module.collector.options[node.attr]  # args.batch_size
+                if default is None:
+                    return Flow(UNKNOWN)
+                return self._flows_of(module, node.attr, [(module.collector.module, default)], seen)
             return self._imported_flow(module, node, seen)
         if isinstance(node, ast.Name):
             if (id(module), node.id) in seen:
