@@ -49,7 +49,6 @@ POSITIVE = {
         TF + "strategy = tf.distribute.experimental.MultiWorkerMirroredStrategy()\n"
         "ds = ds.batch(64)\n" + DIST
     ),
-    "get_strategy": TF + "strategy = tf.distribute.get_strategy()\nds = ds.batch(64)\n" + DIST,
     "keras_dp_tools helper": (
         "import keras_dp_tools as kdt\nstrategy = kdt.mirrored_strategy(4)\n"
         "ds = ds.batch(128)\n" + DIST
@@ -142,6 +141,9 @@ NEGATIVE = {
     "a product of numbers: a total worked out by hand": (
         MIRRORED + "ds = ds.batch(32 * 8)\n" + DIST
     ),
+    "the default strategy (one replica)": TF
+    + "strategy = tf.distribute.get_strategy()\nds = ds.batch(64)\n"
+    + DIST,
     "single-device strategy": TF
     + "strategy = tf.distribute.OneDeviceStrategy('/gpu:0')\nds = ds.batch(64)\n"
     + DIST,

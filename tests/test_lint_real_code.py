@@ -239,6 +239,12 @@ PROVEN_REPORTED = {
     + "    def data(self):\n"
     + "        ds = raw.batch(self.batch_size)  # REPORT\n"
     + "        return self.strategy.experimental_distribute_dataset(ds)\n",
+    "a constant passed to a method of the class": TF
+    + "class Trainer:\n    def __init__(self):\n"
+    + "        self.strategy = tf.distribute.MirroredStrategy()\n"
+    + "    def make(self, b):\n        return raw.batch(b)\n"
+    + "    def train(self):\n        ds = self.make(64)  # REPORT\n"
+    + "        return self.strategy.experimental_distribute_dataset(ds)\n",
     "a batch size in a config class": MIRRORED
     + "class CFG:\n    batch_size = 32\n"
     + "ds = raw.batch(CFG.batch_size)  # REPORT\n"
@@ -585,3 +591,28 @@ def test_a_function_defined_above_the_strategy_it_uses_is_followed():
     assert reported(source) == marked(source)
     ps = source.replace("MirroredStrategy()", "experimental.ParameterServerStrategy(r)")
     assert check_source(ps) == []
+
+
+def test_a_strategy_or_a_model_from_a_project_helper_is_followed(tmp_path):
+    (tmp_path / "common.py").write_text(
+        TF
+        + "def get_strategy():\n    return tf.distribute.MirroredStrategy()\n"
+        + "def build(strategy):\n    with strategy.scope():\n        model = make()\n"
+        + "    return model\n"
+        + "def get_ps_strategy(resolver):\n"
+        + "    return tf.distribute.experimental.ParameterServerStrategy(resolver)\n"
+    )
+    (tmp_path / "train.py").write_text(
+        TF
+        + "import common\nfrom common import build, get_ps_strategy\n"
+        + "strategy = common.get_strategy()\n"
+        + "ds = raw.batch(64)\n"
+        + DIST
+        + "model = build(strategy)\nmodel.fit(raw.batch(32))\n"
+        + "ps = get_ps_strategy(r)\nps.experimental_distribute_dataset(raw.batch(8))\n"
+    )
+    findings = json.loads(run_cli("lint", str(tmp_path), "--format", "json").stdout)
+    assert [(f["path"].split("/")[-1], f["line"]) for f in findings] == [
+        ("train.py", 5),
+        ("train.py", 8),
+    ]

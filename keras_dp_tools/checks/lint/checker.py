@@ -33,6 +33,7 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from keras_dp_tools.checks.lint.collector import class_of, self_attribute
 from keras_dp_tools.checks.lint.facts import Module
 from keras_dp_tools.checks.lint.flow import CONSTANT, PARAMETER, SCALED, UNKNOWN, Flow, combine
 from keras_dp_tools.checks.lint.messages import (
@@ -140,9 +141,18 @@ class Checker(Values):
 
     # -- through calls -----------------------------------------------------------------
 
-    def callee(self, module: Module, call: ast.Call) -> tuple[Module, Scope] | None:
+    def callee(self, module: Module, call: ast.Call, scope: Scope | None = None):
+        """``(module, function)`` a call runs: a function of this file or of a project
+        file it imports, or (read in ``scope``) a method of its class (``self.make(64)``)."""
         if isinstance(call.func, ast.Name) and call.func.id in module.collector.functions:
             return module, module.collector.functions[call.func.id]
+        if scope is not None and self_attribute(call.func) and class_of(scope):
+            methods = [
+                method
+                for method in module.collector.all_functions.get(call.func.attr, [])
+                if method.class_name == class_of(scope)
+            ]
+            return (module, methods[0]) if len(methods) == 1 else None
         if self.project is None:
             return None
         found = self.resolve(module, call.func)
@@ -151,15 +161,16 @@ class Checker(Values):
     def through_call(self, module: Module, scope: Scope, call: ast.Call, budget: int):
         """``(sink, binding)`` for each batch size of the called function that this
         call's arguments (or the function's defaults) decide."""
-        target = self.callee(module, call)
+        target = self.callee(module, call, scope)
         if target is None:
             return
         callee_module, callee = target
+        method = self_attribute(call.func) is not None
         for sink in self.summary(callee_module, callee, budget):
             binding = _Binding()
             order = [argument.arg for argument in arguments_of(callee.node)]
             for name in sorted(sink.params, key=order.index):
-                bound = bind(call, callee.node, name)
+                bound = bind(call, callee.node, name, skip_self=method)
                 if bound is None:
                     binding.flows.append(Flow(UNKNOWN))
                 elif bound[0] == "argument":
@@ -255,8 +266,9 @@ class Checker(Values):
         passed is one a strategy built, still open when it is the caller's parameter."""
         if sink.model is None:
             return sink
-        target = self.callee(module, call)
-        bound = bind(call, target[1].node, sink.model) if target is not None else None
+        target = self.callee(module, call, scope)
+        method = self_attribute(call.func) is not None
+        bound = bind(call, target[1].node, sink.model, method) if target is not None else None
         if bound is None or bound[0] != "argument":
             return replace(sink, model=None)
         if module.collector.distributed_model(bound[1], call.lineno, scope):
@@ -279,7 +291,7 @@ class Checker(Values):
         for site in scope.batch_sites:
             if module.contracts.covers_node(site.call) or id(site.call) in module.windows:
                 continue
-            if site.size not in site.call.args and self.callee(module, site.call) is not None:
+            if site.size not in site.call.args and self.callee(module, site.call, scope):
                 continue
             sites.append(site)
         return sites

@@ -121,6 +121,8 @@ class Collector(ast.NodeVisitor):
         if isinstance(node.func, ast.Name) and node.func.id in self.strategy_functions:
             return True
         name = self.qualified(node.func) or ""
+        if name in self.strategy_functions:  # common.get_strategy() of a project file
+            return True
         if name in STRATEGY_HELPERS or name.endswith(".mirrored_strategy"):
             return True
         parts = name.split(".")

@@ -20,7 +20,9 @@ class Module:
     ``lines``: its source lines, for the comments that state intent (read from ``path``
     when not given)."""
 
-    def __init__(self, tree: ast.Module, path=None, lines: list[str] | None = None):
+    def __init__(self, tree: ast.Module, path=None, lines: list[str] | None = None, project=None):
+        """``project`` (a ``runner.Project``): where the project files it imports are
+        found, for the strategies and models their functions return."""
         self.path = path  # a pathlib.Path for project files, None for a bare source
         if lines is None and path is not None:
             try:
@@ -30,6 +32,8 @@ class Module:
         self.lines = lines
         classes = sequence_classes(tree)
         self.collector = first = Collector(classes)
+        imported = self._imported(project, first, tree)
+        first.strategy_functions |= imported(lambda module: module.collector.strategy_functions)
         first.visit(tree)
         received = self._propagate_strategy_arguments()
         # Again, knowing from the start the strategies the first walk found, so that a
@@ -37,7 +41,8 @@ class Module:
         self.collector = Collector(classes, first, received)
         self.collector.visit(tree)
         self._propagate_strategy_arguments()
-        self._propagate_models()
+        self.model_functions: set[str] = set()  # functions returning a distributed model
+        self._propagate_models(imported(lambda module: module.model_functions))
         self.contracts = per_replica_contracts(tree)
         self.divided = divided_names(tree)
         self.windows = window_batches(self.collector)
@@ -89,7 +94,31 @@ class Module:
                 break
         return received
 
-    def _propagate_models(self) -> None:
+    def _imported(self, project, collector: Collector, tree: ast.Module):
+        """A function giving, for a property of modules (their functions returning a
+        strategy, or a model), the names this file calls such functions of project files
+        it imports by (``get_strategy``, ``common.get_strategy``)."""
+        modules = []
+        if project is not None and self.path is not None:
+            collector.visit(ast.Module([n for n in ast.walk(tree) if _is_import(n)], []))
+            for name, (level, dotted, imported) in collector.imports.items():
+                found = project.load(self.path, level, dotted)
+                if found is not None and found is not self:
+                    modules.append((name, dotted, imported, found))
+
+        def names(functions_of) -> set[str]:
+            found = set()
+            for name, dotted, imported, module in modules:
+                functions = functions_of(module)
+                if imported is None:
+                    found |= {f"{dotted}.{function}" for function in functions}
+                elif imported in functions:
+                    found.add(name)
+            return found
+
+        return names
+
+    def _propagate_models(self, imported: set[str]) -> None:
         """Models built in a function called under a strategy's scope, passed to a
         function, or returned by one (to a fixpoint)."""
         collector = self.collector
@@ -106,20 +135,20 @@ class Module:
                     collector.mark_model(owner, value.lineno, scope)
         for _ in range(MAX_ROUNDS):
             changed = False
-            makers = {
+            self.model_functions = {
                 scope.name
                 for scope in collector.scopes
                 if scope.name
                 and any(collector.distributed_model(v, 10**9, scope) for v in scope.returns)
             }
+            makers = self.model_functions | imported
             for scope in collector.scopes:
                 for name, values in scope.assignments.items():
                     for value in values:
-                        if (
-                            isinstance(value, ast.Call)
-                            and isinstance(value.func, ast.Name)
-                            and value.func.id in makers
-                        ):
+                        if isinstance(value, ast.Call) and makers & {
+                            collector.qualified(value.func),
+                            getattr(value.func, "id", None),
+                        }:
                             changed |= collector.mark_model(
                                 ast.Name(name, ast.Load()), value.lineno, scope
                             )
@@ -160,3 +189,7 @@ class Module:
         return any(
             scope.received or scope.creates_strategy for scope in self.collector.scopes
         ) or bool(self.collector.class_strategy_attrs)
+
+
+def _is_import(node) -> bool:
+    return isinstance(node, (ast.Import, ast.ImportFrom))

@@ -92,7 +92,7 @@ class Project:
         """The module of a file being checked (its own tree and lines: a notebook's,
         flake8's; lines read from the file when not given)."""
         path = Path(filename).resolve()
-        self._modules[path] = module = Module(tree, path, lines)
+        self._modules[path] = module = Module(tree, path, lines, self)
         return module
 
     def parsed(self, filename: str | os.PathLike) -> Module | None:

@@ -17,8 +17,7 @@ STRATEGY_CLASSES = {
     "CollectiveAllReduceStrategy",
     "TPUStrategy",
     "CentralStorageStrategy",
-    "get_strategy",
-}
+}  # not get_strategy(): the default strategy has one replica and splits nothing
 STRATEGY_HELPERS = {
     "keras_dp_tools.mirrored_strategy",
     "keras_dp_tools.setup.devices.mirrored_strategy",
