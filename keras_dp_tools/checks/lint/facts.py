@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+from functools import cached_property
 
 from keras_dp_tools.checks.lint.collector import Collector, self_attribute
 from keras_dp_tools.checks.lint.contracts import per_replica_contracts
@@ -38,16 +39,34 @@ class Module:
         received = self._propagate_strategy_arguments()
         # Again, knowing from the start the strategies the first walk found, so that a
         # function defined above the strategy it uses (or given one) sees it.
-        self.collector = Collector(classes, first, received)
-        self.collector.visit(tree)
-        self._propagate_strategy_arguments()
+        if received or first.module.strategy_names or first.class_strategy_attrs:
+            self.collector = Collector(classes, first, received)
+            self.collector.visit(tree)
+            self._propagate_strategy_arguments()
         self.model_functions: set[str] = set()  # functions returning a distributed model
         self._propagate_models(imported(lambda module: module.model_functions))
-        self.contracts = per_replica_contracts(tree)
-        self.divided = divided_names(tree)
-        self.windows = window_batches(self.collector)
-        self.reach = distributed_data(self.collector)
-        self.returned = returned_data(self.collector)
+        self._tree = tree
+
+    # Computed when first needed: a module loaded only to resolve a name never needs them.
+    @cached_property
+    def contracts(self):
+        return per_replica_contracts(self._tree)
+
+    @cached_property
+    def divided(self) -> set[str]:
+        return divided_names(self._tree)
+
+    @cached_property
+    def windows(self) -> set[int]:
+        return window_batches(self.collector)
+
+    @cached_property
+    def reach(self):
+        return distributed_data(self.collector)
+
+    @cached_property
+    def returned(self):
+        return returned_data(self.collector)
 
     def makes_result(self, node, function: Scope) -> bool:
         """Whether the call ``node`` makes (part of) the result of ``function``."""

@@ -23,6 +23,7 @@ DISTRIBUTE_CALLS = {"experimental_distribute_dataset", "distribute_dataset"}
 RUN_CALLS = {"run", "experimental_run_v2", "experimental_run"}
 MODEL_CALLS = GLOBAL_BATCH_METHODS | {"fit_generator", "evaluate_generator", "predict_generator"}
 DATA_KEYWORDS = {"x", "validation_data", "args", "generator", "kwargs"}
+MAX_ENTRIES = 16  # ways a place reaches the strategy, kept for messages and function bounds
 
 
 @dataclass(frozen=True)
@@ -48,8 +49,12 @@ class Reach:
 
     @staticmethod
     def put(table: dict, key, entry: Entry) -> bool:
-        """Records ``entry`` under ``key`` unless one reached with fewer functions is there."""
-        if any(kept.via <= entry.via for kept in table[key]):
+        """Records ``entry`` under ``key`` unless one of the same sink reached with fewer
+        functions is there (or enough are: ``MAX_ENTRIES``)."""
+        kept = table[key]
+        if len(kept) >= MAX_ENTRIES or any(
+            old.sink is entry.sink and old.via <= entry.via for old in kept
+        ):
             return False
         table[key].append(entry)
         return True
