@@ -18,6 +18,7 @@ LINTED = (
     "import tensorflow as tf\n"
     "strategy = tf.distribute.MirroredStrategy()\n"
     "ds = tf.data.Dataset.range(9).batch(64)\n"  # KDP001 at line 3, column 37 (1-based)
+    "dist = strategy.experimental_distribute_dataset(ds)\n"  # the data the strategy splits
 )
 
 

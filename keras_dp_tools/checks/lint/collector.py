@@ -23,10 +23,10 @@ from keras_dp_tools.checks.lint.scopes import (
     STRATEGY_PARAMETERS,
     Scope,
     Site,
-    _target_names,
     arguments_of,
     bind,
     keyword_value,
+    target_names,
 )
 
 # Calls whose functions make sequence windows, not training batches (``window.batch(n)``).
@@ -222,12 +222,12 @@ class Collector(ast.NodeVisitor):
 
     def _assign(self, target, value):
         if self._strategy_blocks and isinstance(value, ast.Call):
-            for name in _target_names(target):
+            for name in target_names(target):
                 self.mark_model(ast.Name(name, ast.Load()), value.lineno)
             if self_attribute(target):
                 self.mark_model(target, value.lineno)
         if isinstance(target, (ast.Tuple, ast.List)):
-            for name in _target_names(target):  # unpacked: where the value goes, not what
+            for name in target_names(target):  # unpacked: where the value goes, not what
                 self.scope.assignments[name].append(ast.Tuple([], ast.Load()))
                 self.scope.unpacked[name].append(value)
         if isinstance(target, ast.Name):
@@ -248,7 +248,7 @@ class Collector(ast.NodeVisitor):
                 self.scope.created(value.lineno)
 
     def _visit_value(self, node, targets):
-        self._targets.append(frozenset(set().union(*(_target_names(t) for t in targets))))
+        self._targets.append(frozenset(set().union(*(target_names(t) for t in targets))))
         self.visit(node.value)
         self._targets.pop()
         for target in targets:
@@ -276,7 +276,7 @@ class Collector(ast.NodeVisitor):
     def visit_For(self, node):
         # for x, y in ds: elements pulled out of a dataset (to NumPy, to a plot) are not
         # the batches a strategy splits; the names are of unknown value.
-        for name in _target_names(node.target):
+        for name in target_names(node.target):
             self.scope.assignments[name].append(ast.Tuple([], ast.Load()))
         self.generic_visit(node)
 

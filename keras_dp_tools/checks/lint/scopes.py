@@ -128,11 +128,11 @@ def arguments_of(function) -> list[ast.arg]:
     return [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
 
 
-def _target_names(target) -> set[str]:
+def target_names(target) -> set[str]:
     if isinstance(target, ast.Name):
         return {target.id}
     if isinstance(target, (ast.Tuple, ast.List)):
-        return set().union(*(_target_names(element) for element in target.elts))
+        return set().union(*(target_names(element) for element in target.elts))
     return set()
 
 
