@@ -616,3 +616,32 @@ def test_a_strategy_or_a_model_from_a_project_helper_is_followed(tmp_path):
         ("train.py", 5),
         ("train.py", 8),
     ]
+
+
+def test_a_model_name_rebuilt_without_the_scope_is_not_distributed():
+    source = BUILT + (
+        "model.fit(raw.batch(32))  # REPORT\n"
+        "model = build()\nmodel.fit(raw.batch(64))\n"
+        "with strategy.scope():\n    model.compile('sgd')\n"
+        "model.fit(raw.batch(16))  # REPORT\n"
+    )
+    assert reported(source) == marked(source)
+
+
+def test_a_mirrored_strategy_on_one_device_splits_nothing():
+    source = TF + "strategy = tf.distribute.MirroredStrategy(devices=['/gpu:0'])\n"
+    assert check_source(source + "ds = raw.batch(64)\n" + DIST) == []
+    two = source.replace("['/gpu:0']", "['/gpu:0', '/gpu:1']")
+    assert [v.line for v in check_source(two + "ds = raw.batch(64)\n" + DIST)] == [3]
+
+
+def test_a_command_line_default_is_shown_with_its_value():
+    source = MIRRORED + (
+        "import argparse\nparser = argparse.ArgumentParser()\n"
+        "parser.add_argument('--batch-size', type=int, default=48)\n"
+        "args = parser.parse_args()\n"
+        "ds = raw.batch(args.batch_size)\n" + DIST
+    )
+    (violation,) = check_source(source)
+    assert violation.line == 7
+    assert "args.batch_size (= 48), defined at line 5" in violation.message

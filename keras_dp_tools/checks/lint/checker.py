@@ -333,7 +333,8 @@ class Checker(Values):
                     continue
                 flow = self.flow(module, scope, site.size)
                 if flow.kind == CONSTANT:
-                    found.append(self._local_violation(scope, site, flow, entries[0]))
+                    first = min(entries, key=lambda entry: entry.sink.lineno)
+                    found.append(self._local_violation(scope, site, flow, first))
             for call in scope.calls:
                 if not module.contracts.covers_node(call):
                     found += self._call_violations(scope, call, module.reach.of_call(call))
@@ -343,6 +344,12 @@ class Checker(Values):
     def _local_violation(self, scope: Scope, site: Site, flow: Flow, entry: Entry):
         module = self.module
         value = self.evaluate(module, scope, site.size)
+        if (
+            value is None
+            and isinstance(flow.origin, ast.Constant)
+            and not isinstance(site.size, (ast.BinOp, ast.UnaryOp, ast.Call))
+        ):
+            value = flow.origin.value  # args.batch_size, CFG.batch_size: its default
         shown = value_text(site.size, value)
         defined = defined_text(site.size, flow.origin, self.label)
         reaches = sink_text(entry, self.label)
@@ -391,7 +398,8 @@ class Checker(Values):
             reach_module, entry = sink.reach[0]
             strategy = sink_text(entry, lambda line: self.where_line(reach_module, line))
         else:
-            reach_module, entry = self.module, entries[0]
+            reach_module = self.module
+            entry = min(entries, key=lambda entry: entry.sink.lineno)
             strategy = sink_text(entry, self.label)
         place = _place(reach_module, entry.sink, entry.text())
         related.append(self.related(place, "the data reaches the strategy here"))

@@ -62,7 +62,7 @@ class Collector(ast.NodeVisitor):
         self.sequence_classes = sequence_classes or {}
         # Models a strategy builds: (id of the scope, name) or ("self", class, attribute)
         # bound under ``with <strategy>.scope():`` (or compiled there) -> first line.
-        self.models: dict[tuple, int] = {}
+        self.models: dict[tuple, set[int]] = defaultdict(set)
         self.scoped_functions: set[str] = set()  # functions called under a strategy scope
         self.window_functions: set[str] = set()  # functions given to flat_map/interleave
         self.window_calls: set[int] = set()  # batch calls inside such lambdas
@@ -126,7 +126,9 @@ class Collector(ast.NodeVisitor):
         if name in STRATEGY_HELPERS or name.endswith(".mirrored_strategy"):
             return True
         parts = name.split(".")
-        return parts[-1] in STRATEGY_CLASSES and "distribute" in parts[:-1]
+        return (
+            parts[-1] in STRATEGY_CLASSES and "distribute" in parts[:-1] and not _one_device(node)
+        )
 
     def is_strategy_value(self, value, line: int, scope: Scope | None = None) -> bool:
         """A strategy call, a name holding a strategy at ``line`` (of ``scope``, by
@@ -153,19 +155,37 @@ class Collector(ast.NodeVisitor):
         return None
 
     def mark_model(self, owner, line: int, scope: Scope | None = None) -> bool:
-        """Marks ``owner`` as a model a strategy builds from ``line``; whether it is new."""
+        """Marks ``owner`` as a model a strategy builds (or compiles) at ``line``; whether
+        it is new."""
         scope = scope or self.scope
         key = self.model_key(owner, scope)
-        if key is None or (key in self.models and self.models[key] <= line):
+        line = line if key is None or key[0] != "self" else 0
+        if key is None or line in self.models[key]:
             return False
-        self.models[key] = line if key[0] != "self" else 0
+        self.models[key].add(line)
         return True
 
     def distributed_model(self, owner, line: int, scope: Scope) -> bool:
         """Whether ``owner`` (read in ``scope``) holds a model built or compiled under a
-        synchronous strategy's scope before ``line``."""
+        synchronous strategy's scope: in the scope defining the name, the last time it
+        was assigned or compiled before ``line`` was under the scope; read elsewhere (a
+        function reading a module's model, an attribute), once is enough."""
         key = self.model_key(owner, scope)
-        return key is not None and key in self.models and self.models[key] <= line
+        marked = self.models.get(key) if key is not None else None
+        if not marked:
+            return False
+        if key[0] == "self" or not isinstance(owner, ast.Name):
+            return True
+        defining = scope.lookup(owner.id)[0] or scope
+        if defining is not scope:
+            return True
+        assigned = [
+            value.lineno
+            for value in scope.assignments.get(owner.id, [])
+            if getattr(value, "lineno", None) is not None and value.lineno <= line
+        ]
+        before = [event for event in marked if event <= line]
+        return bool(before) and max(before) >= max(assigned, default=0)
 
     # -- scopes ------------------------------------------------------------------
 
@@ -418,6 +438,13 @@ def class_of(scope: Scope | None) -> str | None:
             return scope.class_name
         scope = scope.parent
     return None
+
+
+def _one_device(call: ast.Call) -> bool:
+    """``MirroredStrategy(devices=["/gpu:0"])``: one replica, nothing split."""
+    devices = keyword_value(call, "devices")
+    devices = devices if devices is not None or not call.args else call.args[0]
+    return isinstance(devices, (ast.List, ast.Tuple)) and len(devices.elts) == 1
 
 
 def _strategy_word(name: str) -> bool:
