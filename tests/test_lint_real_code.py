@@ -645,3 +645,17 @@ def test_a_command_line_default_is_shown_with_its_value():
     (violation,) = check_source(source)
     assert violation.line == 7
     assert "args.batch_size (= 48), defined at line 5" in violation.message
+
+
+def test_an_imported_constant_is_shown_where_it_is_defined(tmp_path):
+    (tmp_path / "config.py").write_text("BATCH = 48\n")
+    (tmp_path / "train.py").write_text(
+        MIRRORED + "from config import BATCH\nds = raw.batch(BATCH)\n" + DIST
+    )
+    (finding,) = json.loads(run_cli("lint", str(tmp_path), "--format", "json").stdout)
+    assert finding["line"] == 4
+    assert "batch size BATCH (= 48), defined at " in finding["message"]
+    assert [(r["path"].split("/")[-1], r["line"]) for r in finding["related"]] == [
+        ("config.py", 1),
+        ("train.py", 5),
+    ]

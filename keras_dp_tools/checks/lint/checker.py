@@ -36,12 +36,7 @@ from dataclasses import dataclass, replace
 from keras_dp_tools.checks.lint.collector import class_of, self_attribute
 from keras_dp_tools.checks.lint.facts import Module
 from keras_dp_tools.checks.lint.flow import CONSTANT, PARAMETER, SCALED, UNKNOWN, Flow, combine
-from keras_dp_tools.checks.lint.messages import (
-    defined_text,
-    reading,
-    sink_text,
-    value_text,
-)
+from keras_dp_tools.checks.lint.messages import reading, sink_text, value_text
 from keras_dp_tools.checks.lint.reach import Entry
 from keras_dp_tools.checks.lint.scopes import Scope, Site, arguments_of, bind
 from keras_dp_tools.checks.lint.values import Values
@@ -343,34 +338,44 @@ class Checker(Values):
 
     def _local_violation(self, scope: Scope, site: Site, flow: Flow, entry: Entry):
         module = self.module
-        value = self.evaluate(module, scope, site.size)
-        if (
-            value is None
-            and isinstance(flow.origin, ast.Constant)
-            and not isinstance(site.size, (ast.BinOp, ast.UnaryOp, ast.Call))
-        ):
-            value = flow.origin.value  # args.batch_size, CFG.batch_size: its default
-        shown = value_text(site.size, value)
-        defined = defined_text(site.size, flow.origin, self.label)
+        shown, defined = self._value(scope, site.size, flow)
         reaches = sink_text(entry, self.label)
         if site.code == "KDP003":
-            opening = f"{site.text()}: batch size {shown}{defined}, given to {reaches}"
+            opening = f"{site.text()}: batch size {shown}, given to {reaches}"
         else:
-            opening = f"batch size {shown}{defined} reaches {reaches}"
-        related = []
-        if flow.origin is not None and flow.origin.lineno != site.size.lineno:
-            origin = _place(module, flow.origin, ast.unparse(flow.origin))
-            related.append(self.related(origin, "the value is defined here"))
+            opening = f"batch size {shown} reaches {reaches}"
+        related = [defined] if defined is not None else []
         if entry.sink is not site.call:
             place = _place(module, entry.sink, entry.text())
             related.append(self.related(place, "the data reaches the strategy here"))
-        plain = ast.unparse(site.size) if value is None else value_text(site.size, None)
+        plain = ast.unparse(site.size)
         return Violation(
             site.size.lineno,
             site.size.col_offset,
             site.code,
             f"{opening}; {reading(site.code, plain)}",
             tuple(related),
+        )
+
+    def _value(self, scope: Scope, expression: ast.expr, flow: Flow):
+        """``BATCH_SIZE (= 64), defined at line 12`` and the definition as a related place
+        (None when the constant is written where it is used)."""
+        value = self.evaluate(self.module, scope, expression)
+        origin = flow.origin
+        if (
+            value is None
+            and isinstance(origin, ast.Constant)
+            and not isinstance(expression, (ast.BinOp, ast.UnaryOp, ast.Call))
+        ):
+            value = origin.value  # args.batch_size, CFG.batch_size: its default
+        shown = value_text(expression, value)
+        if origin is None:
+            return shown, None
+        place = _place(flow.origin_module or self.module, origin, ast.unparse(origin))
+        if place.module is self.module and place.line == expression.lineno:
+            return shown, None
+        return f"{shown}, defined at {self.where(place)}", self.related(
+            place, "the value is defined here"
         )
 
     def _call_violations(self, scope: Scope, call: ast.Call, entries) -> list[Violation]:
@@ -381,10 +386,10 @@ class Checker(Values):
                 continue
             if sink.params and combine(binding.flows).kind != CONSTANT:
                 continue
-            found.append(self._call_violation(call, sink, binding, entries))
+            found.append(self._call_violation(scope, call, sink, binding, entries))
         return found
 
-    def _call_violation(self, call, sink: _Sink, binding: _Binding, entries) -> Violation:
+    def _call_violation(self, scope, call, sink: _Sink, binding: _Binding, entries):
         shown = _shown(sink, binding)
         callee = f"{ast.unparse(call.func)}()"
         at = self.label(call.lineno)
@@ -404,8 +409,12 @@ class Checker(Values):
         place = _place(reach_module, entry.sink, entry.text())
         related.append(self.related(place, "the data reaches the strategy here"))
         if binding.arguments:
-            anchor = (binding.arguments[0].lineno, binding.arguments[0].col_offset)
+            first = binding.arguments[0]
+            anchor = (first.lineno, first.col_offset)
             values = ", ".join(ast.unparse(argument) for argument in binding.arguments)
+            if len(binding.arguments) == 1:  # BATCH (= 64), defined at line 3
+                values, defined = self._value(scope, first, binding.flows[0])
+                related += [defined] if defined is not None else []
             opening = f"batch size {values} passed to {callee} at {at} reaches {reaches}"
             if len(binding.flows) > 1:
                 opening = f"{values} passed to {callee} at {at} make {reaches} constant"

@@ -30,6 +30,7 @@ class Flow:
     kind: str
     params: frozenset = frozenset()  # (scope, name) pairs, for PARAMETER
     origin: ast.AST | None = field(default=None, compare=False)  # where a constant is written
+    origin_module: object = field(default=None, compare=False)  # the facts.Module it is in
 
 
 def combine(flows) -> Flow:
@@ -42,8 +43,9 @@ def combine(flows) -> Flow:
     if UNKNOWN in kinds or not flows:
         return Flow(UNKNOWN)
     params = frozenset().union(*(flow.params for flow in flows))
-    origin = next((flow.origin for flow in flows if flow.origin is not None), None)
-    return Flow(PARAMETER, params, origin) if params else Flow(CONSTANT, origin=origin)
+    first = next((flow for flow in flows if flow.origin is not None), Flow(CONSTANT))
+    kind = PARAMETER if params else CONSTANT
+    return Flow(kind, params, first.origin, first.origin_module)
 
 
 def from_input_context(func: ast.Attribute) -> bool:

@@ -21,13 +21,6 @@ def _number(value) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
-def defined_text(expression: ast.expr, origin, where) -> str:
-    """``, defined at line 12`` when the constant is written on another line."""
-    if origin is None or getattr(origin, "lineno", None) in (None, expression.lineno):
-        return ""
-    return f", defined at {where(origin.lineno)}"
-
-
 def sink_text(entry: Entry, where) -> str:
     """Where data reaches the strategy: the call and what it is."""
     func = entry.sink.func

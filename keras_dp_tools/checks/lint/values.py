@@ -108,7 +108,7 @@ class Values:
                 return Flow(UNKNOWN)
             if self._named_global(module, scope, node) or module.intent("", [node]) == "global":
                 return Flow(GLOBAL)  # ... or a comment on (or above) its line says so
-            return Flow(CONSTANT, origin=node)
+            return Flow(CONSTANT, origin=node, origin_module=module)
         if isinstance(node, ast.Attribute):
             if node.attr == "num_replicas_in_sync":
                 return Flow(SCALED)
