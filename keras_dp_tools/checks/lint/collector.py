@@ -1,10 +1,6 @@
 """Walks one file once, filling in its scopes: imports, assignments, batch sites, calls,
-strategies (``scopes.py`` holds the pieces) and the models built under a strategy's scope.
-
-Only synchronous strategies count (``STRATEGY_CLASSES``): a ``ParameterServerStrategy`` or
-a DTensor mesh is never one, however it is held, and ``with x.scope():`` is a strategy's
-scope only when ``x`` provably holds one (a strategy call, a name or ``self`` attribute
-bound to one, a parameter named as one, a function returning one).
+command-line options, strategies and the models built under a strategy's scope
+(``scopes.py`` holds the pieces, ``strategies.py`` what makes a strategy or a model).
 """
 
 from __future__ import annotations
@@ -18,9 +14,6 @@ from keras_dp_tools.checks.lint.scopes import (
     OPTIMIZERS,
     OTHER_SPLITTERS,
     PER_REPLICA_SHAPES,
-    STRATEGY_CLASSES,
-    STRATEGY_HELPERS,
-    STRATEGY_PARAMETERS,
     Scope,
     Site,
     arguments_of,
@@ -28,12 +21,18 @@ from keras_dp_tools.checks.lint.scopes import (
     keyword_value,
     target_names,
 )
+from keras_dp_tools.checks.lint.strategies import (
+    StrategyFacts,
+    class_of,
+    self_attribute,
+    strategy_word,
+)
 
 # Calls whose functions make sequence windows, not training batches (``window.batch(n)``).
 WINDOW_METHODS = {"flat_map", "interleave"}
 
 
-class Collector(ast.NodeVisitor):
+class Collector(StrategyFacts, ast.NodeVisitor):
     """Walks a module once, building scopes and the import aliases."""
 
     def __init__(
@@ -113,80 +112,6 @@ class Collector(ast.NodeVisitor):
             return None
         return "tensorflow" + name[2:] if name == "tf" or name.startswith("tf.") else name
 
-    # -- strategies and models ---------------------------------------------------------
-
-    def is_strategy_call(self, node) -> bool:
-        if not isinstance(node, ast.Call):
-            return False
-        if isinstance(node.func, ast.Name) and node.func.id in self.strategy_functions:
-            return True
-        name = self.qualified(node.func) or ""
-        if name in self.strategy_functions:  # common.get_strategy() of a project file
-            return True
-        if name in STRATEGY_HELPERS or name.endswith(".mirrored_strategy"):
-            return True
-        parts = name.split(".")
-        return (
-            parts[-1] in STRATEGY_CLASSES and "distribute" in parts[:-1] and not _one_device(node)
-        )
-
-    def is_strategy_value(self, value, line: int, scope: Scope | None = None) -> bool:
-        """A strategy call, a name holding a strategy at ``line`` (of ``scope``, by
-        default the scope being visited), or a ``self`` attribute holding one."""
-        if self.is_strategy_call(value):
-            return True
-        scope = scope or self.scope
-        if isinstance(value, ast.Name):
-            return scope.strategy_name_at(value.id, line)
-        attribute = self_attribute(value)
-        return attribute is not None and attribute in self.class_strategy_attrs.get(
-            class_of(scope) or "", set()
-        )
-
-    def model_key(self, owner, scope: Scope) -> tuple | None:
-        """How a model held by ``owner`` (a name or ``self.<attr>``) read in ``scope`` is
-        known: the scope defining the name, or the class holding the attribute."""
-        if isinstance(owner, ast.Name):
-            defining = scope.lookup(owner.id)[0] or scope
-            return id(defining), owner.id
-        attribute = self_attribute(owner)
-        if attribute is not None and class_of(scope):
-            return "self", class_of(scope), attribute
-        return None
-
-    def mark_model(self, owner, line: int, scope: Scope | None = None) -> bool:
-        """Marks ``owner`` as a model a strategy builds (or compiles) at ``line``; whether
-        it is new."""
-        scope = scope or self.scope
-        key = self.model_key(owner, scope)
-        line = line if key is None or key[0] != "self" else 0
-        if key is None or line in self.models[key]:
-            return False
-        self.models[key].add(line)
-        return True
-
-    def distributed_model(self, owner, line: int, scope: Scope) -> bool:
-        """Whether ``owner`` (read in ``scope``) holds a model built or compiled under a
-        synchronous strategy's scope: in the scope defining the name, the last time it
-        was assigned or compiled before ``line`` was under the scope; read elsewhere (a
-        function reading a module's model, an attribute), once is enough."""
-        key = self.model_key(owner, scope)
-        marked = self.models.get(key) if key is not None else None
-        if not marked:
-            return False
-        if key[0] == "self" or not isinstance(owner, ast.Name):
-            return True
-        defining = scope.lookup(owner.id)[0] or scope
-        if defining is not scope:
-            return True
-        assigned = [
-            value.lineno
-            for value in scope.assignments.get(owner.id, [])
-            if getattr(value, "lineno", None) is not None and value.lineno <= line
-        ]
-        before = [event for event in marked if event <= line]
-        return bool(before) and max(before) >= max(assigned, default=0)
-
     # -- scopes ------------------------------------------------------------------
 
     def visit_ClassDef(self, node):
@@ -207,7 +132,7 @@ class Collector(ast.NodeVisitor):
         for argument in arguments:
             annotation = ast.unparse(argument.annotation) if argument.annotation else ""
             if (
-                _strategy_word(argument.arg)
+                strategy_word(argument.arg)
                 or annotation.endswith("Strategy")
                 or (node.lineno, argument.arg) in self.received
             ):
@@ -314,7 +239,7 @@ class Collector(ast.NodeVisitor):
         if self.is_strategy_value(owner, expression.lineno):
             return True
         if isinstance(owner, ast.Name) and owner.id in self.scope.parameters:
-            if owner.id not in self.scope.strategy_names and not _strategy_word(owner.id):
+            if owner.id not in self.scope.strategy_names and not strategy_word(owner.id):
                 return False
             self.scope.strategy_names.setdefault(owner.id, self.scope.node.lineno)
             self.scope.received = True
@@ -418,38 +343,3 @@ class Collector(ast.NodeVisitor):
         for argument in [*node.args, *node.keywords]:
             self.visit(argument)
         self._windows -= window
-
-
-def self_attribute(node) -> str | None:
-    """``attr`` for ``self.attr``, else None."""
-    if (
-        isinstance(node, ast.Attribute)
-        and isinstance(node.value, ast.Name)
-        and node.value.id == "self"
-    ):
-        return node.attr
-    return None
-
-
-def class_of(scope: Scope | None) -> str | None:
-    """The class whose method ``scope`` is (or is nested in)."""
-    while scope is not None:
-        if scope.class_name:
-            return scope.class_name
-        scope = scope.parent
-    return None
-
-
-def _one_device(call: ast.Call) -> bool:
-    """``MirroredStrategy(devices=["/gpu:0"])``: one replica, nothing split."""
-    devices = keyword_value(call, "devices")
-    devices = devices if devices is not None or not call.args else call.args[0]
-    return isinstance(devices, (ast.List, ast.Tuple)) and len(devices.elts) == 1
-
-
-def _strategy_word(name: str) -> bool:
-    """A parameter named as a (synchronous) strategy."""
-    lowered = name.lower()
-    if "ps_" in lowered or "parameter_server" in lowered:
-        return False
-    return "strateg" in lowered or name in STRATEGY_PARAMETERS

@@ -5,11 +5,12 @@ from __future__ import annotations
 import ast
 from functools import cached_property
 
-from keras_dp_tools.checks.lint.collector import Collector, self_attribute
+from keras_dp_tools.checks.lint.collector import Collector
 from keras_dp_tools.checks.lint.contracts import per_replica_contracts
 from keras_dp_tools.checks.lint.intent import GLOBAL, PER_REPLICA, commented, divided_names, named
 from keras_dp_tools.checks.lint.reach import distributed_data, returned_data
 from keras_dp_tools.checks.lint.scopes import Scope, sequence_classes
+from keras_dp_tools.checks.lint.strategies import self_attribute
 from keras_dp_tools.checks.lint.windows import window_batches
 
 MAX_ROUNDS = 8  # rounds of passing strategies and models from callers to callees

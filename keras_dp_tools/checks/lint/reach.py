@@ -16,8 +16,9 @@ import ast
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from keras_dp_tools.checks.lint.collector import Collector, class_of, self_attribute
+from keras_dp_tools.checks.lint.collector import Collector
 from keras_dp_tools.checks.lint.scopes import GLOBAL_BATCH_METHODS, Scope, bind
+from keras_dp_tools.checks.lint.strategies import class_of, self_attribute
 
 DISTRIBUTE_CALLS = {"experimental_distribute_dataset", "distribute_dataset"}
 RUN_CALLS = {"run", "experimental_run_v2", "experimental_run"}

@@ -11,7 +11,6 @@ from __future__ import annotations
 import ast
 import operator
 
-from keras_dp_tools.checks.lint.collector import class_of, self_attribute
 from keras_dp_tools.checks.lint.facts import Module
 from keras_dp_tools.checks.lint.flow import (
     CONSTANT,
@@ -28,6 +27,7 @@ from keras_dp_tools.checks.lint.flow import (
 from keras_dp_tools.checks.lint.intent import GLOBAL as STATED_GLOBAL
 from keras_dp_tools.checks.lint.intent import is_count
 from keras_dp_tools.checks.lint.scopes import Scope
+from keras_dp_tools.checks.lint.strategies import class_of, self_attribute
 
 MAX_IMPORT_DEPTH = 4  # re-exports followed to find a name's definition
 OPERATORS = {
