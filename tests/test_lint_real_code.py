@@ -309,6 +309,9 @@ INTENT_37_REPORTED = {
 
 # 9. Not synchronous: ParameterServerStrategy and DTensor, however held.
 NOT_SYNCHRONOUS = {
+    "a name rebound to a ParameterServerStrategy in a later section": MIRRORED
+    + "strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)\n"
+    + "ds = raw.batch(64)\nwith strategy.scope():\n    model = build()\nmodel.fit(ds)\n",
     "ParameterServerStrategy on an attribute": TF
     + "class Trainer:\n    def __init__(self, resolver):\n"
     + "        self._strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)\n"

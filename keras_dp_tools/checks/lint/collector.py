@@ -182,6 +182,7 @@ class Collector(StrategyFacts, ast.NodeVisitor):
             self.scope.assignments[target.id].append(value)
             if self.is_strategy_value(value, value.lineno):
                 self.scope.strategy_names.setdefault(target.id, value.lineno)
+                self.scope.strategy_lines[target.id].add(value.lineno)
                 self.scope.created(value.lineno)
         elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
             self.scope.unpacked[target.value.id].append(value)  # data["train"] = ds

@@ -77,6 +77,7 @@ class Scope:
         self.unpacked: dict[str, list[ast.expr]] = defaultdict(list)  # a, b = value
         self.parameters: list[str] = []
         self.strategy_names: dict[str, int] = {}  # name -> line it became a strategy
+        self.strategy_lines: dict[str, set[int]] = defaultdict(set)  # lines assigning one
         self.strategy_line: int | None = None  # first line creating a strategy here
         self.uses_self_attrs: set[str] = set()
         self.batch_sites: list[Site] = []
@@ -103,11 +104,23 @@ class Scope:
         return None, [], False
 
     def strategy_name_at(self, name: str, line: int) -> bool:
-        """Whether ``name`` holds a strategy at ``line`` (this scope or an enclosing one)."""
+        """Whether ``name`` holds a strategy at ``line`` (this scope or an enclosing one).
+        In the scope reading it, the last assignment before ``line`` decides (``strategy =
+        ParameterServerStrategy(...)`` after a ``MirroredStrategy`` is not one); a name of
+        an enclosing scope is one if it is ever bound to one (it is read when called)."""
         scope = self
         while scope is not None:
             if name in scope.strategy_names and scope.strategy_names[name] <= line:
-                return True
+                if scope is not self:
+                    return True
+                assigned = [
+                    value.lineno
+                    for value in scope.assignments.get(name, [])
+                    if getattr(value, "lineno", None) is not None and value.lineno <= line
+                ]
+                return not assigned or max(assigned) in scope.strategy_lines[name]
+            if scope is self and name in scope.assignments:
+                return False
             line = getattr(scope.node, "lineno", line)
             scope = scope.parent
         return False
