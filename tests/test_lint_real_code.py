@@ -337,6 +337,12 @@ SYNCHRONOUS_REPORTED = {
     + "    def train(self):\n        with self._strategy.scope():\n"
     + "            self.model = build()\n"
     + "        self.model.fit(raw.batch(64))  # REPORT\n",
+    "TPU or the default strategy, the Kaggle way": TF
+    + "try:\n    tpu = tf.distribute.cluster_resolver.TPUClusterResolver()\n"
+    + "    strategy = tf.distribute.TPUStrategy(tpu)\nexcept ValueError:\n"
+    + "    strategy = tf.distribute.get_strategy()\n"
+    + "with strategy.scope():\n    model = build()\n"
+    + "model.fit(raw.batch(128))  # REPORT\n",
     "a strategy from a function of this file that returns one": TF
     + "def get_strategy():\n    try:\n"
     + "        return tf.distribute.TPUStrategy(resolver)\n    except ValueError:\n"

@@ -183,6 +183,8 @@ class Collector(StrategyFacts, ast.NodeVisitor):
             if self.is_strategy_value(value, value.lineno):
                 self.scope.strategy_names.setdefault(target.id, value.lineno)
                 self.scope.strategy_lines[target.id].add(value.lineno)
+            elif self.is_other_strategy_call(value):
+                self.scope.other_strategy_lines[target.id].add(value.lineno)
                 self.scope.created(value.lineno)
         elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
             self.scope.unpacked[target.value.id].append(value)  # data["train"] = ds

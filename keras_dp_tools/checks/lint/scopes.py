@@ -18,6 +18,8 @@ STRATEGY_CLASSES = {
     "TPUStrategy",
     "CentralStorageStrategy",
 }  # not get_strategy(): the default strategy has one replica and splits nothing
+# Strategies that split no batch over synchronous replicas.
+OTHER_STRATEGY_CLASSES = {"ParameterServerStrategy", "OneDeviceStrategy"}
 STRATEGY_HELPERS = {
     "keras_dp_tools.mirrored_strategy",
     "keras_dp_tools.setup.devices.mirrored_strategy",
@@ -78,6 +80,8 @@ class Scope:
         self.parameters: list[str] = []
         self.strategy_names: dict[str, int] = {}  # name -> line it became a strategy
         self.strategy_lines: dict[str, set[int]] = defaultdict(set)  # lines assigning one
+        # lines assigning a strategy that splits nothing (ParameterServerStrategy, ...)
+        self.other_strategy_lines: dict[str, set[int]] = defaultdict(set)
         self.strategy_line: int | None = None  # first line creating a strategy here
         self.uses_self_attrs: set[str] = set()
         self.batch_sites: list[Site] = []
@@ -105,22 +109,24 @@ class Scope:
 
     def strategy_name_at(self, name: str, line: int) -> bool:
         """Whether ``name`` holds a strategy at ``line`` (this scope or an enclosing one).
-        In the scope reading it, the last assignment before ``line`` decides (``strategy =
-        ParameterServerStrategy(...)`` after a ``MirroredStrategy`` is not one); a name of
-        an enclosing scope is one if it is ever bound to one (it is read when called)."""
+        In the scope reading it, the last strategy assigned before ``line`` decides
+        (``strategy = ParameterServerStrategy(...)`` after a ``MirroredStrategy`` is not
+        one; ``get_strategy()`` in an ``except`` branch is a fallback, not a rebinding); a
+        name of an enclosing scope is one if it is ever bound to one (it is read when
+        called)."""
         scope = self
         while scope is not None:
             if name in scope.strategy_names and scope.strategy_names[name] <= line:
                 if scope is not self:
                     return True
                 assigned = [
-                    value.lineno
-                    for value in scope.assignments.get(name, [])
-                    if getattr(value, "lineno", None) is not None and value.lineno <= line
+                    number
+                    for number in scope.strategy_lines[name] | scope.other_strategy_lines[name]
+                    if number <= line
                 ]
                 return not assigned or max(assigned) in scope.strategy_lines[name]
             if scope is self and name in scope.assignments:
-                return False
+                return False  # a local name of something else shadows an outer strategy
             line = getattr(scope.node, "lineno", line)
             scope = scope.parent
         return False

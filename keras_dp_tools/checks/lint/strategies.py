@@ -12,6 +12,7 @@ from __future__ import annotations
 import ast
 
 from keras_dp_tools.checks.lint.scopes import (
+    OTHER_STRATEGY_CLASSES,
     STRATEGY_CLASSES,
     STRATEGY_HELPERS,
     STRATEGY_PARAMETERS,
@@ -37,9 +38,7 @@ class StrategyFacts:
         if name in STRATEGY_HELPERS or name.endswith(".mirrored_strategy"):
             return True
         parts = name.split(".")
-        return (
-            parts[-1] in STRATEGY_CLASSES and "distribute" in parts[:-1] and not _one_device(node)
-        )
+        return parts[-1] in STRATEGY_CLASSES and "distribute" in parts[:-1] and not one_device(node)
 
     def is_strategy_value(self, value, line: int, scope: Scope | None = None) -> bool:
         """A strategy call, a name holding a strategy at ``line`` (of ``scope``, by
@@ -52,6 +51,18 @@ class StrategyFacts:
         attribute = self_attribute(value)
         return attribute is not None and attribute in self.class_strategy_attrs.get(
             class_of(scope) or "", set()
+        )
+
+    def is_other_strategy_call(self, node) -> bool:
+        """A strategy that splits no batch over synchronous replicas
+        (``ParameterServerStrategy``, ``OneDeviceStrategy``, a one-device mirror)."""
+        if not isinstance(node, ast.Call):
+            return False
+        parts = (self.qualified(node.func) or "").split(".")
+        if "distribute" not in parts[:-1]:
+            return False
+        return parts[-1] in OTHER_STRATEGY_CLASSES or (
+            parts[-1] in STRATEGY_CLASSES and one_device(node)
         )
 
     def model_key(self, owner, scope: Scope) -> tuple | None:
@@ -119,7 +130,7 @@ def class_of(scope: Scope | None) -> str | None:
     return None
 
 
-def _one_device(call: ast.Call) -> bool:
+def one_device(call: ast.Call) -> bool:
     """``MirroredStrategy(devices=["/gpu:0"])``: one replica, nothing split."""
     devices = keyword_value(call, "devices")
     devices = devices if devices is not None or not call.args else call.args[0]
