@@ -289,6 +289,10 @@ INTENT_37 = {
     + "# The batch for one step,\n# split across the replicas by the strategy.\n"
     + "BATCH = 1024\nds = raw.batch(BATCH)\n"
     + DIST,
+    "a summed loss averaged over it": MIRRORED
+    + "BATCH_SIZE = 64\nds = raw.batch(BATCH_SIZE)\n"
+    + DIST
+    + "def step(x):\n    return tf.reduce_sum(loss(x)) / BATCH_SIZE\n",
     "an assert that it divides": MIRRORED
     + "batch_size = 256\nassert batch_size % 8 == 0\n"
     + "ds = raw.batch(batch_size)\n"

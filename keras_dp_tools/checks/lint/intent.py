@@ -10,8 +10,9 @@ Otherwise it reads as **global** (not the mistake) when
 - the code divides it by the replica, core or worker count
   (``batch_size // strategy.num_replicas_in_sync``), asks an input context for its
   per-replica share (``get_per_replica_batch_size(batch_size)``), gives it as the
-  ``global_batch_size`` of ``tf.nn.compute_average_loss``, or checks that it divides
-  (``assert batch_size % 8 == 0``, ``if BATCH % num_workers: raise ...``);
+  ``global_batch_size`` of ``tf.nn.compute_average_loss`` (or averages a summed loss over
+  it: ``tf.reduce_sum(loss) / BATCH``, ``loss * (1.0 / BATCH)``), or checks that it
+  divides (``assert batch_size % 8 == 0``, ``if BATCH % num_workers: raise ...``);
 - a comment on its definition, or on the comment lines right above it, says it is the
   total ("# global batch", "# must be divisible by the number of workers");
 - it is written as a product of numbers (``4096 * 9``) or multiplied by a replica, core or
@@ -83,6 +84,25 @@ def _checked_divisible(node: ast.BinOp) -> bool:
     )
 
 
+def _loss_over(node) -> bool:
+    """A summed loss (or 1) divided by a batch size: the code averages over the global
+    batch, as a replica's loss must be under a strategy."""
+    if not (
+        isinstance(node, ast.BinOp)
+        and isinstance(node.op, ast.Div)
+        and isinstance(node.right, ast.Name)
+        and "batch" in node.right.id.lower()
+    ):
+        return False
+    left = node.left
+    if isinstance(left, ast.Constant) and left.value == 1:
+        return True
+    return any(
+        isinstance(part, ast.Call) and ast.unparse(part.func).endswith("reduce_sum")
+        for part in ast.walk(left)
+    )
+
+
 def divided_names(tree: ast.Module) -> set[str]:
     """Names the code treats as a total to share out over replicas."""
     names = set()
@@ -107,6 +127,8 @@ def divided_names(tree: ast.Module) -> set[str]:
             and is_count(node.right)
         ):
             names.add(node.left.id)
+        elif _loss_over(node):  # tf.reduce_sum(loss) / BATCH, loss * (1.0 / BATCH)
+            names.add(node.right.id)
         elif isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
