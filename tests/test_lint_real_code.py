@@ -672,3 +672,17 @@ def test_an_imported_constant_is_shown_where_it_is_defined(tmp_path):
         ("config.py", 1),
         ("train.py", 5),
     ]
+
+
+def test_a_file_gives_the_same_findings_whatever_order_files_are_checked_in(tmp_path):
+    (tmp_path / "common.py").write_text(
+        TF + "def get_strategy():\n    return tf.distribute.MirroredStrategy()\n"
+    )
+    (tmp_path / "train.py").write_text(
+        "import common\nstrategy = common.get_strategy()\nds = raw.batch(64)\n" + DIST
+    )
+    (tmp_path / "a_first.py").write_text("import train\n")  # reads train.py as an import
+    findings = json.loads(run_cli("lint", str(tmp_path), "--format", "json").stdout)
+    assert [(f["path"].split("/")[-1], f["line"]) for f in findings] == [("train.py", 3)]
+    alone = json.loads(run_cli("lint", str(tmp_path / "train.py"), "--format", "json").stdout)
+    assert [f["line"] for f in alone] == [3]

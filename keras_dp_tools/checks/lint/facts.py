@@ -26,6 +26,7 @@ class Module:
         """``project`` (a ``runner.Project``): where the project files it imports are
         found, for the strategies and models their functions return."""
         self.path = path  # a pathlib.Path for project files, None for a bare source
+        self.follows_imports = project is not None
         if lines is None and path is not None:
             try:
                 lines = path.read_text(encoding="utf-8", errors="replace").splitlines()

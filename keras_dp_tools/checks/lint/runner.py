@@ -96,8 +96,11 @@ class Project:
         return module
 
     def parsed(self, filename: str | os.PathLike) -> Module | None:
-        """The module of a file already parsed while following imports, if any."""
-        return self._modules.get(Path(filename).resolve())
+        """The module of a file already checked (registered), if any. A file read only as
+        another file's import is not: its own imports were not followed then, and the
+        same file must give the same findings whatever order the files are checked in."""
+        module = self._modules.get(Path(filename).resolve())
+        return module if module is not None and module.follows_imports else None
 
     def load(self, importer: Path, level: int, dotted: str) -> Module | None:
         """The module ``dotted`` as imported from file ``importer`` (``level`` dots)."""
