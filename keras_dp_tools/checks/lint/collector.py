@@ -260,11 +260,6 @@ class Collector(StrategyFacts, ast.NodeVisitor):
 
     visit_AsyncWith = visit_With
 
-    def visit_Attribute(self, node):
-        if isinstance(node.value, ast.Name) and node.value.id == "self":
-            self.scope.uses_self_attrs.add(node.attr)
-        self.generic_visit(node)
-
     def _batch_size(self, node: ast.Call) -> tuple[ast.expr | None, str]:
         """The batch size a call is given, and its code (KDP003 for fit's global batch)."""
         func = node.func

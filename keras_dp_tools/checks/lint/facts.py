@@ -8,9 +8,8 @@ from functools import cached_property
 from keras_dp_tools.checks.lint.collector import Collector
 from keras_dp_tools.checks.lint.contracts import per_replica_contracts
 from keras_dp_tools.checks.lint.intent import GLOBAL, PER_REPLICA, commented, divided_names, named
-from keras_dp_tools.checks.lint.reach import distributed_data, returned_data
+from keras_dp_tools.checks.lint.reach import callees, distributed_data, returned_data
 from keras_dp_tools.checks.lint.scopes import Scope, sequence_classes
-from keras_dp_tools.checks.lint.strategies import self_attribute
 from keras_dp_tools.checks.lint.windows import window_batches
 
 MAX_ROUNDS = 8  # rounds of passing strategies and models from callers to callees
@@ -74,26 +73,6 @@ class Module:
         """Whether the call ``node`` makes (part of) the result of ``function``."""
         return any(entry.sink is function.node for entry in self.returned.of_call(node))
 
-    def _callees(self, scope: Scope, call: ast.Call):
-        """The functions of this file a call runs, and the (parameter, value) it passes."""
-        collector = self.collector
-        func = call.func
-        if isinstance(func, ast.Name):
-            callees = [collector.functions[func.id]] if func.id in collector.functions else []
-            skip = 0
-        elif self_attribute(func):
-            callees = [f for f in collector.all_functions.get(func.attr, []) if f.class_name]
-            skip = 1
-        else:
-            return
-        for callee in callees:
-            parameters = callee.parameters[skip:]
-            passed = [
-                (parameters[index] if index < len(parameters) else None, value)
-                for index, value in enumerate(call.args)
-            ] + [(keyword.arg, keyword.value) for keyword in call.keywords]
-            yield callee, [(name, value) for name, value in passed if name]
-
     def _propagate_strategy_arguments(self) -> set[tuple[int, str]]:
         """A function of this file called with a strategy receives one (to a fixpoint);
         the (line of the function, parameter) pairs that do."""
@@ -102,7 +81,7 @@ class Module:
             changed = False
             for scope in self.collector.scopes:
                 for call in scope.calls:
-                    for callee, passed in self._callees(scope, call):
+                    for callee, passed in callees(self.collector, call, nested=False):
                         for parameter, value in passed:
                             if parameter in callee.strategy_names:
                                 continue
@@ -174,7 +153,7 @@ class Module:
                                 ast.Name(name, ast.Load()), value.lineno, scope
                             )
                 for call in scope.calls:
-                    for callee, passed in self._callees(scope, call):
+                    for callee, passed in callees(self.collector, call, nested=False):
                         for parameter, value in passed:
                             if collector.distributed_model(value, call.lineno, scope):
                                 changed |= collector.mark_model(

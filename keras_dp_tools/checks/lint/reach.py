@@ -63,23 +63,17 @@ class Reach:
     def of_call(self, call: ast.Call) -> list[Entry]:
         return self.calls.get(id(call), [])
 
-    def of_name(self, scope: Scope, name: str) -> list[Entry]:
-        return self.names.get(name_in(scope, name), [])
 
-
-def name_in(scope: Scope, name: str) -> tuple[int, str]:
-    """``name`` as read in ``scope``: the scope defining it, else this one."""
-    owner = scope.lookup(name)[0]
-    return id(owner if owner is not None else scope), name
-
-
-def callees(collector: Collector, call: ast.Call):
+def callees(collector: Collector, call: ast.Call, nested: bool = True):
     """The functions of this file a call runs, each with the (parameter, value) pairs the
-    call passes by position or keyword."""
+    call passes by position or keyword; ``nested`` False: module-level functions and
+    methods only."""
     func = call.func
     if isinstance(func, ast.Name):
         found, skip = collector.all_functions.get(func.id, []), 0
         found = [f for f in found if not f.class_name]
+        if not nested:
+            found = [collector.functions[func.id]] if func.id in collector.functions else []
     elif self_attribute(func):
         found = [f for f in collector.all_functions.get(func.attr, []) if f.class_name]
         skip = 1

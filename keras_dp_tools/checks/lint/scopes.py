@@ -83,7 +83,6 @@ class Scope:
         # lines assigning a strategy that splits nothing (ParameterServerStrategy, ...)
         self.other_strategy_lines: dict[str, set[int]] = defaultdict(set)
         self.strategy_line: int | None = None  # first line creating a strategy here
-        self.uses_self_attrs: set[str] = set()
         self.batch_sites: list[Site] = []
         self.learning_rates: list[ast.expr] = []  # values given to optimizers
         self.calls: list[ast.Call] = []
