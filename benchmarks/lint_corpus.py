@@ -2,6 +2,11 @@
 files listed in docs/lint-corpus.md (their code is not in this repository).
 
     python benchmarks/lint_corpus.py <folder>
+    python benchmarks/lint_corpus.py <folder> --section "Blind corpus: dev half"
+
+``--section`` reads the manifest table under that heading of docs/lint-corpus.md (default
+``Manifest``, the first corpus); ``--manifest`` another file (a file without that heading
+is read whole).
 
 ``<folder>`` holds local copies as ``<owner>+<repo>/<path>``. Every listed file is linted
 (imports followed inside its own copy); a report matches a label on the same line (a
@@ -22,11 +27,29 @@ MANIFEST = Path(__file__).resolve().parent.parent / "docs" / "lint-corpus.md"
 COUNTED = {"KDP001", "KDP003"}  # batch-size findings (KDP002 is about learning rates)
 
 
-def read_manifest(path: Path) -> dict[tuple[str, str], dict[str, tuple[str, str]]]:
+def section_rows(text: str, section: str) -> list[str]:
+    """The lines under the heading ``section`` (up to the next heading of its level or
+    above); the whole text when no heading is ``section``."""
+    lines = text.splitlines()
+    for index, line in enumerate(lines):
+        level = len(line) - len(line.lstrip("#"))
+        if level and line[level:].strip() == section:
+            rows = []
+            for row in lines[index + 1 :]:
+                deeper = len(row) - len(row.lstrip("#"))
+                if deeper and deeper <= level and row[deeper:].startswith(" "):
+                    break
+                rows.append(row)
+            return rows
+    return lines
+
+
+def read_manifest(
+    path: Path, section: str = "Manifest"
+) -> dict[tuple[str, str], dict[str, tuple[str, str]]]:
     """(repository, path) -> {line: (label, reason)} from the manifest table."""
     files: dict[tuple[str, str], dict[str, tuple[str, str]]] = defaultdict(dict)
-    rows = path.read_text(encoding="utf-8").split("## Manifest", 1)[1].splitlines()
-    for row in rows:
+    for row in section_rows(path.read_text(encoding="utf-8"), section):
         cells = [cell.strip() for cell in row.strip().strip("|").split("|")]
         if len(cells) != 6 or cells[0] in ("repository", "---") or set(cells[0]) <= {"-"}:
             continue
@@ -41,11 +64,12 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("folder", type=Path, help="local copies as <owner>+<repo>/<path>")
     parser.add_argument("--manifest", type=Path, default=MANIFEST)
+    parser.add_argument("--section", default="Manifest", help="the manifest's heading")
     parser.add_argument("--repository", help="only files of repositories whose name has this")
     parser.add_argument("--not-repository", help="only files of the other repositories")
     args = parser.parse_args(argv)
     caught = missed = true = false = skipped = unsure = 0
-    for (repository, file), labels in sorted(read_manifest(args.manifest).items()):
+    for (repository, file), labels in sorted(read_manifest(args.manifest, args.section).items()):
         if args.repository and args.repository not in repository:
             continue
         if args.not_repository and args.not_repository in repository:

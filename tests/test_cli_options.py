@@ -19,6 +19,7 @@ LINTED = (
     "import tensorflow as tf\n"
     "strategy = tf.distribute.MirroredStrategy()\n"
     "ds = tf.data.Dataset.range(9).batch(64)\n"  # KDP001 at line 3, column 37 (1-based)
+    "dist = strategy.experimental_distribute_dataset(ds)\n"  # the data the strategy splits
 )
 
 
@@ -148,6 +149,21 @@ def test_lint_format_csv_is_one_row_per_finding(tmp_path, capsys):
     assert row["path"] == str(tmp_path / "train.py")
     assert (row["line"], row["col"], row["cell"], row["code"]) == ("3", "37", "", "KDP001")
     assert row["severity"] and "batch" in row["message"]
+
+
+def test_lint_says_on_stderr_what_it_checked_even_when_clean(tmp_path, capsys):
+    (tmp_path / "train.py").write_text(LINTED)
+    (tmp_path / "clean.py").write_text("BATCH = 64  # never reaches a strategy\n")
+
+    assert main(["lint", str(tmp_path / "clean.py")]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == ""  # stdout holds findings only
+    assert captured.err.strip() == "keras-dp lint: 1 file checked, 0 findings"
+
+    assert main(["lint", str(tmp_path), "--format", "json"]) == 1
+    captured = capsys.readouterr()
+    assert len(json.loads(captured.out)) == 1  # the JSON stays parseable
+    assert captured.err.strip() == "keras-dp lint: 2 files checked, 1 finding"
 
 
 def test_analyze_format_json_gives_the_step_rows(builder, tmp_path):

@@ -48,6 +48,8 @@ def test_lint_findings_carry_the_shared_severity(tmp_path):
         "import tensorflow as tf\n"
         "strategy = tf.distribute.MirroredStrategy()\n"
         "ds = tf.data.Dataset.range(8).batch(4)\n"
+        "with strategy.scope():\n"
+        "    model = build()\n"
         "model.fit(ds, batch_size=4)\n"
     )
     found = {item.code: item for item in kdt.lint_paths([tmp_path / "train.py"])}

@@ -53,6 +53,7 @@ def test_lint_findings_sort_by_place_and_carry_it():
         "    pass\n"
         "ds = tf.data.Dataset.range(10).batch(64)\n"
         "ds2 = tf.data.Dataset.range(10).batch(32)\n"
+        "dist = strategy.experimental_distribute_dataset(ds.concatenate(ds2))\n"
     )
     # 0-based columns of the 64 and the 32, counted by hand.
     assert [(finding.line, finding.col, finding.code) for finding in found] == [

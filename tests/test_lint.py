@@ -14,65 +14,84 @@ from tests.helpers.processes import run_cli
 TF = "import tensorflow as tf\n"
 MIRRORED = TF + "strategy = tf.distribute.MirroredStrategy()\n"
 
+# Each batch provably reaches what a synchronous strategy splits (issue 37: a strategy
+# merely existing earlier is not enough; the data must be distributed).
+DIST = "dist = strategy.experimental_distribute_dataset(ds)\n"
 POSITIVE = {
-    "literal in batch": MIRRORED + "ds = tf.data.Dataset.range(9).batch(64)\n",
-    "name bound to a literal": MIRRORED + "BATCH = 64\nds = ds.batch(BATCH)\n",
-    "annotated assignment": MIRRORED + "BATCH: int = 64\nds = ds.batch(BATCH)\n",
-    "constant expression": MIRRORED + "ds = ds.batch(32 * 2)\n",
-    "chained dataset calls": MIRRORED + "ds = ds.map(f).shuffle(100).batch(128).prefetch(2)\n",
-    "padded_batch": MIRRORED + "ds = ds.padded_batch(32, padded_shapes=[None])\n",
+    "literal in batch": MIRRORED + "ds = tf.data.Dataset.range(9).batch(64)\n" + DIST,
+    "name bound to a literal": MIRRORED + "BATCH = 64\nds = ds.batch(BATCH)\n" + DIST,
+    "annotated assignment": MIRRORED + "BATCH: int = 64\nds = ds.batch(BATCH)\n" + DIST,
+    "constant expression": MIRRORED + "B = 32\nds = ds.batch(B * 2)\n" + DIST,
+    "chained dataset calls": MIRRORED
+    + "ds = ds.map(f).shuffle(100).batch(128).prefetch(2)\n"
+    + DIST,
+    "padded_batch": MIRRORED + "ds = ds.padded_batch(32, padded_shapes=[None])\n" + DIST,
     "from tensorflow import distribute": (
-        "from tensorflow import distribute\ns = distribute.MirroredStrategy()\nds.batch(64)\n"
+        "from tensorflow import distribute\nstrategy = distribute.MirroredStrategy()\n"
+        "ds = ds.batch(64)\n" + DIST
     ),
     "class imported under another name": (
-        "from tensorflow.distribute import MirroredStrategy as MS\nstrategy = MS()\nds.batch(64)\n"
+        "from tensorflow.distribute import MirroredStrategy as MS\nstrategy = MS()\n"
+        "ds = ds.batch(64)\n" + DIST
     ),
     "module alias of tensorflow.distribute": (
-        "import tensorflow.distribute as tfd\nstrategy = tfd.MirroredStrategy()\nds.batch(64)\n"
+        "import tensorflow.distribute as tfd\nstrategy = tfd.MirroredStrategy()\n"
+        "ds = ds.batch(64)\n" + DIST
     ),
     "tensorflow without alias": (
-        "import tensorflow\nstrategy = tensorflow.distribute.MirroredStrategy()\nds.batch(8)\n"
+        "import tensorflow\nstrategy = tensorflow.distribute.MirroredStrategy()\n"
+        "ds = ds.batch(8)\n" + DIST
     ),
     "multi-worker strategy": (
-        TF + "strategy = tf.distribute.MultiWorkerMirroredStrategy()\nds = ds.batch(64)\n"
+        TF + "strategy = tf.distribute.MultiWorkerMirroredStrategy()\nds = ds.batch(64)\n" + DIST
     ),
     "experimental multi-worker strategy": (
-        TF + "s = tf.distribute.experimental.MultiWorkerMirroredStrategy()\nds.batch(64)\n"
+        TF + "strategy = tf.distribute.experimental.MultiWorkerMirroredStrategy()\n"
+        "ds = ds.batch(64)\n" + DIST
     ),
-    "get_strategy": TF + "strategy = tf.distribute.get_strategy()\nds.batch(64)\n",
     "keras_dp_tools helper": (
-        "import keras_dp_tools as kdt\nstrategy = kdt.mirrored_strategy(4)\nds.batch(128)\n"
+        "import keras_dp_tools as kdt\nstrategy = kdt.mirrored_strategy(4)\n"
+        "ds = ds.batch(128)\n" + DIST
     ),
-    "dataset helper in module with a strategy": (
+    "dataset helper whose result is distributed": (
         MIRRORED + "def make_dataset():\n    return tf.data.Dataset.range(9).batch(64)\n"
+        "dist = strategy.experimental_distribute_dataset(make_dataset())\n"
     ),
     "strategy passed to another function": (
-        TF + "def make(ds, dist):\n    return ds.batch(32)\n"
+        TF + "def make(ds, dist):\n    return dist.experimental_distribute_dataset(ds.batch(32))\n"
         "def main():\n    s = tf.distribute.MirroredStrategy()\n    make(ds, s)\n"
     ),
     "strategy passed by keyword": (
-        TF + "def make(ds, dist=None):\n    return ds.batch(32)\n"
+        TF + "def make(ds, dist=None):\n"
+        "    return dist.experimental_distribute_dataset(ds.batch(32))\n"
         "def main():\n    s = tf.distribute.MirroredStrategy()\n    make(ds, dist=s)\n"
     ),
-    "parameter named strategy": "def build(strategy, ds):\n    return ds.batch(16)\n",
-    "parameter annotated as a Strategy": (
-        TF + "def build(s: tf.distribute.Strategy, ds):\n    return ds.batch(16)\n"
+    "parameter named strategy": (
+        "def build(strategy, ds):\n    return strategy.experimental_distribute_dataset("
+        "ds.batch(16))\n"
     ),
-    "with dist.scope()": (
-        "def build(dist, ds):\n    with dist.scope():\n        pass\n    return ds.batch(8)\n"
+    "parameter annotated as a Strategy": (
+        TF + "def build(s: tf.distribute.Strategy, ds):\n"
+        "    return s.experimental_distribute_dataset(ds.batch(16))\n"
+    ),
+    "a model built under a received strategy's scope": (
+        "def build(dist_strategy, ds):\n    with dist_strategy.scope():\n"
+        "        model = make_model()\n    model.fit(ds.batch(8))\n"
     ),
     "strategy on self": (
         TF + "class Trainer:\n    def __init__(self):\n"
         "        self.strategy = tf.distribute.MirroredStrategy()\n"
-        "    def data(self, ds):\n        with self.strategy.scope():\n            pass\n"
-        "        return ds.batch(32)\n"
+        "    def data(self, ds):\n        with self.strategy.scope():\n"
+        "            self.model = make_model()\n"
+        "        self.model.fit(ds.batch(32))\n"
     ),
     "nested input function": (
         TF + "def main():\n    strategy = tf.distribute.MirroredStrategy()\n"
-        "    def input_fn():\n        return ds.batch(64)\n    return input_fn\n"
+        "    def input_fn():\n        return ds.batch(64)\n"
+        "    return strategy.experimental_distribute_dataset(input_fn())\n"
     ),
     "image_dataset_from_directory": (
-        MIRRORED + 'ds = tf.keras.utils.image_dataset_from_directory("d", batch_size=32)\n'
+        MIRRORED + 'ds = tf.keras.utils.image_dataset_from_directory("d", batch_size=32)\n' + DIST
     ),
 }
 
@@ -116,7 +135,18 @@ NEGATIVE = {
         TF + "def train():\n    s = tf.distribute.MirroredStrategy()\n"
         "def evaluate(ds):\n    return ds.batch(64)\n"
     ),
-    "single-device strategy": TF + "s = tf.distribute.OneDeviceStrategy('/gpu:0')\nds.batch(64)\n",
+    "a batch made after the strategy that never reaches it": (
+        MIRRORED + "ds = tf.data.Dataset.range(9).batch(64)\nplain_model.fit(ds)\n"
+    ),
+    "a product of numbers: a total worked out by hand": (
+        MIRRORED + "ds = ds.batch(32 * 8)\n" + DIST
+    ),
+    "the default strategy (one replica)": TF
+    + "strategy = tf.distribute.get_strategy()\nds = ds.batch(64)\n"
+    + DIST,
+    "single-device strategy": TF
+    + "strategy = tf.distribute.OneDeviceStrategy('/gpu:0')\nds = ds.batch(64)\n"
+    + DIST,
     "a string batch argument is not a size": MIRRORED + "ds.batch(size)\n",
 }
 
@@ -127,9 +157,10 @@ def test_unscaled_batches_are_flagged(snippet):
 
 
 # fit/evaluate/predict take the global batch: a constant may be meant (KDP003, not KDP001).
+BUILT = MIRRORED + "with strategy.scope():\n    model = make_model()\n"
 GLOBAL_BATCH = {
-    "fit batch_size keyword": MIRRORED + "model.fit(x, y, batch_size=64)\n",
-    "evaluate batch_size keyword": MIRRORED + "model.evaluate(x, y, batch_size=64)\n",
+    "fit batch_size keyword": BUILT + "model.fit(x, y, batch_size=64)\n",
+    "evaluate batch_size keyword": BUILT + "model.evaluate(x, y, batch_size=64)\n",
     "keras-io style fit": (
         TF + "strategy = tf.distribute.MirroredStrategy()\nbatch_size = 64\n"
         "with strategy.scope():\n    model = make_model()\n"
@@ -152,7 +183,7 @@ def test_scaled_or_unrelated_batches_are_not_flagged(snippet):
 
 
 def test_violation_points_at_the_batch_value():
-    (violation,) = check_source(MIRRORED + "ds = ds.shuffle(9).batch(64)\n")
+    (violation,) = check_source(MIRRORED + "ds = ds.shuffle(9).batch(64)\n" + DIST)
     assert (violation.line, violation.col) == (3, 25)
     assert "64 * strategy.num_replicas_in_sync" in violation.message
 
@@ -181,7 +212,7 @@ def test_constant_learning_rate_next_to_a_scaled_batch(case):
 
 
 def test_constant_learning_rate_without_a_scaled_batch_is_not_kdp002():
-    source = MIRRORED + "ds.batch(64)\nopt = tf.keras.optimizers.Adam(1e-3)\n"
+    source = MIRRORED + "ds = ds.batch(64)\n" + DIST + "opt = tf.keras.optimizers.Adam(1e-3)\n"
     assert [v.code for v in check_source(source)] == ["KDP001"]
 
 
@@ -202,6 +233,8 @@ def test_noqa_comments_are_respected(tmp_path):
         + "b = ds.batch(64)  # noqa\n"
         + "c = ds.batch(64)  # noqa: E501\n"
         + "d = ds.batch(64)  # NOQA:E501,kdp001\n"
+        + "dist = strategy.experimental_distribute_dataset(a.concatenate(b).concatenate(c))\n"
+        + "dist = strategy.experimental_distribute_dataset(d)\n"
     )
     reports = list(lint_paths([path]))
     assert [r.location for r in reports] == ["5:14"]
@@ -221,8 +254,13 @@ def test_notebooks_are_checked_across_cells_with_magics_ignored(tmp_path):
         path,
         ("code", "%matplotlib inline\n!pip install foo\n" + MIRRORED),
         ("markdown", "Batch the data (`ds.batch(64)` here is prose)"),
-        ("code", "%%time\nds.batch(64)\n"),  # a cell magic: not Python
-        ("code", "ds = ds.shuffle(10)\nds = ds.batch(64)\nds.batch(32)  # noqa: KDP001\n"),
+        ("code", "%%writefile data.txt\nds.batch(64)\n"),  # a cell magic: not Python
+        (
+            "code",
+            "ds = ds.shuffle(10)\nds = ds.batch(64)\nother = ds.batch(32)  # noqa: KDP001\n"
+            + "dist = strategy.experimental_distribute_dataset(ds)\n"
+            + "dist2 = strategy.experimental_distribute_dataset(other)\n",
+        ),
     )
     reports = [str(report) for report in lint_paths([tmp_path])]
     assert reports == [f"{path}:cell_3:2:15: KDP001 " + reports[0].split(" KDP001 ")[1]]

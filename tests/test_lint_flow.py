@@ -57,6 +57,7 @@ FILES = {
 
         strategy = tf.distribute.MirroredStrategy()
         ds = make_pkg_dataset(ds, 24)  # CALL:relative-import
+        dist = strategy.experimental_distribute_dataset(ds)
         """,
     "evaluate.py": """
         from data import make_dataset
@@ -74,6 +75,7 @@ FILES = {
         from pkg.data import make_pkg_dataset
 
         PER_REPLICA = 32
+        strategy = tf.distribute.MirroredStrategy()
 
 
         def make_local(batch):
@@ -88,35 +90,45 @@ FILES = {
             return ds.batch(batch)  # BATCH:default
 
 
+        def dist(data):
+            return strategy.experimental_distribute_dataset(data)
+
+
         def main(args):
-            strategy = tf.distribute.MirroredStrategy()
-            make_local(64)  # CALL:literal
-            make_local(PER_REPLICA)  # CALL:module-constant
-            make_local(batch=64)  # CALL:keyword
-            make_default(ds)  # CALL:default
-            make_mixed(ds, 16, drop=True)  # CALL:mixed
-            data.make_dataset(64)  # CALL:import-module
-            make_dataset(BATCH)  # CALL:imported-constant
-            make_pkg_dataset(ds, 8, drop=True)  # CALL:package
-            pkg.make_batches(ds, 4)  # CALL:re-export
-            wrap(8)  # CALL:two-levels
-            make_eval()  # CALL:imported-default
-            fixed()  # CALL:constant-inside
+            with strategy.scope():
+                model = make_model()
+            dist(make_local(64))  # CALL:literal
+            dist(make_local(PER_REPLICA))  # CALL:module-constant
+            dist(make_local(batch=64))  # CALL:keyword
+            dist(make_default(ds))  # CALL:default
+            dist(make_mixed(ds, 16, drop=True))  # CALL:mixed
+            dist(data.make_dataset(64))  # CALL:import-module
+            dist(make_dataset(BATCH))  # CALL:imported-constant
+            dist(make_pkg_dataset(ds, 8, drop=True))  # CALL:package
+            dist(pkg.make_batches(ds, 4))  # CALL:re-export
+            dist(wrap(8))  # CALL:two-levels
+            dist(make_eval())  # CALL:imported-default
+            dist(fixed())  # CALL:constant-inside
             train_model(model, 128)  # CALL:fit-helper
             model.fit(x, y, batch_size=64)  # CALL:fit-direct
-            # Negative cases: scaled, of unknown origin, silenced, splatted.
-            make_local(64 * strategy.num_replicas_in_sync)
-            make_local(args.batch_size)
-            data.make_dataset(kdt.scale_batch_size(64, strategy))
-            make_default(ds, batch=PER_REPLICA * strategy.num_replicas_in_sync)
-            make_local(64)  # noqa: KDP001
-            make_mixed(ds, *sizes)
+            # Negative cases: scaled, of unknown origin, silenced, splatted, not distributed.
+            dist(make_local(64 * strategy.num_replicas_in_sync))
+            dist(make_local(args.batch_size))
+            dist(data.make_dataset(kdt.scale_batch_size(64, strategy)))
+            dist(make_default(ds, batch=PER_REPLICA * strategy.num_replicas_in_sync))
+            dist(make_local(64))  # noqa: KDP001
+            dist(make_mixed(ds, *sizes))
+            make_local(64)
         """,
 }
 NOTEBOOK_CELLS = [
     ("code", "%matplotlib inline\nimport tensorflow as tf\nfrom data import make_dataset\n"),
     ("markdown", "Make the data (`make_dataset(64)` in prose is not code)"),
-    ("code", "strategy = tf.distribute.MirroredStrategy()\nds = make_dataset(64)\n"),
+    (
+        "code",
+        "strategy = tf.distribute.MirroredStrategy()\nds = make_dataset(64)\n"
+        "dist = strategy.experimental_distribute_dataset(ds)\n",
+    ),
 ]
 # case -> (code, the batch it reaches as (file, marker), the default it uses or None)
 EXPECTED = {
@@ -159,15 +171,23 @@ def project(tmp_path):
 
 
 def expected_findings(root: Path) -> dict:
-    """(file, line, code) -> (case, batch line, default line), from the markers."""
+    """(file, line, code) -> (case, batch line, default line), from the markers. A default
+    of the same file is reported where it is written (the constant to fix), any other
+    value at the call where it enters."""
     found = {}
     for case, (code, batch, default) in EXPECTED.items():
         name = "pkg/train_relative.py" if case == "relative-import" else "train.py"
         line = marker_line(root, name, f"CALL:{case}")
         batch_at = (batch[0], marker_line(root, *batch)) if batch else None
         default_at = (default[0], marker_line(root, *default)) if default else None
+        if default_at is not None and default_at[0] == name:
+            line = default_at[1]
         found[(name, line, code)] = (case, batch_at, default_at)
     return found
+
+
+def call_line(root: Path, name: str, case: str) -> int:
+    return marker_line(root, name, f"CALL:{case}")
 
 
 def lint_json(root: Path, *options: str) -> tuple[int, list[dict]]:
@@ -223,7 +243,8 @@ def test_helpers_and_imports_are_followed_by_keras_dp_lint(project):
     for (name, line, code), (case, batch_at, default_at) in expected.items():
         finding = python[(name, line, code)]
         assert finding["severity"] == str(SEVERITIES[code])
-        assert_names_places(finding["message"], case, line, batch_at, default_at, name)
+        called = call_line(project, name, case)
+        assert_names_places(finding["message"], case, called, batch_at, default_at, name)
         if batch_at is not None:  # the batch(...) line is a related place, path and line
             assert any(
                 related["path"].endswith(batch_at[0]) and related["line"] == batch_at[1]
@@ -255,7 +276,8 @@ def test_flake8_finds_the_same_places_as_keras_dp_lint(project):
     assert {(path, line, code) for path, line, _, code, _ in theirs} == set(expected)
     for path, line, _, code, message in theirs:
         case, batch_at, default_at = expected[(path, line, code)]
-        assert_names_places(message, case, line, batch_at, default_at, path)
+        called = call_line(project, path, case)
+        assert_names_places(message, case, called, batch_at, default_at, path)
 
 
 def test_the_literal_is_the_place_reported(project):
@@ -292,7 +314,8 @@ def test_kdp003_is_silenced_apart_from_kdp001(project):
 def test_kdp003_message_gives_both_readings():
     snippet = (
         "import tensorflow as tf\nstrategy = tf.distribute.MirroredStrategy()\n"
-        "model.fit(x, y, batch_size=64)\nds.batch(64)\n"
+        "with strategy.scope():\n    model = make_model()\n"
+        "model.fit(x, y, batch_size=64)\nmodel.fit(ds.batch(64))\n"
     )
     fit, batch = check_source(snippet)
     assert (fit.code, fit.severity, batch.code, batch.severity) == (
@@ -310,12 +333,13 @@ def test_noqa_at_the_call_site_silences_a_followed_value(tmp_path):
     (tmp_path / "train.py").write_text(
         "import tensorflow as tf\nfrom data import make\n"
         "strategy = tf.distribute.MirroredStrategy()\n"
-        "make(ds, 64)  # noqa: KDP001\nmake(ds, 32)\n"
+        "a = make(ds, 64)  # noqa: KDP001\nb = make(ds, 32)\n"
+        "dist = strategy.experimental_distribute_dataset(a.concatenate(b))\n"
     )
     status, findings = lint_json(tmp_path)
     assert (status, [(f["line"], f["code"]) for f in findings]) == (1, [(5, "KDP001")])
     assert [line.split(": ")[0] for line in run_flake8(tmp_path).stdout.splitlines()] == [
-        "./train.py:5:10"
+        "./train.py:5:14"
     ]
 
 
@@ -324,7 +348,10 @@ def chain(depth: int) -> str:
     source = "import tensorflow as tf\ndef f1(b):\n    return ds.batch(b)\n"
     for n in range(2, depth + 1):
         source += f"def f{n}(b):\n    return f{n - 1}(b)\n"
-    return source + f"def main():\n    s = tf.distribute.MirroredStrategy()\n    f{depth}(64)\n"
+    return (
+        source + "def main():\n    s = tf.distribute.MirroredStrategy()\n"
+        f"    s.experimental_distribute_dataset(f{depth}(64))\n"
+    )
 
 
 def test_calls_are_followed_to_a_bounded_depth():
@@ -335,7 +362,8 @@ def test_calls_are_followed_to_a_bounded_depth():
 def test_recursion_and_import_cycles_end(tmp_path):
     recursive = (
         "import tensorflow as tf\nstrategy = tf.distribute.MirroredStrategy()\n"
-        "def a(n):\n    return b(n).batch(n)\ndef b(n):\n    return a(n)\na(8)\n"
+        "def a(n):\n    return b(n).batch(n)\ndef b(n):\n    return a(n)\n"
+        "strategy.experimental_distribute_dataset(a(8))\n"
     )
     (violation,) = check_source(recursive)
     assert "a() at line 7" in violation.message and "at line 4" in violation.message
@@ -347,7 +375,7 @@ def test_recursion_and_import_cycles_end(tmp_path):
     )
     (tmp_path / "train.py").write_text(
         "import tensorflow as tf\nfrom one import make, BATCH\n"
-        "s = tf.distribute.MirroredStrategy()\nmake(ds, BATCH)\n"
+        "s = tf.distribute.MirroredStrategy()\ns.run(step, args=(make(ds, BATCH),))\n"
     )
     _, findings = lint_json(tmp_path)
     assert [(Path(f["path"]).name, f["line"]) for f in findings] == [("train.py", 4)]

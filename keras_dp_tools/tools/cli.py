@@ -613,12 +613,13 @@ def _script_path(script: Path) -> Path:
 def run_lint_command(args: argparse.Namespace) -> int:
     import csv
 
-    from keras_dp_tools.checks.lint import lint_paths
+    from keras_dp_tools.checks.lint import Summary, lint_paths
 
     ignore = [code.strip() for code in args.ignore.split(",") if code.strip()]
     reports = []
+    summary = Summary()
     try:
-        for report in lint_paths(args.paths, ignore=ignore):
+        for report in lint_paths(args.paths, ignore=ignore, summary=summary):
             if args.format == "text":
                 print(report, flush=True)
             reports.append(report)
@@ -633,6 +634,8 @@ def run_lint_command(args: argparse.Namespace) -> int:
         )
         writer.writeheader()
         writer.writerows(report.to_dict() for report in reports)
+    # On stderr: stdout stays the findings alone, and a clean run still says what it did.
+    print(summary.line(), file=sys.stderr)
     return 0 if args.exit_zero or not reports else 1
 
 

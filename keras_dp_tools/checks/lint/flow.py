@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Calls whose result is already per replica or scaled by the replica count.
 SCALED_CALLS = {
@@ -29,6 +29,8 @@ SCALED, GLOBAL, CONSTANT, UNKNOWN, PARAMETER = (
 class Flow:
     kind: str
     params: frozenset = frozenset()  # (scope, name) pairs, for PARAMETER
+    origin: ast.AST | None = field(default=None, compare=False)  # where a constant is written
+    origin_module: object = field(default=None, compare=False)  # the facts.Module it is in
 
 
 def combine(flows) -> Flow:
@@ -41,7 +43,9 @@ def combine(flows) -> Flow:
     if UNKNOWN in kinds or not flows:
         return Flow(UNKNOWN)
     params = frozenset().union(*(flow.params for flow in flows))
-    return Flow(PARAMETER, params) if params else Flow(CONSTANT)
+    first = next((flow for flow in flows if flow.origin is not None), Flow(CONSTANT))
+    kind = PARAMETER if params else CONSTANT
+    return Flow(kind, params, first.origin, first.origin_module)
 
 
 def from_input_context(func: ast.Attribute) -> bool:

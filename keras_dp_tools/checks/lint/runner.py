@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import ast
-import json
 import os
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from keras_dp_tools.checks.lint.checker import Checker, Module, Related, Violation, check_source
+from keras_dp_tools.checks.lint.checker import (
+    Checker,
+    Module,
+    Related,
+    Violation,
+    check_source,
+    syntax_violation,
+)
+from keras_dp_tools.checks.lint.notebook import blank_ipython_lines, code_cells
 from keras_dp_tools.common.severity import Severity
 
 _NOQA = re.compile(r"#\s*noqa(?::\s*(?P<codes>[A-Z]+[0-9]+(?:[,\s]+[A-Z]+[0-9]+)*))?", re.I)
-# IPython syntax that is not Python: line magics, shell escapes, help.
-_IPYTHON_LINE = re.compile(r"^\s*(?:[%!]|\?|\w[\w.]*\?\??\s*$)")
 
 
 @dataclass(frozen=True)
@@ -87,12 +92,15 @@ class Project:
         """The module of a file being checked (its own tree and lines: a notebook's,
         flake8's; lines read from the file when not given)."""
         path = Path(filename).resolve()
-        self._modules[path] = module = Module(tree, path, lines)
+        self._modules[path] = module = Module(tree, path, lines, self)
         return module
 
     def parsed(self, filename: str | os.PathLike) -> Module | None:
-        """The module of a file already parsed while following imports, if any."""
-        return self._modules.get(Path(filename).resolve())
+        """The module of a file already checked (registered), if any. A file read only as
+        another file's import is not: its own imports were not followed then, and the
+        same file must give the same findings whatever order the files are checked in."""
+        module = self._modules.get(Path(filename).resolve())
+        return module if module is not None and module.follows_imports else None
 
     def load(self, importer: Path, level: int, dotted: str) -> Module | None:
         """The module ``dotted`` as imported from file ``importer`` (``level`` dots)."""
@@ -147,41 +155,6 @@ def suppressed(line: str, code: str) -> bool:
     return codes is None or code.upper() in {c.upper() for c in re.split(r"[,\s]+", codes)}
 
 
-def notebook_cells(path: Path) -> list[str]:
-    """Sources of a notebook's code cells (IPython-only lines blanked, so line numbers
-    stay). Raises ValueError if the file is not a notebook."""
-    try:
-        notebook = json.loads(path.read_text(encoding="utf-8"))
-        cells = notebook["cells"]
-    except (ValueError, KeyError, TypeError) as error:
-        raise ValueError(f"{path} is not a Jupyter notebook ({error})") from None
-    sources = []
-    for cell in cells:
-        if cell.get("cell_type") != "code":
-            continue
-        source = cell.get("source", "")
-        source = "".join(source) if isinstance(source, list) else source
-        if source.lstrip().startswith("%%"):  # a cell magic: the whole cell is not Python
-            sources.append("\n" * source.count("\n"))
-            continue
-        sources.append(_blank_ipython_lines(source))
-    return sources
-
-
-def _blank_ipython_lines(source: str) -> str:
-    """The cell with IPython-only lines blanked; a line inside open brackets (``%(a, b)``
-    continuing an expression) is Python, not a magic."""
-    lines, depth = [], 0
-    for line in source.split("\n"):
-        if depth <= 0 and _IPYTHON_LINE.match(line):
-            lines.append("")
-            continue
-        lines.append(line)
-        code = re.sub(r"'[^']*'|\"[^\"]*\"|#.*", "", line)  # roughly: strings, comments
-        depth += sum(code.count(c) for c in "([{") - sum(code.count(c) for c in ")]}")
-    return "\n".join(lines)
-
-
 def _related(related: Iterable[Related], path: str, locate) -> tuple[dict, ...]:
     found = []
     for place in related:
@@ -206,6 +179,10 @@ def _lint_python(path: Path, project: Project) -> Iterator[Report]:
         violations = Checker(module, project).violations()
     else:
         violations = check_source(source, str(path), project)
+        python = blank_ipython_lines(source)  # a notebook exported with its magics
+        if _unparsed(violations) and python != source:
+            retry = check_source(python, str(path), project)
+            violations = violations if _unparsed(retry) else retry
     for violation in violations:
         line = lines[violation.line - 1] if 0 < violation.line <= len(lines) else ""
         if not suppressed(line, violation.code):
@@ -213,18 +190,33 @@ def _lint_python(path: Path, project: Project) -> Iterator[Report]:
             yield Report(str(path), violation.line, violation.col + 1, violation, None, related)
 
 
+def _unparsed(violations: list[Violation]) -> bool:
+    return any(violation.code == "KDP900" for violation in violations)
+
+
 def _lint_notebook(path: Path, project: Project) -> Iterator[Report]:
     """Checks the code cells as one program (a strategy made in one cell reaches the
-    others) and reports ``cell_<n>:line:col`` (cells counted from 1, code cells only)."""
-    cells = notebook_cells(path)
-    starts, joined = [], []
+    others) and reports ``cell_<n>:line:col`` (cells counted from 1, code cells only). A
+    cell that is not valid Python is one KDP900 and is left out; the others are checked.
+    A ``%%writefile <name>.py`` cell is checked as a file of its own."""
+    cells = code_cells(path)
+    starts, joined, found = [], [], []
     line = 1
-    for source in cells:
+    for number, cell in enumerate(cells, 1):
         starts.append(line)
-        joined.append(source)
-        line += source.count("\n") + 1
+        python = cell.python
+        try:
+            ast.parse(python)
+        except (SyntaxError, ValueError, RecursionError) as error:
+            found.append((number, syntax_violation(error, "cell")))
+            python = "\n" * python.count("\n")
+        if cell.own_file:
+            label = lambda line, n=number: f"cell_{n}:{line}"  # noqa: E731
+            found += [(number, v) for v in check_source(python, str(path), None, label)]
+            python = "\n" * python.count("\n")
+        joined.append(python)
+        line += python.count("\n") + 1
     program = "\n".join(joined)
-    lines = program.splitlines()
 
     def locate(line: int) -> tuple[int, int]:
         cell = max(index for index, start in enumerate(starts) if start <= line)
@@ -235,10 +227,17 @@ def _lint_notebook(path: Path, project: Project) -> Iterator[Report]:
         return f"cell_{cell}:{line}"
 
     for violation in check_source(program, str(path), project, label):
-        text = lines[violation.line - 1] if 0 < violation.line <= len(lines) else ""
-        if not suppressed(text, violation.code):
+        found.append((None, violation))
+    for number, violation in found:
+        if number is None:
             cell, line = locate(violation.line)
             related = _related(violation.related, str(path), locate)
+        else:
+            cell, line = number, violation.line
+            related = _related(violation.related, str(path), lambda line, n=number: (n, line))
+        source = cells[cell - 1].python.split("\n")
+        text = source[line - 1] if 0 < line <= len(source) else ""
+        if not suppressed(text, violation.code):
             yield Report(str(path), line, violation.col + 1, violation, cell, related)
 
 
@@ -260,17 +259,45 @@ def python_files(paths: Iterable[str | os.PathLike]) -> Iterator[Path]:
             raise FileNotFoundError(f"No such file or directory: {path}")
 
 
+@dataclass
+class Summary:
+    """What a lint run covered: files checked and findings reported (``line()`` is the
+    one line ``keras-dp lint`` prints on stderr)."""
+
+    files: int = 0
+    findings: int = 0
+
+    def line(self) -> str:
+        files = "file" if self.files == 1 else "files"
+        findings = "finding" if self.findings == 1 else "findings"
+        return f"keras-dp lint: {self.files} {files} checked, {self.findings} {findings}"
+
+
 def lint_paths(
-    paths: Iterable[str | os.PathLike], ignore: Iterable[str] = (), project: Project | None = None
+    paths: Iterable[str | os.PathLike],
+    ignore: Iterable[str] = (),
+    project: Project | None = None,
+    summary: Summary | None = None,
 ) -> Iterator[Report]:
     """Violations in the files under ``paths``, in file order. Imports between project
-    files are followed (the folders in ``paths`` are searched for modules)."""
+    files are followed (the folders in ``paths`` are searched for modules). A ``summary``
+    given counts the files checked and the findings yielded.
+
+    Example:
+        >>> summary = Summary()
+        >>> reports = list(lint_paths(["train.py"], summary=summary))  # doctest: +SKIP
+        >>> print(summary.line())  # doctest: +SKIP
+        keras-dp lint: 1 file checked, 0 findings
+    """
     ignored = {code.upper() for code in ignore}
     paths = [Path(path) for path in paths]
     if project is None:
         project = Project(path for path in paths if path.is_dir())
+    summary = summary if summary is not None else Summary()
     for path in python_files(paths):
         lint = _lint_notebook if path.suffix == ".ipynb" else _lint_python
+        summary.files += 1
         for report in lint(path, project):
             if report.violation.code not in ignored:
+                summary.findings += 1
                 yield report
