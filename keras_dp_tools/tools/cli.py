@@ -265,12 +265,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     tune = commands.add_parser(
         "tune-allreduce",
-        help="measure each all-reduce implementation on your model and pick the fastest",
+        help="measure each all-reduce implementation on your model and pick one",
         description="Import SCRIPT in one process per candidate cross-device implementation "
         "(MirroredStrategy's collective default, packings, ReductionToOneDevice, NCCL and "
         "hierarchical copy on GPUs), train its build_model() on make_dataset(global_batch) "
-        "in interleaved rounds, and print the table, the decision and the code that builds "
-        "the fastest strategy. See keras-dp docs tuning.",
+        "in interleaved rounds, and print the table, the decision (the fastest only when it "
+        "wins by more than the rounds' spread, else MirroredStrategy's default) and the code "
+        "that builds it. See keras-dp docs tuning.",
     )
     tune.add_argument("script", type=Path, help="a .py file with build_model and make_dataset")
     tune.add_argument(
