@@ -264,6 +264,24 @@ def loss_reason(row: pd.Series, winner: pd.Series) -> str:
     )
 
 
+def within_noise(gain_pct: float, spreads) -> bool | None:
+    """Whether a gap of ``gain_pct`` (% the faster is ahead) is within the round-to-round
+    noise: the larger of the two candidates' ``spreads`` (% of their medians). None when a
+    spread is unknown (one round, NaN or None): the noise was not measured.
+
+    Example:
+
+    ```python
+    within_noise(4.0, (6.0, 2.0))  # True: a tie
+    within_noise(30.0, (6.0, 3.0))  # False: a clear win
+    within_noise(30.0, (float("nan"), 3.0))  # None: the noise is unknown
+    ```
+    """
+    if any(spread is None or pd.isna(spread) for spread in spreads):
+        return None
+    return gain_pct <= max(spreads)
+
+
 def verdict(table: pd.DataFrame) -> str:
     """The comparison in one or two sentences: the winner against one device, a tie for
     each candidate within the round-to-round spread of the winner, and each loser's
@@ -288,8 +306,8 @@ def verdict(table: pd.DataFrame) -> str:
     for _, row in measured.iloc[1:].iterrows():
         gain_pct = (winner["examples_per_s"] / row["examples_per_s"] - 1) * 100
         spreads = (winner["spread_pct"], row["spread_pct"])
-        noise = math.nan if any(pd.isna(s) for s in spreads) else max(spreads)  # NaN: unknown
-        if gain_pct <= noise:
+        if within_noise(gain_pct, spreads):  # unknown noise: a loss, said below the verdict
+            noise = max(spreads)
             parts.append(
                 f"{row['candidate']} is within the round-to-round spread "
                 f"({winner['candidate']} is {gain_pct:.0f}% faster, rounds spread up to "

@@ -1,4 +1,4 @@
-"""``tune_allreduce``: measure each cross-device all-reduce implementation, pick the fastest.
+"""``tune_allreduce``: measure each cross-device all-reduce implementation, pick one.
 
 Every candidate runs in its own process (TensorFlow's collective state does not reset
 within one), all of them started together and kept alive, then measured in turns:
@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from keras_dp_tools.analysis.strategies import within_noise
 from keras_dp_tools.common.validation import require_positive_int
 from keras_dp_tools.records.contract import REPLICAS_ENV
 from keras_dp_tools.tools.tuning.child import (
@@ -148,9 +149,11 @@ class AllReduceTuning:
             over rounds of each round's median step time; ``spread_pct`` the range of
             the round medians relative to ``step_ms``; ``allreduce_ms`` and
             ``busbw_gbps`` the profiled steps' medians from the breakdown. Fastest first.
-        best: the candidate to use: the fastest measured one when it beats the runner-up
-            and the default (``collective``) by more than the rounds' spread, else
-            ``collective`` (keep MirroredStrategy's default); None if none was measured.
+        best: the candidate to use: the fastest measured one when it beats the default
+            (``collective``) by more than the larger of their rounds' spreads, else
+            ``collective`` (MirroredStrategy's default; also with one round, when the noise
+            is unknown); the fastest when the default was not measured (``note`` says
+            so); None if none was measured.
         code: Python lines that build the best candidate's strategy.
         note: the decision in words: by how much the best beats the next, and the noise.
         log_dir: where each candidate's records, traces and output log are.
@@ -217,7 +220,7 @@ def tune_allreduce(
     progress: Callable[[str], None] | None = print,
     timeout: float = 600,
 ) -> AllReduceTuning:
-    """Measures each cross-device all-reduce implementation on your model; picks the fastest.
+    """Measures each cross-device all-reduce implementation on your model; picks one.
 
     Candidates: ``collective`` (MirroredStrategy's default), ``collective_ring`` and
     ``collective_nccl`` (the implementation), ``collective_pack_1mib`` /
@@ -384,7 +387,8 @@ def _measure(log_dir: Path, blocks: list[tuple[int, int]]) -> dict:
     ]
     medians = [value for value in medians if pd.notna(value)]
     step_ms = statistics.median(medians) if medians else None
-    spread = (max(medians) - min(medians)) / step_ms * 100 if step_ms else None
+    # One block measures no spread: unknown, and the decision says so.
+    spread = (max(medians) - min(medians)) / step_ms * 100 if len(medians) > 1 else None
     profiled = steps.dropna(subset=["allreduce_ms"])
     return {
         "step_ms": step_ms,
@@ -398,35 +402,43 @@ DEFAULT = "collective"  # MirroredStrategy's own choice: what to keep without a 
 
 
 def _decision(measured: pd.DataFrame) -> tuple[str | None, str]:
-    """The candidate to use and why. The fastest is recommended only when it beats the
-    runner-up and the default by more than the round-to-round spread of the two compared;
-    otherwise the default is kept (a difference within the noise is not worth a change)."""
+    """The candidate to use and why (``measured``: fastest first). Against the default
+    only: the fastest replaces it when it is ahead by more than the larger round-to-round
+    spread of the two; within it, or with the noise unknown (one round), the default is
+    kept. A default that was not measured cannot be kept: the fastest is named, and the
+    note says so."""
     if measured.empty:
         return None, "No candidate was measured: see the reasons in the table."
     best = measured.iloc[0]
+    speed = f"{best.candidate} at {best.step_ms:.2f} ms per step"
     if len(measured) == 1:
-        return (
-            best.candidate,
-            f"Only {best.candidate} was measured ({best.step_ms:.2f} ms per step).",
+        return best.candidate, f"Only {speed} was measured."
+    default = measured[measured["candidate"] == DEFAULT]
+    if default.empty:
+        return best.candidate, (
+            f"Fastest: {speed}; MirroredStrategy's default ({DEFAULT}) was not measured, "
+            "so this is the fastest of those measured, not a win over the default."
         )
-    rivals = measured.iloc[1:2]
-    if best.candidate != DEFAULT:
-        rivals = pd.concat([rivals, measured[measured["candidate"] == DEFAULT]])
-    for _, rival in rivals.drop_duplicates("candidate").iterrows():
-        gain_pct = (rival.step_ms / best.step_ms - 1) * 100
-        noise = max(best.spread_pct or 0, rival.spread_pct or 0)
-        if gain_pct <= noise:
-            return DEFAULT, (
-                f"Fastest: {best.candidate} at {best.step_ms:.2f} ms per step, "
-                f"{rival.step_ms / best.step_ms:.2f}x faster than {rival.candidate} "
-                f"({rival.step_ms:.2f} ms), within the round-to-round spread of up to "
-                f"{noise:.0f}%: no clear win, so keep MirroredStrategy's default "
-                f"({DEFAULT})."
-            )
-    runner_up = measured.iloc[1]
-    noise = max(best.spread_pct or 0, runner_up.spread_pct or 0)
+    default = default.iloc[0]
+    if best.candidate == DEFAULT:
+        return DEFAULT, f"Fastest: {speed}, MirroredStrategy's default: keep it."
+    gain_pct = (default.step_ms / best.step_ms - 1) * 100
+    spreads = (best.spread_pct, default.spread_pct)
+    tie = within_noise(gain_pct, spreads)
+    against = (
+        f"Fastest: {speed}, {default.step_ms / best.step_ms:.2f}x faster than the default "
+        f"{DEFAULT} ({default.step_ms:.2f} ms)"
+    )
+    if tie is None:
+        return DEFAULT, (
+            f"{against}; with one round the round-to-round noise is unknown, so keep "
+            f"MirroredStrategy's default ({DEFAULT}): rounds >= 2 measure the noise."
+        )
+    if tie:
+        return DEFAULT, (
+            f"{against}, within the round-to-round spread of up to {max(spreads):.0f}%: no "
+            f"clear win, so keep MirroredStrategy's default ({DEFAULT})."
+        )
     return best.candidate, (
-        f"Fastest: {best.candidate} at {best.step_ms:.2f} ms per step, "
-        f"{runner_up.step_ms / best.step_ms:.2f}x faster than {runner_up.candidate} "
-        f"({runner_up.step_ms:.2f} ms); round medians spread up to {noise:.0f}%: a clear win."
+        f"{against}; round medians spread up to {max(spreads):.0f}%: a clear win."
     )
