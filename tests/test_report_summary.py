@@ -37,8 +37,8 @@ def test_summary_counts_the_steps_behind_each_statistic(tmp_path):
     assert profiled == [10, 11, 12, 13, 14, 20, 21, 22]
     assert summary["steps"] == 29
     assert summary["measured_steps"] == 29 - 8
-    # The page's counts add up: 21 timed + 8 left out (5 in our window, 3 in TensorBoard's).
-    assert summary["profiled_steps"] == 8
+    # 8 left out: 5 in our window, 3 in TensorBoard's capture (its profiled steps).
+    assert summary["left_out_steps"] == len(profiled) == 8
     assert summary["breakdown_steps"] == 5
 
 
@@ -48,7 +48,7 @@ def test_a_run_without_a_profiler_measures_every_step_after_warmup(tmp_path):
     summary = Report.load(tmp_path).summary(advice=False).iloc[0]
 
     assert (summary["steps"], summary["measured_steps"], summary["breakdown_steps"]) == (11, 11, 0)
-    assert summary["profiled_steps"] == 0
+    assert summary["left_out_steps"] == 0
 
 
 def test_text_html_and_dashboard_show_the_same_labelled_summary(tmp_path):
@@ -111,3 +111,17 @@ def test_a_tiny_share_is_not_shown_as_zero(share, shown):
 )
 def test_a_tiny_number_is_not_written_in_exponent_notation(value, shown):
     assert summary_fields.number_text(value) == shown
+
+
+def test_a_multi_worker_runs_step_counts_add_up_on_the_page(tmp_path):
+    from tests.helpers.recorded_runs import write_windowed_multiworker_run
+
+    # 240 steps (0 is warm-up), windows 10-14, 110-114, 210-214, each followed by 3 steps
+    # of background analysis.
+    write_windowed_multiworker_run(tmp_path)
+    summary = Report.load(tmp_path).summary(advice=False).iloc[0]
+
+    assert summary["steps"] == 239
+    # Left out, by hand: per window its 5 steps, the 3 of the analysis and the step after
+    # (a job step runs from the previous call's end), and step 1 (no step end before it).
+    assert summary["left_out_steps"] == 3 * (5 + 3 + 1) + 1

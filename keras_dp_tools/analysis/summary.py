@@ -26,18 +26,15 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     run the job's step time, each step once; ``step_time_from`` names the column of
     ``Report.steps`` they come from (``job_step_ms`` or ``step_ms``; a multi-worker run
     where no two consecutive calls were recorded by every worker: the slowest worker's
-    ``step_ms`` per step, ``workers.SLOWEST_WORKER``, a lower bound). ``profiled_steps``
-    are the steps they leave out because a profiler window or its trace's analysis ran
-    then."""
+    ``step_ms`` per step, ``workers.SLOWEST_WORKER``, a lower bound). ``left_out_steps``
+    are the steps they leave out: those a profiler window or its trace's analysis
+    disturbed, and in a multi-worker run the steps without a job step time."""
     runs, parts = frames.runs, steps_of(frames)
     steps = parts.all
     if steps.empty:
         return pd.DataFrame(columns=["start", "workers", "replicas", "steps"])
     multi_worker = multi_worker_runs(steps)
     measured = parts.measured()
-    # The same steps with those a profiler disturbed (its window, its trace's analysis
-    # in the background): the difference is what the step times leave out for it.
-    with_disturbed = parts.measured(disturbed=True).groupby("run", sort=False)["steps"].sum()
     # A restart ran redone steps again: count them once. The summary reads the
     # breakdown on the rows that have one (parts.profiled), the rest on every step.
     # Of every step, the columns read below only: the rows are copied.
@@ -61,18 +58,16 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     step_time_from[step_time_from.index.isin(multi_worker)] = "job_step_ms"
     step_time_from.update(timed["step_time_from"].first())  # a run's fallback, if any
 
+    counted = count(steps)
+    measured_steps = timed["steps"].sum().reindex(runs_index, fill_value=0)
     summary = pd.DataFrame(
         {
             "workers": workers_per_run(steps).reindex(runs_index),
             "replicas": grouped["replicas"].first(),
             "global_batch": grouped["global_batch"].first(),
-            "steps": count(steps),
-            "measured_steps": timed["steps"].sum().reindex(step_time_from.index, fill_value=0),
-            "profiled_steps": (with_disturbed - timed["steps"].sum())
-            .reindex(step_time_from.index)
-            .fillna(with_disturbed)
-            .fillna(0)
-            .astype("int64"),
+            "steps": counted,
+            "measured_steps": measured_steps,
+            "left_out_steps": counted - measured_steps,
             "breakdown_steps": count(analysed),
             "median_step_ms": timed["step_ms"].median(),
             "p90_step_ms": timed["step_ms"].quantile(0.9),

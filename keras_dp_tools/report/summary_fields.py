@@ -33,7 +33,8 @@ NOT_MEASURED = "not measured"
 # says the same at length.
 READING_TITLE = "How to read it"
 READING_NOTE = (
-    "Step times and throughput: over the timed steps (warm-up and profiled steps left out).",
+    "Step times and throughput: over the timed steps; those left out ran while a profiler "
+    "or its trace's analysis did (or, across workers, have no job step time).",
     "Compute to bus bandwidth: medians over the profiled steps; they do not add up to the "
     "step time.",
     "Communication share: exposed all-reduce transfer only (not hidden by compute), % of the "
@@ -100,7 +101,7 @@ SUMMARY_FIELDS = {
     "global_batch": SummaryField("Global batch", "examples", count_text),
     "steps": SummaryField("Steps (warm-up left out)", "", count_text),
     "measured_steps": SummaryField("Steps timed (behind the step times)", "", count_text),
-    "profiled_steps": SummaryField("Steps left out (profiler, its analysis)", "", count_text),
+    "left_out_steps": SummaryField("Steps left out of the step times", "", count_text),
     "breakdown_steps": SummaryField("Steps behind the breakdown (profiled)", "", count_text),
     "median_step_ms": SummaryField("Median step time", "ms", number_text),
     "p90_step_ms": SummaryField("90th percentile step time", "ms", number_text),
