@@ -70,13 +70,49 @@ def test_the_versions_known_to_drop_the_all_reduce(package, version, dropped):
     assert drops_gradient_allreduce(package, version) is dropped
 
 
-def test_fit_under_a_keras_that_drops_it_warns_before_the_first_step(keras, strategy4, monkeypatch):
+@pytest.fixture
+def keras_3_4(keras, strategy4, monkeypatch):
+    """Keras reporting 3.4.1, as such an install does; strategy4 not yet warned about
+    (the warning is said once per strategy object, and the session shares one)."""
+    from keras_dp_tools.capture import base
+
+    monkeypatch.setattr(keras, "__version__", "3.4.1")
+    base._noted_strategies.discard(strategy4)
+    yield keras
+    base._noted_strategies.discard(strategy4)
+
+
+def _sequential(keras):
+    return keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+
+
+def _subclassed(keras):
+    class Regressor(keras.Model):  # its module is this test's, its base Keras's
+        def __init__(self):
+            super().__init__()
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, inputs):
+            return self.dense(inputs)
+
+    return Regressor()
+
+
+@pytest.mark.parametrize("build", [_sequential, _subclassed])
+def test_fit_under_a_keras_that_drops_it_warns_before_the_first_step(keras_3_4, strategy4, build):
     with strategy4.scope():
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
-    monkeypatch.setattr(keras, "__version__", "3.4.1")  # what such an install reports
+        model = build(keras_3_4)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         kdt.StepTimer("unused").set_model(model)  # Keras calls it before the first step
     said = [str(w.message) for w in caught if issubclass(w.category, kdt.StrategyWarning)]
     assert len(said) == 1 and "Keras 3.4.1 does not all-reduce" in said[0]
     assert "each of the 4 replicas" in said[0]
+
+
+def test_the_warning_made_an_error_does_not_stop_fit(keras_3_4, strategy4):
+    with strategy4.scope():
+        model = _sequential(keras_3_4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", kdt.StrategyWarning)  # the user's -W error
+        kdt.StepTimer("unused").set_model(model)  # raised into fit, it would stop it

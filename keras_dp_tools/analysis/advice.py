@@ -14,7 +14,7 @@ from dataclasses import dataclass, fields, replace
 
 import pandas as pd
 
-from keras_dp_tools.analysis.breakdown.bandwidth import NO_REDUCE
+from keras_dp_tools.analysis.breakdown.bandwidth import NO_BYTES, NO_REDUCE
 from keras_dp_tools.analysis.frames import StepParts, step_parts, steps_of
 from keras_dp_tools.common.findings import Advice, Finding
 from keras_dp_tools.common.known_bugs import ALLREDUCE_BUG, ALLREDUCE_FIX, drops_gradient_allreduce
@@ -142,10 +142,12 @@ def _unsynchronised(profiled: pd.DataFrame, report) -> list[Finding]:
     notes = profiled["bandwidth_note"] if "bandwidth_note" in profiled else pd.Series(dtype=object)
     if len(notes) and (notes == NO_REDUCE).all():
         seen = f"; the trace agrees: none of the {len(notes)} profiled steps ran an all-reduce."
-    elif len(notes):
-        return []  # a collective ran: this run does not show the bug
-    else:
-        seen = " (no profiled step to confirm it in the trace)."
+    elif not notes.isin([NO_REDUCE, NO_BYTES]).all():
+        return []  # an all-reduce ran (its bandwidth was measured): no bug on this run
+    else:  # no profiled step, or bytes unknown: the trace cannot tell
+        seen = (
+            " (the trace of this run cannot confirm it: no all-reduce bytes or no profiled step)."
+        )
     bug = ALLREDUCE_BUG.format(
         version=run["keras_version"], strategy=strategy, replicas=int(replicas)
     )

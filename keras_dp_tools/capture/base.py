@@ -15,6 +15,7 @@ switched off and one ``StrategyWarning`` says what is still recorded.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import sys
@@ -85,12 +86,21 @@ def _note_parameter_servers(strategy) -> None:
     _noted_strategies.add(strategy)
     message = PARAMETER_SERVER_NOTE.format(strategy=type(strategy).__name__)
     logger.info(message)
-    warn(message, StrategyWarning)
+    _say(message, StrategyWarning)
+
+
+def _say(message: str, category: type[Warning]) -> None:
+    """Warns from outside a guarded hook (``set_model``): with warnings made errors, the
+    warning must not become an exception that stops the user's ``fit``."""
+    with contextlib.suppress(category):
+        warn(message, category)
 
 
 def keras_package(model) -> str:
-    """``"keras"`` (Keras 3) or ``"tf_keras"`` (legacy), from the model's own class."""
-    return type(model).__module__.split(".", 1)[0]
+    """``"keras"`` (Keras 3) or ``"tf_keras"`` (legacy), from the model's classes: a
+    subclass of ``keras.Model`` lives in the user's module, its base in Keras's."""
+    packages = [cls.__module__.split(".", 1)[0] for cls in type(model).__mro__]
+    return next((name for name in packages if name in ("keras", "tf_keras")), packages[0])
 
 
 def _note_known_bug(model) -> None:
@@ -108,7 +118,7 @@ def _note_known_bug(model) -> None:
         bug = ALLREDUCE_BUG.format(
             version=version, strategy=type(strategy).__name__, replicas=replicas
         )
-        warn(f"{bug}. {ALLREDUCE_FIX}", StrategyWarning)
+        _say(f"{bug}. {ALLREDUCE_FIX}", StrategyWarning)
 
 
 def _default(method):

@@ -724,7 +724,7 @@ def _interrupted_windows(source: Path) -> list[str]:
     if not source.is_dir():
         return []
     try:
-        windows = keras_dp_tools.Report.load(source).windows
+        windows = keras_dp_tools.Report.load(source, trials=True).windows
     except (FileNotFoundError, ValueError):
         return []
     return [
@@ -744,7 +744,7 @@ def _recorded_facts(source: Path) -> dict:
     if not source.is_dir():
         return {}
     try:
-        paths = find_record_files(source)
+        paths = find_record_files(source, trials=True)  # each trace with its own records
     except FileNotFoundError:
         return {}
     facts = {}

@@ -68,7 +68,7 @@ def sizes_and_bandwidths(
     transfer = times["reduce_transfer_ms"]
     missing = np.select(
         [np.full(len(shown), not multi), ~np.asarray(bytes_known, dtype=bool), ~(transfer > 0)],
-        [_NO_RANKS, _NO_BYTES, NO_REDUCE],
+        [_NO_RANKS, NO_BYTES, NO_REDUCE],
         None,
     )
     notes = np.where(~shown & ~too_fast, missing, notes)
@@ -85,7 +85,7 @@ def sizes_and_bandwidths(
 
 
 _NO_RANKS = "one replica: nothing to all-reduce"
-_NO_BYTES = "all-reduce bytes unknown (pass allreduce_bytes)"
+NO_BYTES = "all-reduce bytes unknown (pass allreduce_bytes)"
 NO_REDUCE = "no all-reduce collective ran in this step"
 
 

@@ -72,7 +72,7 @@ def tf_keras_missing(strategy_name: str) -> str | None:
 def require_tf_keras(model, strategy_name: str) -> None:
     """A TypeError saying what to do when ``model`` is a Keras 3 model, whose ``fit``
     does not run under ``strategy_name`` (the trial sets ``TF_USE_LEGACY_KERAS=1``)."""
-    from keras_dp_tools.capture.run_info import keras_package
+    from keras_dp_tools.capture.base import keras_package
 
     if keras_package(model) != "tf_keras":
         raise TypeError(
