@@ -26,6 +26,7 @@ PUBLIC_NAMES = {
     "GpuMonitor": "class",
     "LintViolation": "class",
     "MeasurementWarning": "class",
+    "NoGpuWarning": "class",
     "Report": "class",
     "RunAdvisor": "class",
     "ScalingPlan": "class",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.capture.gpu_monitor import NoGpuWarning
+from keras_dp_tools import NoGpuWarning
 from keras_dp_tools.capture.monitor.nvml_reader import NvmlReader
 from keras_dp_tools.capture.monitor.replay import ReplayReader
 from keras_dp_tools.capture.monitor.sampler import THREAD_NAME

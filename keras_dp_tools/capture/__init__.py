@@ -18,6 +18,7 @@ EXPORTS = {
     "DataParallelCallback": "keras_dp_tools.capture.base",
     "MeasurementWarning": "keras_dp_tools.capture.base",
     "StrategyWarning": "keras_dp_tools.capture.base",
+    "NoGpuWarning": "keras_dp_tools.capture.gpu_monitor",
     "DataParallelProfiler": "keras_dp_tools.capture.data_parallel_profiler",
     "GpuMonitor": "keras_dp_tools.capture.gpu_monitor",
     "RunAdvisor": "keras_dp_tools.capture.run_advisor",
