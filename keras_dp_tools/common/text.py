@@ -11,10 +11,15 @@ from __future__ import annotations
 import re
 
 _ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+# Where a message starts to quote a traceback: the exception lines after it are quoted.
+_TRACEBACK = re.compile(
+    r"Traceback \(most recent call last\)|in user code:|most recent call last\):"
+)
+_FILE_LINE = re.compile(r'^\s*File "')
 # An exception's own line inside a quoted traceback ("    ValueError: ...").
 _EXCEPTION_LINE = re.compile(r"^\s*(?:[A-Za-z_][\w.]*\.)?[A-Z]\w*(?:Error|Exception|Exit):\s")
 # Keras's "Arguments received by Layer.call(): • inputs=..." block says nothing of the cause.
-_KERAS_ARGUMENTS = re.compile(r"\n\s*Arguments received by .*", re.DOTALL)
+_KERAS_ARGUMENTS = re.compile(r"\n\s*Arguments received by [^\n]*(?:\n\s*•[^\n]*)*")
 
 
 def without_escapes(text: str) -> str:
@@ -28,8 +33,27 @@ def shortened(text: str, limit: int) -> str:
     flat = " ".join(text.split())
     if len(flat) <= limit:
         return flat
-    cut = flat[: limit - 1].rsplit(" ", 1)[0]
+    cut = flat[: limit - 1]
+    if flat[limit - 1] != " ":  # the cut fell inside a word: leave that word out
+        cut = cut.rsplit(" ", 1)[0]
     return cut.rstrip(" ,;:") + "…"
+
+
+def _cause(lines: list[str]) -> list[str]:
+    """Of a message that quotes a traceback, the lines that state the cause: the last
+    exception line quoted after the traceback starts (a tf.function's "in user code:"),
+    else what follows the last quoted frame (TensorFlow's "Graph execution error: ...
+    defined at (most recent call last): File ... <cause>"), after the message's first line."""
+    start = next((i for i, line in enumerate(lines) if _TRACEBACK.search(line)), None)
+    if start is None:
+        return lines
+    quoted = [i for i in range(start + 1, len(lines)) if _EXCEPTION_LINE.match(lines[i])]
+    if quoted:
+        return lines[quoted[-1] :]
+    frames = [i for i in range(start + 1, len(lines)) if _FILE_LINE.match(lines[i])]
+    after = lines[frames[-1] + 1 :] if frames else []
+    cause = next((line for line in after if line.strip() and not line[0].isspace()), None)
+    return [lines[0], cause] if cause else lines
 
 
 def error_reason(error: BaseException | str, limit: int = 300) -> str:
@@ -52,10 +76,6 @@ def error_reason(error: BaseException | str, limit: int = 300) -> str:
     """
     text = str(error)
     if isinstance(error, BaseException):
-        text = f"{type(error).__name__}: {text}" if text else type(error).__name__
+        text = f"{type(error).__name__}: {text}"
     text = _KERAS_ARGUMENTS.sub("", without_escapes(text))
-    lines = text.splitlines()
-    quoted = [index for index, line in enumerate(lines) if _EXCEPTION_LINE.match(line)]
-    if quoted and quoted[-1] > 0:
-        text = "\n".join(lines[quoted[-1] :])
-    return shortened(text, limit)
+    return shortened("\n".join(_cause(text.splitlines())), limit).rstrip(": ")

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from keras_dp_tools.capture.run_info import gradient_bytes
+from keras_dp_tools.common.text import error_reason
 from keras_dp_tools.tools.strategies.parameter_server import (
     SERVER_MODULE,
     SERVER_ROLES,
@@ -266,7 +267,7 @@ def _profile(steps: int) -> dict:
     except FileNotFoundError:
         traces = []
     if failures or not traces:
-        why = f"{type(failures[0]).__name__}: {failures[0]}" if failures else "no trace file"
+        why = error_reason(failures[0]) if failures else "no trace file"
         evidence = ps_evidence(worker_steps([]), _state["variable_bytes"], _state["workers"])
         evidence["note"] = f"worker 0 could not be traced ({why})"
         return {"evidence": evidence}
