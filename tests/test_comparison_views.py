@@ -195,3 +195,23 @@ def test_a_comparisons_trial_runs_are_read_only_when_asked(tmp_path, capsys):
     assert "--trials shows them" in text
     assert main(["report", str(only), "--trials"]) == 0
     assert "trial-mirrored" in capsys.readouterr().out
+
+
+def test_a_trial_folder_marked_by_its_process_is_left_out_without_a_comparison(tmp_path):
+    """A comparison stopped before writing its record, or tune_allreduce's log dir: the
+    trial processes marked their folders (tools.tuning.child.Child)."""
+    from keras_dp_tools.records.contract import TRIAL_MARKER
+    from keras_dp_tools.tools.tuning.child import Child
+    from tests.helpers.recorded_runs import write_run
+
+    root = tmp_path / "tune"
+    child = Child("json.tool", {}, root / "collective" / "output.log")  # a process, briefly
+    child.close()
+    assert (root / "collective" / TRIAL_MARKER).is_file()
+    write_run(root / "collective", run="trial")
+    write_run(tmp_path / "exp1", run="exp1")
+
+    assert set(kdt.Report.load(tmp_path).runs["run"]) == {"exp1"}
+    assert set(kdt.Report.load(tmp_path, trials=True).runs["run"]) == {"exp1", "trial"}
+    with pytest.raises(FileNotFoundError, match="trials=True"):
+        kdt.Report.load(root)

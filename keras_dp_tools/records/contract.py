@@ -32,6 +32,10 @@ FLUSH_SECONDS_ENV = "KERAS_DP_FLUSH_SECONDS"
 TEST_GPUS_ENV = "KERAS_DP_TEST_GPUS"
 # Set in a tuning trial's process (tools.tuning.child): a tuning call there is refused.
 TRIAL_PROCESS_ENV = "KERAS_DP_TRIAL_PROCESS"
+# An empty file in a trial's log dir (compare_strategies, tune_allreduce): its runs are
+# the tuning's evidence, which Report.load leaves out unless asked (trials=True), also
+# when the comparison never finished.
+TRIAL_MARKER = ".keras_dp_trial"
 
 _GPU_DEVICE = re.compile(r"(?:^|/)(?:device:)?GPU:(\d+)$", re.IGNORECASE)
 

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 
 from keras_dp_tools.common.warn import warn
 from keras_dp_tools.records.comparison import comparison_path, find_comparisons
-from keras_dp_tools.records.contract import PROFILE_SUBDIR, TRACE_SUFFIX
+from keras_dp_tools.records.contract import PROFILE_SUBDIR, TRACE_SUFFIX, TRIAL_MARKER
 from keras_dp_tools.records.fields import COMMON_FIELDS, FIELDS, STEP_FIELDS
 from keras_dp_tools.records.writer import LAUNCHER_RECORDS, RECORDS_DIRNAME, SCHEMA_VERSION
 
@@ -45,10 +45,12 @@ def find_record_files(
 
     Args:
         sources: log dirs, record folders or record files.
-        trials: also the records of the candidates' short runs that a strategy comparison
-            keeps below its ``strategy_comparison.json`` (``compare_strategies``): they
-            are its evidence, not the user's training, so a search leaves them out by
-            default. A records file given by path is always read.
+        trials: also the records of tuning trials: the candidates' short runs that
+            ``compare_strategies`` keeps below its ``strategy_comparison.json``, and any
+            run in a folder that a trial process marked (``TRIAL_MARKER``; also
+            ``tune_allreduce``'s, and a comparison stopped before its record). They are
+            the tuning's evidence, not the user's training, so a search leaves them out
+            by default. A records file given by path is always read.
     """
     if isinstance(sources, (str, os.PathLike)):
         sources = [sources]
@@ -80,8 +82,14 @@ def find_record_files(
 def _nothing_found_hint(searched: list[str], trials: bool) -> str:
     """What else the searched folders hold: a comparison's trial runs left out, or
     profiler captures that ``keras-dp analyze`` reads without records."""
-    if not trials and any(find_comparisons(place) for place in searched):
-        return " (Strategy comparisons' trial runs are left out: trials=True reads them.)"
+    marked = (
+        find_comparisons(place) or any(Path(place).glob(f"**/{TRIAL_MARKER}")) for place in searched
+    )
+    if not trials and any(marked):
+        return (
+            " (Tuning trials' runs, such as a strategy comparison's, are left out: "
+            "trials=True, or keras-dp report --trials, reads them.)"
+        )
     captures = [
         path
         for source in searched
@@ -97,15 +105,18 @@ def _nothing_found_hint(searched: list[str], trials: bool) -> str:
 
 
 def _trial_run(file: Path, root: Path) -> bool:
-    """Whether a records file is a strategy comparison's trial: a folder between its run
-    folder (exclusive) and the searched ``root`` (inclusive) holds a comparison."""
-    run_folder = file.parent.parent if file.parent.name == RECORDS_DIRNAME else file.parent
-    folder = run_folder
-    while folder != root and root in folder.parents:
+    """Whether a records file is a tuning trial's: its run folder, or a folder above it up
+    to the searched ``root``, holds the trial marker, or a folder above it holds a
+    strategy comparison."""
+    folder = file.parent.parent if file.parent.name == RECORDS_DIRNAME else file.parent
+    while True:
+        if (folder / TRIAL_MARKER).is_file():
+            return True
+        if folder == root or root not in folder.parents:
+            return False
         folder = folder.parent
         if comparison_path(folder).is_file():
             return True
-    return False
 
 
 _SCHEMA = pa.schema(FIELDS.items())

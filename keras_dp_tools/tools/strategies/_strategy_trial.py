@@ -137,7 +137,7 @@ def _evidence(log_dir) -> dict:
     """The profiled steps' breakdown, by our own analysis of the window (medians)."""
     from keras_dp_tools.report.facade import Report
 
-    report = Report.load(log_dir)
+    report = Report.load(log_dir, trials=True)
     windows = report.windows
     steps = report.steps.dropna(subset=["exposed_allreduce_ms"])
     if "worker" in steps.columns:

@@ -379,7 +379,7 @@ def _measure(log_dir: Path, blocks: list[tuple[int, int]]) -> dict:
     profiled steps' all-reduce time and bus bandwidth, from its records."""
     from keras_dp_tools.report.facade import Report
 
-    steps = Report.load(log_dir).steps
+    steps = Report.load(log_dir, trials=True).steps
     timed = steps[~steps["warmup"].fillna(False).astype(bool) & ~steps["profiled"]]
     medians = [
         timed.loc[(timed["step"] >= first) & (timed["step"] < last), "step_ms"].median()

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from keras_dp_tools.common.text import error_reason
-from keras_dp_tools.records.contract import TRIAL_PROCESS_ENV
+from keras_dp_tools.records.contract import TRIAL_MARKER, TRIAL_PROCESS_ENV
 
 _PREFIX = "KDT-CHILD "
 # make_dataset's first parameter, per spelling (docs/tuning.md: the contract).
@@ -290,6 +290,7 @@ class Child:
     def __init__(self, module: str, spec: dict, log_path: Path, env: dict | None = None):
         self.log_path = Path(log_path)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        (self.log_path.parent / TRIAL_MARKER).touch()  # the runs here are a trial's
         self._log = open(self.log_path, "w", encoding="utf-8")  # noqa: SIM115 (closed in close)
         self.process = subprocess.Popen(
             [sys.executable, "-m", module, json.dumps(spec)],
