@@ -213,8 +213,10 @@ def test_every_inline_call_binds_to_the_signature():
 
 
 def normalised(line: str) -> str:
-    """A line's shape: numbers (dates, times, ids; "<0.001" and "-1" too) as #, paths as
-    <path>, spaces as one."""
+    """A line's shape: numbers (dates, times, ids; "<0.001" and "-1" too) and "not
+    measured" (a value a loaded machine may leave unmeasured) as #, paths as <path>,
+    spaces as one."""
+    line = line.replace("not measured", "0")
     line = re.sub(r"\S*/\S*", "<path>", line)
     line = re.sub(r"(?<![\w-])[<-]?[0-9a-f]*\d[0-9a-f.,:-]*", "#", line)
     return " ".join(line.split())

@@ -210,3 +210,19 @@ def test_no_test_module_imports_another():
                 if name.startswith("tests.test_")
             ]
     assert not found, found
+
+
+def test_docs_architecture_names_every_module():
+    """docs/architecture.md's "Every module" table lists each module of the package, so
+    a newcomer finds where a change belongs (and a new module is placed there)."""
+    from tests.helpers import REPO
+
+    page = (REPO / "docs" / "architecture.md").read_text()
+    named = set(re.findall(r"^\| `([\w/]+\.py)` \|", page, re.M))
+    modules = {
+        str(path.relative_to(REPO / "keras_dp_tools"))
+        for path in (REPO / "keras_dp_tools").rglob("*.py")
+        if path.name != "__init__.py"
+    }
+    assert not modules - named, f"add to docs/architecture.md: {sorted(modules - named)}"
+    assert not named - modules, f"no such module: {sorted(named - modules)}"
