@@ -20,9 +20,9 @@ import pandas as pd
 
 from keras_dp_tools.analysis import workers as worker_analysis
 from keras_dp_tools.analysis.frames import step_parts
+from keras_dp_tools.analysis.worker_digest import LATE_WORKER_SHARE, shortest_own_steps
 from keras_dp_tools.common.findings import Advice, Finding
 
-LATE_WORKER_SHARE = 0.6  # one worker last to enter this share of the timed steps
 WORKER_WAIT_SHARE = 0.10  # the others' median wait over the job's step time: error
 WORKER_WAIT_NOTE_SHARE = 0.01  # ... from this share: info (every replica idles that long)
 WORKER_MIN_STEPS = 10  # timed steps every worker recorded, before naming a slow worker
@@ -156,7 +156,7 @@ def _evidence(frames, steps, found, job_step_ms, cost) -> str:
     text += f"; clocks aligned at the step ends within {found['clock_residual_ms']:.2f} ms"
     if found["detail"]:
         text += f"; {found['detail']}"
-    if _shortest_own_steps(steps, found["run"], worker):
+    if shortest_own_steps(steps, found["run"], worker):
         text += (
             ". Its own step times (inside the train call) are the shortest of all "
             "workers: it enters last and waits least; the job's step time is "
@@ -167,10 +167,3 @@ def _evidence(frames, steps, found, job_step_ms, cost) -> str:
 
 def _workers(count: int) -> str:
     return "worker" if count == 1 else f"{count} workers"
-
-
-def _shortest_own_steps(steps: pd.DataFrame, run, worker: int) -> bool:
-    """Whether the worker's median ``step_ms`` (after warm-up) is the lowest of its run's."""
-    timed = steps[(steps["run"] == run) & steps["worker_wait_ms"].notna()]
-    own = timed.groupby("worker")["step_ms"].median()
-    return len(own) > 1 and worker in own.index and own.idxmin() == worker

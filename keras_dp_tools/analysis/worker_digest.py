@@ -14,6 +14,7 @@ import pandas as pd
 TOP_WORKERS = 5  # rows of the worker table shown per run of many workers
 ALL_WORKERS_UP_TO = 8  # a run of this many workers or fewer shows every row
 LISTED_UP_TO = 3  # workers that share a condition, each on a line of its own
+LATE_WORKER_SHARE = 0.6  # one worker last to enter this share of the timed steps
 
 # The straggler view's columns of Report.workers, in the order shown; the ranking reads
 # the first ones: who entered last most often, then who spent longest between calls.
@@ -184,3 +185,31 @@ def ranked_workers(view: pd.DataFrame) -> tuple[pd.DataFrame, list[str]]:
         )
     table = pd.concat(shown) if shown else timed
     return table, rest
+
+
+def shortest_own_steps(steps: pd.DataFrame, run, worker: int) -> bool:
+    """Whether the worker's median own step time (``step_ms``, inside its train call)
+    is the lowest of its run's workers, over the steps with a cross-worker wait: what a
+    worker that enters each step last shows, as it waits least inside the step.
+
+    Example:
+
+    ```python
+    report = kdt.Report.load("runs/job")
+    print(shortest_own_steps(report.steps, report.runs["run"].iloc[0], 1))
+    ```
+    """
+    timed = steps[(steps["run"] == run) & steps["worker_wait_ms"].notna()]
+    own = timed.groupby("worker")["step_ms"].median()
+    return len(own) > 1 and worker in own.index and own.idxmin() == worker
+
+
+def late_worker(view: pd.DataFrame, run, share: float = LATE_WORKER_SHARE) -> int | None:
+    """The worker of ``run`` that entered at least ``share`` of the steps last
+    (``Report.workers``' ``last_to_enter_share``, its latest attempt), or None."""
+    mine = view[view["run"] == run].dropna(subset=["last_to_enter_share"])
+    mine = mine.drop_duplicates("worker", keep="last")
+    if mine["worker"].nunique() < 2:
+        return None
+    top = mine.loc[mine["last_to_enter_share"].idxmax()]
+    return int(top["worker"]) if top["last_to_enter_share"] >= share else None

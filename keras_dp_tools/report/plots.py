@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from keras_dp_tools.analysis.worker_digest import late_worker, shortest_own_steps
 from keras_dp_tools.report import summary_fields
 
 # Exclusive parts of a step, bottom to top, with their colours.
@@ -81,7 +82,9 @@ class Omitted:
         )
 
 
-def _run(report, run: str | None) -> tuple[str, object]:
+def run_part(report, run: str | None) -> tuple[str, object]:
+    """The run id a plot draws (``run``, default the last run) and the report of it
+    alone (``Report.for_run``); raises ValueError for a run the report lacks."""
     runs = list(report.runs["run"].drop_duplicates())
     if not runs:
         raise ValueError("The report holds no runs.")
@@ -183,7 +186,7 @@ def _profiled_figure(
 ) -> _ProfiledFigure | Omitted:
     """The run's rows of ``frame`` (``steps`` or ``replicas``) where a profiler measured
     ``measured``, on a step axis; ``Omitted`` when it measured none."""
-    run, part = _run(report, run)
+    run, part = run_part(report, run)
     rows = getattr(part, frame).dropna(subset=[measured])
     if rows.empty:
         return Omitted(title, _NO_PROFILE)
@@ -292,7 +295,7 @@ def gpu_utilization(report, run: str | None = None) -> Figure | Omitted:
     """NVML utilization of each GPU over the run's time; ``Omitted`` with GpuMonitor's
     reason where there are no readings (a CPU run)."""
     title = "GPU utilization"
-    run, part = _run(report, run)
+    run, part = run_part(report, run)
     gpu = part.gpu.dropna(subset=["util_gpu"])
     if gpu.empty:
         reason = part.runs["gpu_reason"].dropna()
@@ -364,7 +367,7 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
     ``profiled``) shaded. The y axis fits the steady steps; steps above it are marked at
     the top edge and their largest time written there."""
     title = "Wall time per step"
-    run, part = _run(report, run)
+    run, part = run_part(report, run)
     steps = part.steps.dropna(subset=["step_ms"])
     if steps.empty:
         return Omitted(title, "no timed steps (add kdt.StepTimer)")
@@ -377,9 +380,21 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
         label = "profiled (capture or its analysis)" if number == 0 else "_nolegend_"
         axes.axvspan(first - 0.5, end - 0.5, color=_PROFILED_COLOUR, alpha=0.35, label=label)
     several = steps["worker"].nunique() > 1
-    for worker, rows in steps.groupby("worker"):
-        label = f"worker {worker}" if several else "every step"
-        axes.plot(rows["step"], rows["step_ms"], label=label, linewidth=0.8)
+    job = _job_steps(steps) if several else steps.iloc[:0]
+    if not job.empty:  # the job's pace first; each worker's own time is shorter
+        steady = job["job_step_ms"][~job["warmup"] & ~job["profiled"]]
+        _own_step_times(axes, steps)
+        axes.plot(
+            job["step"],
+            job["job_step_ms"],
+            label="the job (shared step end to the next)",
+            color="black",
+            linewidth=1.0,
+        )
+    else:
+        for worker, rows in steps.groupby("worker"):
+            label = f"worker {worker}" if several else "every step"
+            axes.plot(rows["step"], rows["step_ms"], label=label, linewidth=0.8)
     if warmup.any():
         rows = steps[warmup]
         axes.scatter(
@@ -390,9 +405,18 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
             zorder=3,
             label="warm-up (tracing, compilation)",
         )
-    # Fit the y axis to the steady steps; mark the steps above it at the top edge.
+    # Fit the y axis to the steady steps; mark the steps above it at the top edge (the
+    # job's too).
     top = 1.5 * steady.quantile(0.99) if len(steady) else math.inf
-    above = steps["step_ms"] > top
+    points = pd.DataFrame({"step": steps["step"], "step_ms": steps["step_ms"]})
+    points = points.assign(warmup=warmup, profiled=profiled)
+    if not job.empty:
+        shared = job[["step", "warmup"]].assign(
+            step_ms=job["job_step_ms"], profiled=job["profiled"] & ~job["warmup"]
+        )
+        points = pd.concat([points, shared], ignore_index=True)
+    warmup, profiled = points["warmup"], points["profiled"]
+    above = points["step_ms"] > top
     if above.any():
         notes = []
         for kind, mask, colour in (
@@ -400,7 +424,7 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
             ("profiled", profiled, _PROFILED_COLOUR),
             ("other", ~warmup & ~profiled, "C0"),
         ):
-            rows = steps[above & mask]
+            rows = points[above & mask]
             if len(rows):
                 notes.append(f"{kind} up to {rows['step_ms'].max():.0f} ms")
                 axes.scatter(
@@ -417,9 +441,52 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
     else:
         axes.set_ylim(0, None)
         xlabel = "global step"
+    late = late_worker(part.workers, run) if not job.empty else None
+    if late is not None and shortest_own_steps(part.steps, run, late):
+        figure.suptitle(
+            f"Worker {late} enters most steps last, so it waits least: its own step times "
+            "are the shortest. The job steps at the black line's pace.",
+            fontsize="small",
+            color=_WARMUP_COLOUR,
+        )
     axes.set(title=f"{title}: run {run}", xlabel=xlabel, ylabel="ms")
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     return figure
+
+
+# Workers of a run whose own step times step_time draws one line each; more: a band.
+_OWN_LINES_UP_TO = 4
+
+
+def _job_steps(steps: pd.DataFrame) -> pd.DataFrame:
+    """A multi-worker run's step times of the job (``job_step_ms``, one row per step,
+    sorted), with its ``warmup`` and ``profiled`` flags as booleans; empty without."""
+    if "job_step_ms" not in steps:
+        return steps.iloc[:0]
+    job = steps.dropna(subset=["job_step_ms"]).drop_duplicates("step").sort_values("step")
+    flags = {name: job[name].fillna(False).astype(bool) for name in ("warmup", "profiled")}
+    return job.assign(**flags)
+
+
+def _own_step_times(axes, steps: pd.DataFrame) -> None:
+    """Each worker's own time in the train call (``step_ms``), thin and pale under the
+    job's line: a line per worker for a few, else the band from the shortest to the
+    longest of them per step."""
+    if steps["worker"].nunique() <= _OWN_LINES_UP_TO:
+        for worker, rows in steps.groupby("worker"):
+            label = f"worker {worker} (its own time in the train call)"
+            axes.plot(rows["step"], rows["step_ms"], label=label, linewidth=0.7, alpha=0.7)
+        return
+    spread = steps.groupby("step")["step_ms"].agg(["min", "max"])
+    axes.fill_between(
+        spread.index,
+        spread["min"],
+        spread["max"],
+        color="C0",
+        alpha=0.3,
+        linewidth=0,
+        label="workers' own time in the train call (shortest to longest)",
+    )
 
 
 def summary_table(report) -> pd.DataFrame:
@@ -435,7 +502,7 @@ def summary_table(report) -> pd.DataFrame:
 def worker_wait(report, run: str | None = None) -> Figure | Omitted:
     """Per step, how long each worker waited for the last worker to enter the step
     (multi-worker runs; clocks aligned at the step ends, see ``Report.workers``)."""
-    run, part = _run(report, run)
+    run, part = run_part(report, run)
     title = f"Waiting for other workers: run {run}"
     steps = part.steps.dropna(subset=["worker_wait_ms"])
     if steps.empty:
