@@ -206,10 +206,23 @@ def shortest_own_steps(steps: pd.DataFrame, run, worker: int) -> bool:
 
 def late_worker(view: pd.DataFrame, run, share: float = LATE_WORKER_SHARE) -> int | None:
     """The worker of ``run`` that entered at least ``share`` of the steps last
-    (``Report.workers``' ``last_to_enter_share``, its latest attempt), or None."""
+    (``Report.workers``' ``last_to_enter_share``, its latest attempt) while the others
+    waited for it (their median wait above 3 times the clocks' residual), or None.
+
+    Example:
+
+    ```python
+    report = kdt.Report.load("runs/job")
+    print(late_worker(report.workers, report.runs["run"].iloc[0]))
+    ```
+    """
     mine = view[view["run"] == run].dropna(subset=["last_to_enter_share"])
     mine = mine.drop_duplicates("worker", keep="last")
     if mine["worker"].nunique() < 2:
         return None
     top = mine.loc[mine["last_to_enter_share"].idxmax()]
-    return int(top["worker"]) if top["last_to_enter_share"] >= share else None
+    others = mine[mine["worker"] != top["worker"]]
+    waited = others["median_worker_wait_ms"].median()
+    residual = mine["clock_residual_ms"].max()
+    clear = waited > 0 and not waited <= 3 * residual  # NaN residual: no bound
+    return int(top["worker"]) if top["last_to_enter_share"] >= share and clear else None

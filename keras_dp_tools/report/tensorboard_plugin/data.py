@@ -39,6 +39,12 @@ FIGURES = {
     "sync_wait": "Sync wait per replica (stragglers)",
     "gpu_utilization": "GPU utilization over time",
 }
+# Figures of a multi-worker run's worker view (all workers): the function's module.
+WORKER_FIGURES = {
+    "worker_view": "keras_dp_tools.report.worker_plots",
+    "worker_wait": "keras_dp_tools.report.plots",
+    "worker_wait_map": "keras_dp_tools.report.worker_plots",
+}
 # rc_context changes matplotlib's global settings: one SVG export at a time.
 _SVG_LOCK = threading.Lock()
 
@@ -340,6 +346,7 @@ class LogDirData:
                 ]
             ),
             "sync_wait": sync_wait,
+            "workers_view": _workers_view(part) if worker is None else None,
             "gpu_available": not part.gpu.dropna(subset=["util_gpu"]).empty,
             "gpu_reason": json_value(gpu_reason.iloc[-1]) if len(gpu_reason) else None,
             "figures": FIGURES,
@@ -420,8 +427,11 @@ class LogDirData:
         part = self._part(run, worker)
         if name == "step_breakdown":
             return plots.step_breakdown(_window_part(part, window_index), run)
+        if name in WORKER_FIGURES:
+            return _worker_figure(part, name, run)
         if name not in FIGURES:
-            raise LookupError(f"No figure {name!r}; the dashboard draws {', '.join(FIGURES)}.")
+            known = ", ".join([*FIGURES, *WORKER_FIGURES])
+            raise LookupError(f"No figure {name!r}; the dashboard draws {known}.")
         per_point = 1
         if name == "step_time":  # warm-up calls are never drawn: leave them out first
             timed = part.steps[~part.steps["warmup"].fillna(False).astype(bool)]
@@ -470,3 +480,41 @@ def _window_part(part, window_index: int | None):
     steps = part.steps[part.steps["step"].between(first, end - 1)]
     replicas = part.replicas[part.replicas["window"] == window_index]
     return _replace(part, steps=steps, replicas=replicas)
+
+
+def _workers_view(part) -> dict | None:
+    """A multi-worker run's worker view as the page shows it: the ranked worker table
+    (``analysis.worker_digest``: the top few of many, ``rest`` the lines for the others)
+    and the names of its figures; None for a run of one worker."""
+    from keras_dp_tools.analysis import worker_digest
+
+    shown, rest = worker_digest.ranked_workers(part.workers)
+    if shown["worker"].nunique() < 2:
+        return None
+    many = part.workers["worker"].nunique() > worker_digest.ALL_WORKERS_UP_TO
+    return {
+        "table": table(shown.drop(columns="run").round(3)),
+        "rest": rest,
+        "figures": ["worker_view", "worker_wait_map" if many else "worker_wait"],
+    }
+
+
+def _worker_figure(part, name: str, run):
+    """A figure of the worker view (``WORKER_FIGURES``); the per-step lines of
+    ``worker_wait`` thinned as the step times are. ``LookupError`` with the reason
+    where there is nothing to draw (one worker)."""
+    import importlib
+
+    from keras_dp_tools.report import plots
+
+    per_point = 1
+    if name == "worker_wait":
+        timed = part.steps.dropna(subset=["worker_wait_ms"])
+        steps, per_point = thin(timed, ["worker"], "step")
+        part = _replace(part, steps=steps)
+    figure = getattr(importlib.import_module(WORKER_FIGURES[name]), name)(part, run)
+    if isinstance(figure, plots.Omitted):
+        raise LookupError(str(figure))
+    if per_point > 1:
+        figure.suptitle(f"each point: mean of {per_point} consecutive rows", fontsize="small")
+    return figure
