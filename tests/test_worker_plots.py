@@ -4,7 +4,9 @@ written by ``tests.helpers.cluster_records`` (worker ``LATE`` enters every step
 the job's step times, checked against worker 0's step ends in its records file; the
 worker view and the heat map show the late worker, checked against the injected delay."""
 
+import io
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -150,3 +152,16 @@ def test_the_html_report_of_many_workers_shows_the_top_few_and_a_heat_map(tmp_pa
     assert "7 more workers of run" in html
     assert "Wait for the last worker to enter, per step" in html
     assert html.count("<img") == 3  # step time, the worker view, the heat map
+
+
+def test_plots_of_many_workers_say_how_many_lines_instead_of_a_legend(tmp_path):
+    report = kdt.Report.load(write(tmp_path, workers=20, steps=120, windows=((50, 55),)))
+
+    for plot, what in ((plots.comm_share, "40 lines"), (plots.sync_wait, "40 replicas")):
+        figure = plot(report)
+        axes = figure.axes[0]
+        assert axes.get_legend() is None
+        assert f"{what}" in axes.get_xlabel() and "too many to list" in axes.get_xlabel()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # a legend of 40 entries collapsed the layout
+            figure.savefig(io.BytesIO(), format="png", dpi=50)

@@ -254,8 +254,21 @@ def comm_share(report, run: str | None = None) -> Figure | Omitted:
             )
     axis.draw(axes)
     axes.set(title=profiled.heading, ylabel="% of step time", ylim=(0, None))
-    axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    _legend(axes, steps["worker"].nunique() * len(_SHARES), "lines")
     return profiled.figure
+
+
+# Most entries a legend lists; beyond, a line under the axes says what the lines are.
+_MAX_LEGEND = 16
+
+
+def _legend(axes, entries: int, what: str) -> None:
+    """The legend right of the axes, or, with more than ``_MAX_LEGEND`` entries (a
+    legend of 64 workers fills the figure), a note of how many there are."""
+    if entries <= _MAX_LEGEND:
+        axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+        return
+    axes.set_xlabel(f"{axes.get_xlabel()}\n{entries} {what} (too many to list)")
 
 
 def sync_wait(report, run: str | None = None) -> Figure | Omitted:
@@ -285,8 +298,11 @@ def sync_wait(report, run: str | None = None) -> Figure | Omitted:
         means.append(rows["sync_wait_ms"].mean())
     axis.draw(left)
     left.set(title=profiled.heading, ylabel="ms")
-    left.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
-    right.bar(names, means, color=_PARTS["exposed_sync_wait_ms"][1])
+    _legend(left, len(names), "replicas, a line each")
+    positions = np.arange(len(names))
+    right.bar(positions, means, color=_PARTS["exposed_sync_wait_ms"][1])
+    every = max(1, math.ceil(len(names) / _MAX_LEGEND))  # labels that fit under the bars
+    right.set_xticks(positions[::every], names[::every], rotation=90 if every > 1 else 0)
     right.set(title="Mean", xlabel="replica", ylabel="ms (mean over profiled steps)")
     return profiled.figure
 
