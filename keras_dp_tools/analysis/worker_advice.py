@@ -65,8 +65,9 @@ def late_worker_cost(steps: pd.DataFrame, run, worker: int) -> dict:
     print(late_worker_cost(report.steps, report.runs["run"].iloc[0], 1)["gain_ms"])
     ```
     """
-    mine = steps[(steps["run"] == run) & steps["worker_wait_ms"].notna()]
-    mine = mine[["worker", "step", "worker_wait_ms", "last_worker", "job_step_ms"]]
+    # The columns first, then the rows: a mask over every column copies them all.
+    columns = steps[["run", "worker", "step", "worker_wait_ms", "last_worker", "job_step_ms"]]
+    mine = columns[(columns["run"] == run) & columns["worker_wait_ms"].notna()]
     by_step = mine.groupby("step")["job_step_ms"].first().to_frame()
     held = mine[(mine["last_worker"] == worker) & (mine["worker"] != worker)]
     # The worker that entered second-to-last waited least for the last one.

@@ -199,7 +199,8 @@ def shortest_own_steps(steps: pd.DataFrame, run, worker: int) -> bool:
     print(shortest_own_steps(report.steps, report.runs["run"].iloc[0], 1))
     ```
     """
-    timed = steps[(steps["run"] == run) & steps["worker_wait_ms"].notna()]
+    columns = steps[["run", "worker", "worker_wait_ms", "step_ms"]]  # not every column
+    timed = columns[(columns["run"] == run) & columns["worker_wait_ms"].notna()]
     own = timed.groupby("worker")["step_ms"].median()
     return len(own) > 1 and worker in own.index and own.idxmin() == worker
 
