@@ -19,7 +19,7 @@ from __future__ import annotations
 import pandas as pd
 
 from keras_dp_tools.analysis import workers as worker_analysis
-from keras_dp_tools.analysis.frames import step_parts
+from keras_dp_tools.analysis.frames import steps_of
 from keras_dp_tools.analysis.worker_digest import LATE_WORKER_SHARE, shortest_own_steps
 from keras_dp_tools.common.findings import Advice, Finding
 
@@ -47,7 +47,7 @@ def late_worker_cost(steps: pd.DataFrame, run, worker: int) -> dict:
 
     Args:
         steps: the steps (every worker's), with ``run, worker, step, worker_wait_ms,
-            last_worker, job_step_ms``.
+            last_worker, job_step_ms, step_ms``.
         run: the run id.
         worker: the late worker's index.
 
@@ -66,7 +66,8 @@ def late_worker_cost(steps: pd.DataFrame, run, worker: int) -> dict:
     ```
     """
     # The columns first, then the rows: a mask over every column copies them all.
-    columns = steps[["run", "worker", "step", "worker_wait_ms", "last_worker", "job_step_ms"]]
+    names = ["run", "worker", "step", "step_ms", "worker_wait_ms", "last_worker", "job_step_ms"]
+    columns = steps[names]
     mine = columns[(columns["run"] == run) & columns["worker_wait_ms"].notna()]
     by_step = mine.groupby("step")["job_step_ms"].first().to_frame()
     held = mine[(mine["last_worker"] == worker) & (mine["worker"] != worker)]
@@ -81,6 +82,8 @@ def late_worker_cost(steps: pd.DataFrame, run, worker: int) -> dict:
         "last_steps": int(held["step"].nunique()),
         "gain_ms": float(by_step["margin"].mean()) if timed else float("nan"),
         "gain_share": float(paced["margin"].sum() / job_ms) if job_ms > 0 else float("nan"),
+        # The same steps' own times (its median the lowest: it waits least).
+        "shortest_own_steps": shortest_own_steps(mine, run, worker),
     }
 
 
@@ -106,7 +109,7 @@ def late_worker_findings(frames) -> list[Finding]:
     """
     if "median_worker_wait_ms" not in frames.workers:
         return []
-    parts = step_parts(frames.steps)
+    parts = steps_of(frames)  # a Report's parts: its wide steps frame is not built
     # The straggler's profiled input and compute: on the rows with a breakdown.
     found = worker_analysis.straggler(frames.workers, parts.profiled)
     if found is None or found["last_share"] < LATE_WORKER_SHARE:
@@ -122,17 +125,18 @@ def late_worker_findings(frames) -> list[Finding]:
     clear = waited > CLOCK_MARGIN * found["clock_residual_ms"]
     if not (share >= WORKER_WAIT_NOTE_SHARE and clear and cost["timed_steps"] >= WORKER_MIN_STEPS):
         return []
-    evidence = _evidence(frames, steps, found, job_step_ms, cost)
+    evidence = _evidence(frames, found, job_step_ms, cost)
     severity = "error" if share >= WORKER_WAIT_SHARE else "info"
     title = f"Worker {found['worker']} is a straggler"
     return [Advice(severity, title, evidence, _FIXES[found["why"]], code="worker-straggler")]
 
 
-def _evidence(frames, steps, found, job_step_ms, cost) -> str:
+def _evidence(frames, found, job_step_ms, cost) -> str:
     worker, waited = found["worker"], found["others_wait_ms"]
     mine = frames.runs[frames.runs["run"] == found["run"]]
     replicas = mine["replicas"].max() if "replicas" in mine else None
-    others = steps.loc[steps["run"] == found["run"], "worker"].nunique() - 1
+    view = frames.workers
+    others = view.loc[view["run"] == found["run"], "worker"].nunique() - 1
     text = (
         f"worker {worker} entered the step last in {found['last_share']:.0%} of the steps; "
         f"the other {_workers(others)} waited a median {waited:.1f} ms per step for it "
@@ -157,7 +161,7 @@ def _evidence(frames, steps, found, job_step_ms, cost) -> str:
     text += f"; clocks aligned at the step ends within {found['clock_residual_ms']:.2f} ms"
     if found["detail"]:
         text += f"; {found['detail']}"
-    if shortest_own_steps(steps, found["run"], worker):
+    if cost["shortest_own_steps"]:
         text += (
             ". Its own step times (inside the train call) are the shortest of all "
             "workers: it enters last and waits least; the job's step time is "

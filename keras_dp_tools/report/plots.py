@@ -42,6 +42,12 @@ from matplotlib.figure import Figure
 
 from keras_dp_tools.analysis.worker_digest import late_worker, shortest_own_steps
 from keras_dp_tools.report import summary_fields
+from keras_dp_tools.report.step_lines import (
+    MAX_LEGEND,
+    draw_own_step_times,
+    job_steps,
+    legend_or_count,
+)
 
 # Exclusive parts of a step, bottom to top, with their colours.
 _PARTS = {
@@ -254,21 +260,8 @@ def comm_share(report, run: str | None = None) -> Figure | Omitted:
             )
     axis.draw(axes)
     axes.set(title=profiled.heading, ylabel="% of step time", ylim=(0, None))
-    _legend(axes, steps["worker"].nunique() * len(_SHARES), "lines")
+    legend_or_count(axes, steps["worker"].nunique() * len(_SHARES), "lines")
     return profiled.figure
-
-
-# Most entries a legend lists; beyond, a line under the axes says what the lines are.
-_MAX_LEGEND = 16
-
-
-def _legend(axes, entries: int, what: str) -> None:
-    """The legend right of the axes, or, with more than ``_MAX_LEGEND`` entries (a
-    legend of 64 workers fills the figure), a note of how many there are."""
-    if entries <= _MAX_LEGEND:
-        axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
-        return
-    axes.set_xlabel(f"{axes.get_xlabel()}\n{entries} {what} (too many to list)")
 
 
 def sync_wait(report, run: str | None = None) -> Figure | Omitted:
@@ -298,10 +291,10 @@ def sync_wait(report, run: str | None = None) -> Figure | Omitted:
         means.append(rows["sync_wait_ms"].mean())
     axis.draw(left)
     left.set(title=profiled.heading, ylabel="ms")
-    _legend(left, len(names), "replicas, a line each")
+    legend_or_count(left, len(names), "replicas, a line each")
     positions = np.arange(len(names))
     right.bar(positions, means, color=_PARTS["exposed_sync_wait_ms"][1])
-    every = max(1, math.ceil(len(names) / _MAX_LEGEND))  # labels that fit under the bars
+    every = max(1, math.ceil(len(names) / MAX_LEGEND))  # labels that fit under the bars
     right.set_xticks(positions[::every], names[::every], rotation=90 if every > 1 else 0)
     right.set(title="Mean", xlabel="replica", ylabel="ms (mean over profiled steps)")
     return profiled.figure
@@ -396,10 +389,10 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
         label = "profiled (capture or its analysis)" if number == 0 else "_nolegend_"
         axes.axvspan(first - 0.5, end - 0.5, color=_PROFILED_COLOUR, alpha=0.35, label=label)
     several = steps["worker"].nunique() > 1
-    job = _job_steps(steps) if several else steps.iloc[:0]
+    job = job_steps(steps) if several else steps.iloc[:0]
     if not job.empty:  # the job's pace first; each worker's own time is shorter
         steady = job["job_step_ms"][~job["warmup"] & ~job["profiled"]]
-        _own_step_times(axes, steps)
+        draw_own_step_times(axes, steps)
         axes.plot(
             job["step"],
             job["job_step_ms"],
@@ -468,41 +461,6 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
     axes.set(title=f"{title}: run {run}", xlabel=xlabel, ylabel="ms")
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     return figure
-
-
-# Workers of a run whose own step times step_time draws one line each; more: a band.
-_OWN_LINES_UP_TO = 4
-
-
-def _job_steps(steps: pd.DataFrame) -> pd.DataFrame:
-    """A multi-worker run's step times of the job (``job_step_ms``, one row per step,
-    sorted), with its ``warmup`` and ``profiled`` flags as booleans; empty without."""
-    if "job_step_ms" not in steps:
-        return steps.iloc[:0]
-    job = steps.dropna(subset=["job_step_ms"]).drop_duplicates("step").sort_values("step")
-    flags = {name: job[name].fillna(False).astype(bool) for name in ("warmup", "profiled")}
-    return job.assign(**flags)
-
-
-def _own_step_times(axes, steps: pd.DataFrame) -> None:
-    """Each worker's own time in the train call (``step_ms``), thin and pale under the
-    job's line: a line per worker for a few, else the band from the shortest to the
-    longest of them per step."""
-    if steps["worker"].nunique() <= _OWN_LINES_UP_TO:
-        for worker, rows in steps.groupby("worker"):
-            label = f"worker {worker} (its own time in the train call)"
-            axes.plot(rows["step"], rows["step_ms"], label=label, linewidth=0.7, alpha=0.7)
-        return
-    spread = steps.groupby("step")["step_ms"].agg(["min", "max"])
-    axes.fill_between(
-        spread.index,
-        spread["min"],
-        spread["max"],
-        color="C0",
-        alpha=0.3,
-        linewidth=0,
-        label="workers' own time in the train call (shortest to longest)",
-    )
 
 
 def summary_table(report) -> pd.DataFrame:
