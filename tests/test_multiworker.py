@@ -15,8 +15,9 @@ import keras_dp_tools as kdt
 from keras_dp_tools.report import plots
 from keras_dp_tools.report.html import write_html
 from keras_dp_tools.tools.launch import free_ports
+from tests.helpers.browser import browser, headless
 from tests.helpers.pages import ReportPage
-from tests.helpers.processes import TRAIN_JOB, launch_job
+from tests.helpers.processes import TRAIN_JOB, launch_job, tensorboard_server
 from tests.helpers.split_events import COLLECTIVE_THREADS, complete_params_threads, cross_thread
 
 
@@ -50,6 +51,14 @@ def test_a_worker_40_ms_slow_per_step_is_named_and_its_wait_is_not_transfer(tmp_
     assert set(report.runs["run_id_source"]) == {"env"}  # the launcher's one id
     assert kdt.what_if(tmp_path)["run"].tolist() == report.runs["run"].unique().tolist()
     check_the_worker_view(report, tmp_path)
+    if browser() is not None:  # the Data parallel tab, as a browser renders it
+        with tensorboard_server(tmp_path, ready=lambda base: True) as base:
+            url = f"{base}/data/plugin_entry.html?name=data_parallel"
+            dumped = headless("--window-size=1280,16000", "--dump-dom", url)  # charts load
+        page = ReportPage(dumped.stdout)
+        assert "h2 Workers" in page.headings, dumped.stdout[-3000:] + dumped.stderr[-2000:]
+        assert page.tables["workers-table"][1][0] == "1"
+        assert "worker 1 entered" in dumped.stdout and "Loading chart" not in dumped.stdout
     print(report.text())
 
 
