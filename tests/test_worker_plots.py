@@ -165,3 +165,11 @@ def test_plots_of_many_workers_say_how_many_lines_instead_of_a_legend(tmp_path):
         with warnings.catch_warnings():
             warnings.simplefilter("error")  # a legend of 40 entries collapsed the layout
             figure.savefig(io.BytesIO(), format="png", dpi=50)
+
+
+def test_the_sync_wait_plot_of_workers_says_their_wait_for_each_other_is_elsewhere(job, tmp_path):
+    _, report = job
+    assert "wait for another worker is not in these lines" in plots.sync_wait(report).get_suptitle()
+
+    one = kdt.Report.load(write(tmp_path, workers=1, straggler=-1, steps=60, windows=((20, 25),)))
+    assert plots.sync_wait(one).get_suptitle() == ""

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from keras_dp_tools.analysis.frames import steps_of
 from keras_dp_tools.analysis.worker_digest import late_worker, shortest_own_steps
 from keras_dp_tools.report import summary_fields
 from keras_dp_tools.report.step_lines import (
@@ -297,6 +298,15 @@ def sync_wait(report, run: str | None = None) -> Figure | Omitted:
     every = max(1, math.ceil(len(names) / MAX_LEGEND))  # labels that fit under the bars
     right.set_xticks(positions[::every], names[::every], rotation=90 if every > 1 else 0)
     right.set(title="Mean", xlabel="replica", ylabel="ms (mean over profiled steps)")
+    steps = steps_of(report).all
+    mine = steps["run"] == profiled.run
+    if "worker_wait_ms" in steps and steps.loc[mine, "worker_wait_ms"].notna().any():
+        profiled.figure.suptitle(
+            "Each worker's trace holds its own replicas only: their wait for another "
+            "worker is not in these lines (see the worker view; Report.steps' "
+            "sync_wait_ms has it)",
+            fontsize="small",
+        )
     return profiled.figure
 
 
