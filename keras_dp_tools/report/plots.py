@@ -387,7 +387,8 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
     the top edge and their largest time written there."""
     title = "Wall time per step"
     run, part = run_part(report, run)
-    steps = part.steps.dropna(subset=["step_ms"])
+    # The steps' own columns: the wide frame (breakdown columns) is not built for this.
+    steps = steps_of(part).all.dropna(subset=["step_ms"])
     if steps.empty:
         return Omitted(title, "no timed steps (add kdt.StepTimer)")
     warmup = steps["warmup"].fillna(False).astype(bool)
@@ -461,7 +462,7 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
         axes.set_ylim(0, None)
         xlabel = "global step"
     late = late_worker(part.workers, run) if not job.empty else None
-    if late is not None and shortest_own_steps(part.steps, run, late):
+    if late is not None and shortest_own_steps(steps, run, late):
         figure.suptitle(
             f"Worker {late} enters most steps last, so it waits least: its own step times "
             "are the shortest. The job steps at the black line's pace.",
@@ -488,7 +489,7 @@ def worker_wait(report, run: str | None = None) -> Figure | Omitted:
     (multi-worker runs; clocks aligned at the step ends, see ``Report.workers``)."""
     run, part = run_part(report, run)
     title = f"Waiting for other workers: run {run}"
-    steps = part.steps.dropna(subset=["worker_wait_ms"])
+    steps = steps_of(part).all.dropna(subset=["worker_wait_ms"])
     if steps.empty:
         return Omitted(title, "no cross-worker waits (needs 2+ workers with kdt.StepTimer)")
     figure = Figure(figsize=(8, 3), layout="constrained")

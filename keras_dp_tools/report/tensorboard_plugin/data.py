@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from keras_dp_tools.analysis.frames import steps_of
 from keras_dp_tools.report import comparison as comparison_view
 from keras_dp_tools.report.summary_fields import READING_NOTE, READING_TITLE, summary_table
 
@@ -283,7 +284,7 @@ class LogDirData:
             }
             for run, row in runs.iterrows()
         ]
-        sweep = report.steps["replicas"].nunique() > 1
+        sweep = steps_of(report).all["replicas"].nunique() > 1  # the wide frame: not built
         return {
             "log_dir": str(self.log_dir),
             "runs": listing,
@@ -350,7 +351,7 @@ class LogDirData:
             "gpu_available": not part.gpu.dropna(subset=["util_gpu"]).empty,
             "gpu_reason": json_value(gpu_reason.iloc[-1]) if len(gpu_reason) else None,
             "figures": FIGURES,
-            "steps_recorded": len(part.steps),
+            "steps_recorded": len(steps_of(part).all),  # the wide frame is not built
         }
 
     def figure(
@@ -434,7 +435,8 @@ class LogDirData:
             raise LookupError(f"No figure {name!r}; the dashboard draws {known}.")
         per_point = 1
         if name == "step_time":  # warm-up calls are never drawn: leave them out first
-            timed = part.steps[~part.steps["warmup"].fillna(False).astype(bool)]
+            own = steps_of(part).all  # the steps' own columns: all that step_time reads
+            timed = own[~own["warmup"].fillna(False).astype(bool)]
             steps, per_point = thin(timed, ["worker"], "step")
             part = _replace(part, steps=steps)
         elif name == "gpu_utilization":
@@ -453,19 +455,23 @@ class LogDirData:
         return figure
 
 
-def _frames(report) -> dict[str, pd.DataFrame]:
+def _frames(report, parts: bool = False) -> dict[str, pd.DataFrame]:
     """Every frame of ``report``, named as ``Report``'s constructor names them (so a
-    frame the report gains is never dropped here)."""
+    frame the report gains is never dropped here); with ``parts``, the steps as its
+    ``step_parts`` (the wide frame, seconds at millions of steps, is not built)."""
     from keras_dp_tools.report.facade import Report
 
-    return {name: getattr(report, name) for name in inspect.signature(Report).parameters}
+    return {
+        name: report.step_parts if parts and name == "steps" else getattr(report, name)
+        for name in inspect.signature(Report).parameters
+    }
 
 
 def _replace(report, **frames):
-    """A Report with some frames replaced."""
+    """A Report with some frames replaced (the others as they are: the steps in parts)."""
     from keras_dp_tools.report.facade import Report
 
-    current = _frames(report)
+    current = _frames(report, parts=True)
     return Report(**{**current, **{k: v.reset_index(drop=True) for k, v in frames.items()}})
 
 
@@ -509,7 +515,7 @@ def _worker_figure(part, name: str, run):
 
     per_point = 1
     if name == "worker_wait":
-        timed = part.steps.dropna(subset=["worker_wait_ms"])
+        timed = steps_of(part).all.dropna(subset=["worker_wait_ms"])
         steps, per_point = thin(timed, ["worker"], "step")
         part = _replace(part, steps=steps)
     figure = getattr(importlib.import_module(WORKER_FIGURES[name]), name)(part, run)
