@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,13 +16,12 @@ import pytest
 import keras_dp_tools as kdt
 from keras_dp_tools.report.html import write_html
 from keras_dp_tools.report.tensorboard_plugin import data as dashboard
+from tests.helpers.browser import browser, headless
 from tests.helpers.comparisons import CODE, assert_known_table, write_known_comparison
 from tests.helpers.pages import ReportPage, assert_shows, dashboard_summary, text_summary
 from tests.helpers.processes import get_json, tensorboard_server
 from tests.helpers.recorded_runs import write_run
 from tests.helpers.screenshots import keep_screenshot, page_structure
-
-BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 
 
 def write_dashboard_run(
@@ -115,32 +113,6 @@ def test_unknown_run_says_what_exists(tmp_path):
 
 
 # -- in a real browser ----------------------------------------------------------
-
-
-def browser() -> str | None:
-    return next(filter(None, map(shutil.which, BROWSERS)), None)
-
-
-def headless(*args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    """Chromium without a display, sandbox (CI runs as root) or any host but loopback:
-    the page must render from what TensorBoard serves."""
-    profile = Path(os.environ.get("TMPDIR", "/tmp")) / f"kdp-chromium-{os.getpid()}"
-    command = [
-        browser(),
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-dev-shm-usage",
-        "--hide-scrollbars",
-        f"--user-data-dir={profile}",
-        "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE 127.0.0.1",
-        "--virtual-time-budget=60000",
-        *args,
-    ]
-    try:
-        return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
-    finally:
-        shutil.rmtree(profile, ignore_errors=True)
 
 
 @pytest.mark.slow

@@ -8,11 +8,16 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 import keras_dp_tools as kdt
+from keras_dp_tools.report import plots
+from keras_dp_tools.report.html import write_html
 from keras_dp_tools.tools.launch import free_ports
-from tests.helpers.processes import TRAIN_JOB, launch_job
+from tests.helpers.browser import browser, headless
+from tests.helpers.pages import ReportPage
+from tests.helpers.processes import TRAIN_JOB, launch_job, tensorboard_server
 from tests.helpers.split_events import COLLECTIVE_THREADS, complete_params_threads, cross_thread
 
 
@@ -45,7 +50,41 @@ def test_a_worker_40_ms_slow_per_step_is_named_and_its_wait_is_not_transfer(tmp_
     assert workers["clock_residual_ms"].max() < 20  # one host: the clocks agree closely
     assert set(report.runs["run_id_source"]) == {"env"}  # the launcher's one id
     assert kdt.what_if(tmp_path)["run"].tolist() == report.runs["run"].unique().tolist()
+    check_the_worker_view(report, tmp_path)
+    if browser() is not None:  # the Data parallel tab, as a browser renders it
+        with tensorboard_server(tmp_path, ready=lambda base: True) as base:
+            url = f"{base}/data/plugin_entry.html?name=data_parallel"
+            dumped = headless("--window-size=1280,16000", "--dump-dom", url)  # charts load
+        page = ReportPage(dumped.stdout)
+        assert "h2 Workers" in page.headings, dumped.stdout[-3000:] + dumped.stderr[-2000:]
+        assert page.tables["workers-table"][1][0] == "1"
+        assert "worker 1 entered" in dumped.stdout and "Loading chart" not in dumped.stdout
     print(report.text())
+
+
+def check_the_worker_view(report: kdt.Report, tmp_path) -> None:
+    """The HTML report has the worker view, worker 1 first; the step-time plot draws the
+    job's step times: from one step end to the next, the ends read on both workers'
+    clocks (the median of two: their mean; each clock's offset cancels in the
+    difference), not the workers' own, shorter times in the call."""
+    page = ReportPage(write_html(report, tmp_path / "report.html").read_text())
+    assert "h3 Workers" in page.headings
+    assert page.tables["workers-0"][1][0] == "1"  # ranked: the worker the other waits for
+    figure = plots.step_time(report)
+    (line,) = [
+        line for line in figure.axes[0].get_lines() if line.get_label().startswith("the job")
+    ]
+    steps = line.get_xdata()
+    assert len(steps) >= 10
+    intervals = []
+    for worker in (0, 1):
+        mine = report.steps[report.steps["worker"] == worker].set_index("step")
+        ends = mine["time"] + mine["step_ms"] * mine["steps"] / 1e3
+        intervals.append([(ends[step] - ends[step - 1]) * 1e3 for step in steps])
+    assert line.get_ydata() == pytest.approx(np.mean(intervals, axis=0), abs=0.01)
+    own = report.steps[report.steps["step"].isin(steps)].groupby("worker")["step_ms"].median()
+    assert own[1] < np.median(line.get_ydata())  # the late worker's own call: shorter
+    assert "Worker 1 enters most steps last" in figure.get_suptitle()
 
 
 def known_profiler_crash(result) -> bool:

@@ -236,7 +236,8 @@ def test_summary_table_puts_runs_side_by_side(tmp_path):
 
 def test_html_report_shows_figures_and_says_what_it_left_out(windowed, tmp_path):
     page = write_html(windowed, tmp_path / "report.html").read_text()
-    assert page.count("<img") == 4  # step time, breakdown, comm share, sync wait
+    # Step time, breakdown, comm share, sync wait; the two workers' view and waits.
+    assert page.count("<img") == 6
     assert "<b>GPU utilization</b> left out: no GPU readings: the strategy uses no GPU" in page
     shown = ReportPage(page)
     assert shown.summary["median_step_ms"]["label"] == "Median step time"

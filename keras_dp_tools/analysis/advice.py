@@ -16,6 +16,7 @@ import pandas as pd
 
 from keras_dp_tools.analysis.breakdown.bandwidth import NO_BYTES, NO_REDUCE
 from keras_dp_tools.analysis.frames import StepParts, step_parts, steps_of
+from keras_dp_tools.analysis.worker_advice import late_worker_findings
 from keras_dp_tools.common.findings import Advice, Finding
 from keras_dp_tools.common.known_bugs import ALLREDUCE_BUG, ALLREDUCE_FIX, drops_gradient_allreduce
 from keras_dp_tools.common.severity import Severity
@@ -24,8 +25,6 @@ COMM_SHARE_HIGH = 0.20  # exposed all-reduce transfer over step time
 WAIT_SHARE_HIGH = 0.15  # exposed waiting for the slowest replica over step time
 INPUT_SHARE_HIGH = 0.10  # exposed input wait over step time
 STRAGGLER_SHARE = 0.6  # one replica last to arrive in this share of profiled steps
-WORKER_WAIT_SHARE = 0.10  # other workers' median wait for the last worker over step time
-WORKER_MIN_STEPS = 10  # timed steps every worker recorded, before naming a slow worker
 GPU_UTIL_LOW = 50.0  # percent
 SCALING_EFFICIENCY_LOW = 0.7
 JITTER_RATIO = 1.5  # p90 over median step time
@@ -457,54 +456,6 @@ def _shared_cpu_cores(report, run) -> int | None:
     return int(counts.max()) if len(counts) else 0
 
 
-def _workers(report) -> list[Finding]:
-    """Multi-worker runs: the worker the others wait for (``analysis.workers``)."""
-    from keras_dp_tools.analysis.workers import straggler
-
-    if "median_worker_wait_ms" not in report.workers:
-        return []
-    parts = step_parts(report.steps)
-    # The straggler's profiled input and compute: on the rows with a breakdown.
-    found = straggler(report.workers, parts.profiled)
-    if found is None:
-        return []
-    steps = parts.all
-    # Over the job's step time (each step once), profiled steps too: a short run may
-    # have few undisturbed ones. (Of every step: measured_step_times leaves warm-up out,
-    # and the straggler's run has two workers with steps after it either way.)
-    share = found["others_wait_ms"] / parts.measured(disturbed=True)["step_ms"].median()
-    after_warmup = ~steps["warmup"].astype("boolean").fillna(False)
-    timed = steps.loc[after_warmup & steps["worker_wait_ms"].notna(), "step"].nunique()
-    # The wait must stand out of the clocks' disagreement, over enough steps.
-    clear = found["others_wait_ms"] > 3 * found["clock_residual_ms"]
-    if not (share >= WORKER_WAIT_SHARE and clear and timed >= WORKER_MIN_STEPS):
-        return []
-    if found["last_share"] < STRAGGLER_SHARE:
-        return []
-    fixes = {
-        "host": "Move the extra work out of that worker's step loop (callbacks, logging, "
-        "Python-side preprocessing), or find what else runs on its machine.",
-        "input": "Speed up that worker's input pipeline: prefetch(tf.data.AUTOTUNE), "
-        "parallel map, data local to the machine.",
-        "compute": "Check that worker's devices: clocks and temperature, other processes, "
-        "a slower GPU model than its peers.",
-        "unknown": "The slowness is inside its train call (input or compute): profile that "
-        "worker too (DataParallelProfiler(all_workers=True); with TensorFlow 2.21 that may "
-        "crash it, keras-dp docs multiworker: rehearse on a short run first).",
-    }
-    worker = found["worker"]
-    evidence = (
-        f"worker {worker} entered the step last in {found['last_share']:.0%} of the steps; "
-        f"the other workers waited a median {found['others_wait_ms']:.1f} ms per step for it "
-        f"({share:.0%} of the job's step time); clocks aligned at the step ends within "
-        f"{found['clock_residual_ms']:.2f} ms"
-        + (f"; {found['detail']}" if found["detail"] else "")
-        + "."
-    )
-    title = f"Worker {worker} is a straggler"
-    return [Advice("high", title, evidence, fixes[found["why"]], code="worker-straggler")]
-
-
 # What replicas that share saturated CPU cores show as waits and gaps: contention for
 # the cores, graded as what it is rather than as a problem of balance or of the host.
 _CONTENTION_CODES = ("replica-wait", "replica-straggler", "other-time")
@@ -525,7 +476,7 @@ def _run_advice(report) -> list[Finding]:
     if not profiled.empty:
         advice += _communication(profiled, report) + _embeddings(profiled, report)
         advice += _waiting(profiled, report) + _input(profiled) + _other(profiled)
-    advice += _workers(report)
+    advice += late_worker_findings(report)
     cpu = _cpu(report)
     if cpu:  # replicas on CPU devices with the cores saturated
         advice = [

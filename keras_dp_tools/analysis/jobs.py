@@ -34,6 +34,7 @@ import pandas as pd
 
 from keras_dp_tools.analysis import frames as report_frames
 from keras_dp_tools.analysis.summary import run_advice
+from keras_dp_tools.analysis.worker_digest import LISTED_UP_TO, worker_names
 from keras_dp_tools.common.findings import Advice, Finding
 from keras_dp_tools.records.contract import RUN_ID_ENV
 
@@ -435,26 +436,45 @@ def _missing_workers(runs: dict, split: list[list[str]]) -> list[Finding]:
 
 def clock_findings(workers: pd.DataFrame) -> list[Finding]:
     """Workers whose clock is ``CLOCK_OFFSET_NOTE_MS`` or more from worker 0's, as the
-    step ends measure it (``Report.workers``): the cross-worker view aligns them."""
+    step ends measure it (``Report.workers``): the cross-worker view aligns them. More
+    than ``worker_digest.LISTED_UP_TO`` workers of a run: one finding for them all."""
     findings = []
     if workers.empty or "clock_offset_ms" not in workers:
         return findings
     timed = workers.dropna(subset=["clock_offset_ms"]).drop_duplicates(["run", "worker"])
     far = timed[timed["clock_offset_ms"].abs() >= CLOCK_OFFSET_NOTE_MS]
-    for row in far.itertuples():
-        ahead = "ahead of" if row.clock_offset_ms > 0 else "behind"
-        findings.append(
-            Advice(
-                "info",
-                f"Run {row.run}: worker {row.worker}'s clock is "
-                f"{abs(row.clock_offset_ms) / 1e3:.2f} s {ahead} worker 0's",
-                f"the median difference of their step ends; the cross-worker view aligns "
-                f"the clocks at the step ends (residual {row.clock_residual_ms:.2f} ms), "
-                "so waits stay true, but the records' raw times disagree by that much.",
-                "Synchronise the hosts' clocks (NTP, chrony) to compare raw times.",
-                code="clock-offset",
+    fix = "Synchronise the hosts' clocks (NTP, chrony) to compare raw times."
+    for run, group in far.groupby("run", sort=False):
+        if len(group) > LISTED_UP_TO:
+            apart = group["clock_offset_ms"].abs() / 1e3
+            findings.append(
+                Advice(
+                    "info",
+                    f"Run {run}: {len(group)} workers' clocks are {apart.min():.2f} to "
+                    f"{apart.max():.2f} s from worker 0's",
+                    f"{worker_names(group['worker'])}: the median difference of their step "
+                    "ends from worker 0's; the cross-worker view aligns the clocks at the "
+                    f"step ends (residual up to {group['clock_residual_ms'].max():.2f} ms), "
+                    "so waits stay true, but the records' raw times disagree by that much.",
+                    fix,
+                    code="clock-offset",
+                )
             )
-        )
+            continue
+        for row in group.itertuples():
+            ahead = "ahead of" if row.clock_offset_ms > 0 else "behind"
+            findings.append(
+                Advice(
+                    "info",
+                    f"Run {row.run}: worker {row.worker}'s clock is "
+                    f"{abs(row.clock_offset_ms) / 1e3:.2f} s {ahead} worker 0's",
+                    f"the median difference of their step ends; the cross-worker view aligns "
+                    f"the clocks at the step ends (residual {row.clock_residual_ms:.2f} ms), "
+                    "so waits stay true, but the records' raw times disagree by that much.",
+                    fix,
+                    code="clock-offset",
+                )
+            )
     return findings
 
 

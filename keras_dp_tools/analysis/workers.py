@@ -933,27 +933,6 @@ def _host_gap(steps: pd.DataFrame, row) -> float:
     return float(gap.median())
 
 
-def stopped_workers(view: pd.DataFrame) -> list[str]:
-    """Sentences naming each worker of a multi-worker run that did not finish its fit."""
-    lines = []
-    for run, group in view.groupby("run", sort=False):
-        latest = group.drop_duplicates("worker", keep="last")
-        if len(latest) < 2 and latest["ended"].eq("finished").all():
-            continue
-        for row in latest.itertuples():
-            if row.ended == "finished":
-                continue
-            if isinstance(row.exit, str):
-                how = row.exit
-            elif row.ended == "exited":
-                how = "its process left the fit (an exception)"
-            else:
-                how = "no end of fit recorded: killed, or still running"
-            at = f"after step {int(row.last_step)}" if pd.notna(row.last_step) else "before step 0"
-            lines.append(f"run {run}: worker {row.worker} stopped {at} ({how})")
-    return lines
-
-
 def straggler(view: pd.DataFrame, steps: pd.DataFrame) -> dict | None:
     """The worker the others waited for most, with the evidence, or None.
 

@@ -14,9 +14,10 @@ import io
 import os
 from pathlib import Path
 
+from keras_dp_tools.analysis import worker_digest
 from keras_dp_tools.common.warn import warn
 from keras_dp_tools.report import comparison as comparison_view
-from keras_dp_tools.report import plots, summary_fields
+from keras_dp_tools.report import plots, summary_fields, worker_plots
 
 # Plots of one run, in reading order, with their captions.
 _RUN_PLOTS = (
@@ -77,13 +78,54 @@ def _figure_html(figure, caption: str) -> str:
     )
 
 
+def _workers_html(report, run, index: int) -> list[str]:
+    """A multi-worker run's worker view: the ranked worker table (the top few of many,
+    ``analysis.worker_digest``), who keeps the job waiting, and the waits per worker and
+    step (lines for a few workers, a heat map for many); nothing for one worker."""
+    mine = report.workers[report.workers["run"] == run]
+    shown, rest = worker_digest.ranked_workers(mine)
+    if shown["worker"].nunique() < 2:
+        return []
+    cell = html.escape
+    columns = [name for name in shown.columns if name != "run"]
+    header = "".join(f"<th>{cell(name)}</th>" for name in columns)
+    rows = "".join(
+        f'<tr data-worker="{int(row["worker"])}">'
+        + "".join(f"<td>{cell(_cell_text(row[name]))}</td>" for name in columns)
+        + "</tr>"
+        for row in shown.to_dict("records")
+    )
+    many = mine["worker"].nunique() > worker_digest.ALL_WORKERS_UP_TO
+    waits = worker_plots.worker_wait_map if many else plots.worker_wait  # lines: a few
+    return [
+        "<h3>Workers</h3>",
+        f'<table id="workers-{index}"><tr>{header}</tr>{rows}</table>',
+        *(f'<p class="note">{cell(line)}</p>' for line in rest),
+        _figure_html(worker_plots.worker_view(report, run), _WORKER_CAPTION),
+        _figure_html(waits(report, run), "Wait for the last worker to enter, per step"),
+    ]
+
+
+_WORKER_CAPTION = (
+    "Per worker: median wait for the last worker to enter a step, and the steps it "
+    "entered last (the worker the others wait for in red)"
+)
+
+
+def _cell_text(value) -> str:
+    if isinstance(value, float):
+        return "" if value != value else f"{value:.3f}"
+    return str(value)
+
+
 def _run_figures(report) -> list[str]:
     runs = list(report.runs["run"].drop_duplicates())
     parts = []
-    for run in runs:
+    for index, run in enumerate(runs):
         if len(runs) > 1:
             parts.append(f"<h3>Run {html.escape(str(run))}</h3>")
         parts += [_figure_html(plot(report, run), caption) for plot, caption in _RUN_PLOTS]
+        parts += _workers_html(report, run, index)
     if report.steps["replicas"].nunique() > 1:
         parts.append(_figure_html(plots.scaling(report), "Scaling with replicas"))
     return parts

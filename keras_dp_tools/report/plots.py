@@ -40,7 +40,15 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
+from keras_dp_tools.analysis.frames import steps_of
+from keras_dp_tools.analysis.worker_digest import late_worker, shortest_own_steps
 from keras_dp_tools.report import summary_fields
+from keras_dp_tools.report.step_lines import (
+    MAX_LEGEND,
+    draw_own_step_times,
+    job_steps,
+    legend_or_count,
+)
 
 # Exclusive parts of a step, bottom to top, with their colours.
 _PARTS = {
@@ -81,7 +89,9 @@ class Omitted:
         )
 
 
-def _run(report, run: str | None) -> tuple[str, object]:
+def run_part(report, run: str | None) -> tuple[str, object]:
+    """The run id a plot draws (``run``, default the last run) and the report of it
+    alone (``Report.for_run``); raises ValueError for a run the report lacks."""
     runs = list(report.runs["run"].drop_duplicates())
     if not runs:
         raise ValueError("The report holds no runs.")
@@ -183,7 +193,7 @@ def _profiled_figure(
 ) -> _ProfiledFigure | Omitted:
     """The run's rows of ``frame`` (``steps`` or ``replicas``) where a profiler measured
     ``measured``, on a step axis; ``Omitted`` when it measured none."""
-    run, part = _run(report, run)
+    run, part = run_part(report, run)
     rows = getattr(part, frame).dropna(subset=[measured])
     if rows.empty:
         return Omitted(title, _NO_PROFILE)
@@ -251,7 +261,7 @@ def comm_share(report, run: str | None = None) -> Figure | Omitted:
             )
     axis.draw(axes)
     axes.set(title=profiled.heading, ylabel="% of step time", ylim=(0, None))
-    axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    legend_or_count(axes, steps["worker"].nunique() * len(_SHARES), "lines")
     return profiled.figure
 
 
@@ -282,9 +292,21 @@ def sync_wait(report, run: str | None = None) -> Figure | Omitted:
         means.append(rows["sync_wait_ms"].mean())
     axis.draw(left)
     left.set(title=profiled.heading, ylabel="ms")
-    left.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
-    right.bar(names, means, color=_PARTS["exposed_sync_wait_ms"][1])
+    legend_or_count(left, len(names), "replicas, a line each")
+    positions = np.arange(len(names))
+    right.bar(positions, means, color=_PARTS["exposed_sync_wait_ms"][1])
+    every = max(1, math.ceil(len(names) / MAX_LEGEND))  # labels that fit under the bars
+    right.set_xticks(positions[::every], names[::every], rotation=90 if every > 1 else 0)
     right.set(title="Mean", xlabel="replica", ylabel="ms (mean over profiled steps)")
+    steps = steps_of(report).all
+    mine = steps["run"] == profiled.run
+    if "worker_wait_ms" in steps and steps.loc[mine, "worker_wait_ms"].notna().any():
+        profiled.figure.suptitle(
+            "Each worker's trace holds its own replicas only: their wait for another "
+            "worker is not in these lines (see the worker view; Report.steps' "
+            "sync_wait_ms has it)",
+            fontsize="small",
+        )
     return profiled.figure
 
 
@@ -292,7 +314,7 @@ def gpu_utilization(report, run: str | None = None) -> Figure | Omitted:
     """NVML utilization of each GPU over the run's time; ``Omitted`` with GpuMonitor's
     reason where there are no readings (a CPU run)."""
     title = "GPU utilization"
-    run, part = _run(report, run)
+    run, part = run_part(report, run)
     gpu = part.gpu.dropna(subset=["util_gpu"])
     if gpu.empty:
         reason = part.runs["gpu_reason"].dropna()
@@ -364,8 +386,9 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
     ``profiled``) shaded. The y axis fits the steady steps; steps above it are marked at
     the top edge and their largest time written there."""
     title = "Wall time per step"
-    run, part = _run(report, run)
-    steps = part.steps.dropna(subset=["step_ms"])
+    run, part = run_part(report, run)
+    # The steps' own columns: the wide frame (breakdown columns) is not built for this.
+    steps = steps_of(part).all.dropna(subset=["step_ms"])
     if steps.empty:
         return Omitted(title, "no timed steps (add kdt.StepTimer)")
     warmup = steps["warmup"].fillna(False).astype(bool)
@@ -377,9 +400,21 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
         label = "profiled (capture or its analysis)" if number == 0 else "_nolegend_"
         axes.axvspan(first - 0.5, end - 0.5, color=_PROFILED_COLOUR, alpha=0.35, label=label)
     several = steps["worker"].nunique() > 1
-    for worker, rows in steps.groupby("worker"):
-        label = f"worker {worker}" if several else "every step"
-        axes.plot(rows["step"], rows["step_ms"], label=label, linewidth=0.8)
+    job = job_steps(steps) if several else steps.iloc[:0]
+    if not job.empty:  # the job's pace first; each worker's own time is shorter
+        steady = job["job_step_ms"][~job["warmup"] & ~job["profiled"]]
+        draw_own_step_times(axes, steps)
+        axes.plot(
+            job["step"],
+            job["job_step_ms"],
+            label="the job (shared step end to the next)",
+            color="black",
+            linewidth=1.0,
+        )
+    else:
+        for worker, rows in steps.groupby("worker"):
+            label = f"worker {worker}" if several else "every step"
+            axes.plot(rows["step"], rows["step_ms"], label=label, linewidth=0.8)
     if warmup.any():
         rows = steps[warmup]
         axes.scatter(
@@ -390,9 +425,18 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
             zorder=3,
             label="warm-up (tracing, compilation)",
         )
-    # Fit the y axis to the steady steps; mark the steps above it at the top edge.
+    # Fit the y axis to the steady steps; mark the steps above it at the top edge (the
+    # job's too).
     top = 1.5 * steady.quantile(0.99) if len(steady) else math.inf
-    above = steps["step_ms"] > top
+    points = pd.DataFrame({"step": steps["step"], "step_ms": steps["step_ms"]})
+    points = points.assign(warmup=warmup, profiled=profiled)
+    if not job.empty:
+        shared = job[["step", "warmup"]].assign(
+            step_ms=job["job_step_ms"], profiled=job["profiled"] & ~job["warmup"]
+        )
+        points = pd.concat([points, shared], ignore_index=True)
+    warmup, profiled = points["warmup"], points["profiled"]
+    above = points["step_ms"] > top
     if above.any():
         notes = []
         for kind, mask, colour in (
@@ -400,7 +444,7 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
             ("profiled", profiled, _PROFILED_COLOUR),
             ("other", ~warmup & ~profiled, "C0"),
         ):
-            rows = steps[above & mask]
+            rows = points[above & mask]
             if len(rows):
                 notes.append(f"{kind} up to {rows['step_ms'].max():.0f} ms")
                 axes.scatter(
@@ -417,6 +461,14 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
     else:
         axes.set_ylim(0, None)
         xlabel = "global step"
+    late = late_worker(part.workers, run) if not job.empty else None
+    if late is not None and shortest_own_steps(steps, run, late):
+        figure.suptitle(
+            f"Worker {late} enters most steps last, so it waits least: its own step times "
+            "are the shortest. The job steps at the black line's pace.",
+            fontsize="small",
+            color=_WARMUP_COLOUR,
+        )
     axes.set(title=f"{title}: run {run}", xlabel=xlabel, ylabel="ms")
     axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
     return figure
@@ -435,9 +487,9 @@ def summary_table(report) -> pd.DataFrame:
 def worker_wait(report, run: str | None = None) -> Figure | Omitted:
     """Per step, how long each worker waited for the last worker to enter the step
     (multi-worker runs; clocks aligned at the step ends, see ``Report.workers``)."""
-    run, part = _run(report, run)
+    run, part = run_part(report, run)
     title = f"Waiting for other workers: run {run}"
-    steps = part.steps.dropna(subset=["worker_wait_ms"])
+    steps = steps_of(part).all.dropna(subset=["worker_wait_ms"])
     if steps.empty:
         return Omitted(title, "no cross-worker waits (needs 2+ workers with kdt.StepTimer)")
     figure = Figure(figsize=(8, 3), layout="constrained")

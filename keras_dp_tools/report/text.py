@@ -4,19 +4,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-from keras_dp_tools.analysis import workers as worker_analysis
+from keras_dp_tools.analysis import worker_digest
 from keras_dp_tools.report.summary_fields import summary_table, summary_text
-
-# The straggler view's columns of Report.workers.
-_WORKER_TEXT_COLUMNS = [
-    "run",
-    "worker",
-    "median_worker_wait_ms",
-    "last_to_enter_share",
-    "median_host_gap_ms",
-    "clock_offset_ms",
-    "clock_residual_ms",
-]
 
 
 def report_text(report) -> str:
@@ -63,24 +52,22 @@ def no_steps_text(runs: pd.DataFrame) -> str:
 
 
 def worker_text(workers: pd.DataFrame, restarts: pd.DataFrame) -> list[str]:
-    """Workers that stopped, restarts, and the straggler view, where there are any."""
+    """Workers that stopped, restarts, and the straggler view, where there are any: a
+    condition many workers share in one line, the worker table ranked, the top few of
+    many (``analysis.worker_digest``)."""
     parts = []
-    stopped = worker_analysis.stopped_workers(workers)
+    stopped = worker_digest.stopped_workers(workers)
     if stopped:
         parts += ["", "Workers that stopped before the end of fit:", *stopped]
-    for row in restarts.itertuples():
-        parts += [
-            "",
-            f"Restart: run {row.run} worker {row.worker} attempt {row.attempt} resumed "
-            f"at step {row.resumed_at_step} (the previous attempt recorded up to step "
-            f"{row.previous_last_step}; {row.redone_steps} step(s) ran again).",
-        ]
-    timed = workers.dropna(subset=["median_worker_wait_ms"])
-    if not timed.empty:
+    for line in worker_digest.restart_lines(restarts):
+        parts += ["", line]
+    shown, rest = worker_digest.ranked_workers(workers)
+    if not shown.empty:
         parts += [
             "",
             "Workers (wait for the last worker to enter a step, on clocks aligned at "
-            "the step ends):",
-            timed[_WORKER_TEXT_COLUMNS].round(3).to_string(index=False),
+            "the step ends; the one most often last first):",
+            shown.round(3).to_string(index=False),
+            *rest,
         ]
     return parts

@@ -33,9 +33,9 @@ HOST_GAP_MS = 0.5  # between a step's end and the next step's start
 _WRITE_CHUNK = 1 << 22  # bytes gathered before one write
 
 
-def cluster_clock_offsets_ms(workers: int, seed: int = 0) -> np.ndarray:
+def cluster_clock_offsets_ms(workers: int, seed: int = 0, spread_ms: float = 40.0) -> np.ndarray:
     """Each worker's host clock minus worker 0's, in ms (NTP-like: tens of ms)."""
-    offsets = np.random.default_rng(seed).uniform(-40.0, 40.0, size=workers)
+    offsets = np.random.default_rng(seed).uniform(-spread_ms, spread_ms, size=workers)
     offsets[0] = 0.0
     return offsets
 
@@ -57,6 +57,8 @@ def write_cluster_run(
     analysis_steps: int = 20,
     start: float = 1.7964e9,
     seed: int = 0,
+    fit_ends: bool = True,
+    clock_spread_ms: float = 40.0,
 ) -> list[Path]:
     """Writes every worker's ``<log_dir>/keras_dp/worker-<i>.jsonl``; returns the paths.
 
@@ -64,7 +66,9 @@ def write_cluster_run(
     the same for all workers: they leave the all-reduce together), a worker enters
     each step up to 0.4 ms after the first one, the ``straggler`` worker
     ``straggler_ms`` later; steps in a profiler window and the ``analysis_steps``
-    after it take ``profiled_ms``. Windows beyond ``steps`` are left out.
+    after it take ``profiled_ms``. Windows beyond ``steps`` are left out. Without
+    ``fit_ends`` no worker writes its ``fit_end`` (a job killed, or still running);
+    clocks are off by up to ``clock_spread_ms`` either way.
     """
     rng = np.random.default_rng(seed)
     windows = tuple((first, end) for first, end in windows if end <= steps)
@@ -78,7 +82,7 @@ def write_cluster_run(
     if 0 <= straggler < workers:
         entry_ms[straggler] += straggler_ms
     entry_ms[:, 0] = 0.0  # the warm-up: each worker on its own
-    offsets = cluster_clock_offsets_ms(workers, seed)
+    offsets = cluster_clock_offsets_ms(workers, seed, clock_spread_ms)
     replicas = workers * replicas_per_worker
     global_batch = 32 * replicas
     paths = []
@@ -116,6 +120,9 @@ def write_cluster_run(
                 )
             )  # fmt: skip
             _write_steps(out, common, entered, ends, epoch_steps, global_batch, others)
+            if not fit_ends:
+                paths.append(path)
+                continue
             out.write(
                 encode_record(
                     {"type": "fit_end", **common, "time": float(ends[-1]) + 0.01,

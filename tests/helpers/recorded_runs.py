@@ -373,7 +373,7 @@ def write_windowed_multiworker_run(
                 {
                     "type": "step",
                     **common,
-                    "time": began[step + 1],
+                    "time": began[step],  # the train call's entry, as StepTimer writes
                     "epoch": 0,
                     "step": step,
                     "steps": 1,
@@ -394,7 +394,8 @@ def write_windowed_multiworker_run(
                     "end_step": end,
                     "status": "analysed",
                     "steps_analysed": end - first,
-                    "analysis_end": began[min(end + analysis_steps, steps)],
+                    # during the last of its steps: before the next one starts
+                    "analysis_end": began[min(end + analysis_steps, steps)] - 1e-6,
                     "trace": f"train/plugins/profile/w{number}/h{worker}.xplane.pb",
                     "profile_run": f"w{number}",
                 }

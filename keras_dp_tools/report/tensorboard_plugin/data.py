@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from keras_dp_tools.analysis.frames import steps_of
 from keras_dp_tools.report import comparison as comparison_view
 from keras_dp_tools.report.summary_fields import READING_NOTE, READING_TITLE, summary_table
 
@@ -38,6 +39,12 @@ FIGURES = {
     "comm_share": "Communication and wait share of profiled steps",
     "sync_wait": "Sync wait per replica (stragglers)",
     "gpu_utilization": "GPU utilization over time",
+}
+# Figures of a multi-worker run's worker view (all workers): the function's module.
+WORKER_FIGURES = {
+    "worker_view": "keras_dp_tools.report.worker_plots",
+    "worker_wait": "keras_dp_tools.report.plots",
+    "worker_wait_map": "keras_dp_tools.report.worker_plots",
 }
 # rc_context changes matplotlib's global settings: one SVG export at a time.
 _SVG_LOCK = threading.Lock()
@@ -277,7 +284,7 @@ class LogDirData:
             }
             for run, row in runs.iterrows()
         ]
-        sweep = report.steps["replicas"].nunique() > 1
+        sweep = steps_of(report).all["replicas"].nunique() > 1  # the wide frame: not built
         return {
             "log_dir": str(self.log_dir),
             "runs": listing,
@@ -340,10 +347,11 @@ class LogDirData:
                 ]
             ),
             "sync_wait": sync_wait,
+            "workers_view": _workers_view(part) if worker is None else None,
             "gpu_available": not part.gpu.dropna(subset=["util_gpu"]).empty,
             "gpu_reason": json_value(gpu_reason.iloc[-1]) if len(gpu_reason) else None,
             "figures": FIGURES,
-            "steps_recorded": len(part.steps),
+            "steps_recorded": len(steps_of(part).all),  # the wide frame is not built
         }
 
     def figure(
@@ -420,11 +428,15 @@ class LogDirData:
         part = self._part(run, worker)
         if name == "step_breakdown":
             return plots.step_breakdown(_window_part(part, window_index), run)
+        if name in WORKER_FIGURES:
+            return _worker_figure(part, name, run)
         if name not in FIGURES:
-            raise LookupError(f"No figure {name!r}; the dashboard draws {', '.join(FIGURES)}.")
+            known = ", ".join([*FIGURES, *WORKER_FIGURES])
+            raise LookupError(f"No figure {name!r}; the dashboard draws {known}.")
         per_point = 1
         if name == "step_time":  # warm-up calls are never drawn: leave them out first
-            timed = part.steps[~part.steps["warmup"].fillna(False).astype(bool)]
+            own = steps_of(part).all  # the steps' own columns: all that step_time reads
+            timed = own[~own["warmup"].fillna(False).astype(bool)]
             steps, per_point = thin(timed, ["worker"], "step")
             part = _replace(part, steps=steps)
         elif name == "gpu_utilization":
@@ -443,19 +455,23 @@ class LogDirData:
         return figure
 
 
-def _frames(report) -> dict[str, pd.DataFrame]:
+def _frames(report, parts: bool = False) -> dict[str, pd.DataFrame]:
     """Every frame of ``report``, named as ``Report``'s constructor names them (so a
-    frame the report gains is never dropped here)."""
+    frame the report gains is never dropped here); with ``parts``, the steps as its
+    ``step_parts`` (the wide frame, seconds at millions of steps, is not built)."""
     from keras_dp_tools.report.facade import Report
 
-    return {name: getattr(report, name) for name in inspect.signature(Report).parameters}
+    return {
+        name: report.step_parts if parts and name == "steps" else getattr(report, name)
+        for name in inspect.signature(Report).parameters
+    }
 
 
 def _replace(report, **frames):
-    """A Report with some frames replaced."""
+    """A Report with some frames replaced (the others as they are: the steps in parts)."""
     from keras_dp_tools.report.facade import Report
 
-    current = _frames(report)
+    current = _frames(report, parts=True)
     return Report(**{**current, **{k: v.reset_index(drop=True) for k, v in frames.items()}})
 
 
@@ -470,3 +486,41 @@ def _window_part(part, window_index: int | None):
     steps = part.steps[part.steps["step"].between(first, end - 1)]
     replicas = part.replicas[part.replicas["window"] == window_index]
     return _replace(part, steps=steps, replicas=replicas)
+
+
+def _workers_view(part) -> dict | None:
+    """A multi-worker run's worker view as the page shows it: the ranked worker table
+    (``analysis.worker_digest``: the top few of many, ``rest`` the lines for the others)
+    and the names of its figures; None for a run of one worker."""
+    from keras_dp_tools.analysis import worker_digest
+
+    shown, rest = worker_digest.ranked_workers(part.workers)
+    if shown["worker"].nunique() < 2:
+        return None
+    many = part.workers["worker"].nunique() > worker_digest.ALL_WORKERS_UP_TO
+    return {
+        "table": table(shown.drop(columns="run").round(3)),
+        "rest": rest,
+        "figures": ["worker_view", "worker_wait_map" if many else "worker_wait"],
+    }
+
+
+def _worker_figure(part, name: str, run):
+    """A figure of the worker view (``WORKER_FIGURES``); the per-step lines of
+    ``worker_wait`` thinned as the step times are. ``LookupError`` with the reason
+    where there is nothing to draw (one worker)."""
+    import importlib
+
+    from keras_dp_tools.report import plots
+
+    per_point = 1
+    if name == "worker_wait":
+        timed = steps_of(part).all.dropna(subset=["worker_wait_ms"])
+        steps, per_point = thin(timed, ["worker"], "step")
+        part = _replace(part, steps=steps)
+    figure = getattr(importlib.import_module(WORKER_FIGURES[name]), name)(part, run)
+    if isinstance(figure, plots.Omitted):
+        raise LookupError(str(figure))
+    if per_point > 1:
+        figure.suptitle(f"each point: mean of {per_point} consecutive rows", fontsize="small")
+    return figure

@@ -103,6 +103,7 @@ async function showRun() {
     adviceList(data.advice),
     el('h2', {}, 'Step time'),
     figure('step_time', { worker: state.worker }),
+    ...workerSections(data.workers_view),
     el('h2', {}, 'Profiler windows'),
     ...windowSections(data),
     el('h2', {}, 'Communication and wait share'),
@@ -237,6 +238,18 @@ function windowSections(data) {
     out.push(el('div', { class: 'window' }, parts));
   }
   return out;
+}
+
+// A multi-worker run's worker view (all workers): the ranked table, the lines for the
+// workers left out of it, and its charts (keras_dp_tools.report.worker_plots).
+function workerSections(view) {
+  if (!view) return [];
+  return [
+    el('h2', {}, 'Workers'),
+    dataTable(view.table, 'workers-table'),
+    ...view.rest.map((line) => el('p', { class: 'note' }, line)),
+    ...view.figures.map((name) => figure(name, {})),
+  ];
 }
 
 function syncWaitTables(syncWait) {
