@@ -15,14 +15,13 @@ switched off and one ``StrategyWarning`` says what is still recorded.
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import sys
 import weakref
 
 from keras_dp_tools.common.known_bugs import ALLREDUCE_BUG, ALLREDUCE_FIX, drops_gradient_allreduce
-from keras_dp_tools.common.warn import warn
+from keras_dp_tools.common.warn import warn, warn_without_raising
 
 logger = logging.getLogger("keras_dp_tools")
 
@@ -86,14 +85,7 @@ def _note_parameter_servers(strategy) -> None:
     _noted_strategies.add(strategy)
     message = PARAMETER_SERVER_NOTE.format(strategy=type(strategy).__name__)
     logger.info(message)
-    _say(message, StrategyWarning)
-
-
-def _say(message: str, category: type[Warning]) -> None:
-    """Warns from outside a guarded hook (``set_model``): with warnings made errors, the
-    warning must not become an exception that stops the user's ``fit``."""
-    with contextlib.suppress(category):
-        warn(message, category)
+    warn_without_raising(message, StrategyWarning)
 
 
 def keras_package(model) -> str:
@@ -118,7 +110,7 @@ def _note_known_bug(model) -> None:
         bug = ALLREDUCE_BUG.format(
             version=version, strategy=type(strategy).__name__, replicas=replicas
         )
-        _say(f"{bug}. {ALLREDUCE_FIX}", StrategyWarning)
+        warn_without_raising(f"{bug}. {ALLREDUCE_FIX}", StrategyWarning)
 
 
 def _default(method):

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import queue
 import re
 import time
@@ -18,7 +17,7 @@ from keras_dp_tools.capture.monitor.nvml_reader import (
 from keras_dp_tools.capture.monitor.sampler import Sampler
 from keras_dp_tools.capture.recorder import Recorder
 from keras_dp_tools.capture.run_info import global_step, strategy_devices
-from keras_dp_tools.common.warn import warn
+from keras_dp_tools.common.warn import warn, warn_without_raising
 from keras_dp_tools.records.contract import gpu_ordinal
 
 _PCI_BUS_ID = re.compile(r"pci bus id: ([0-9a-fA-F:.]+)")
@@ -244,11 +243,10 @@ class GpuMonitor(DataParallelCallback):
         # A warning, not a log line: Python's default logging hides INFO, and a user who
         # added a GPU monitor should learn that it has nothing to read. Warnings made
         # errors must not stop the CPU readings: the record above says it too.
-        with contextlib.suppress(NoGpuWarning):
-            warn(
-                f"keras_dp_tools GpuMonitor: no GPU data ({reason}); recording CPU usage only.",
-                NoGpuWarning,
-            )
+        warn_without_raising(
+            f"keras_dp_tools GpuMonitor: no GPU data ({reason}); recording CPU usage only.",
+            NoGpuWarning,
+        )
 
     def _record_gpu(self, readings: list[dict]) -> None:
         """Runs in the sampler thread: records are thread-safe; scalars wait for the

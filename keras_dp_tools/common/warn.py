@@ -9,6 +9,7 @@ packages is the user's.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import warnings
 
@@ -31,3 +32,11 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
         frame = frame.f_back
         level += 1
     warnings.warn(message, category, stacklevel=level)
+
+
+def warn_without_raising(message: str, category: type[Warning] = UserWarning) -> None:
+    """``warn``, for a warning of ours raised where an exception would reach the user's
+    ``fit`` (outside a guarded hook) or end a measurement: when the user made warnings
+    of ``category`` errors, it is not raised (what it says is recorded elsewhere too)."""
+    with contextlib.suppress(category):
+        warn(message, category)
