@@ -12,6 +12,7 @@ import weakref
 import numpy as np
 
 from keras_dp_tools.capture.base import DataParallelCallback, find_in_fit, keras_package
+from keras_dp_tools.capture.input_pipeline import describe_adapter
 from keras_dp_tools.checks.batching import walk_batch
 from keras_dp_tools.common.warn import warn
 
@@ -200,6 +201,13 @@ def _adapter(fit_locals):
     if adapter is None:
         adapter = getattr(fit_locals.get("data_handler"), "_adapter", None)  # tf_keras
     return adapter
+
+
+def fit_data_adapter():
+    """The data adapter of the ``fit`` calling us (Keras 3's or tf_keras's); None when
+    not called from inside ``fit`` or the adapter is not where these versions keep it."""
+    fit_locals = find_in_fit(_fit_data, depth=25)
+    return _adapter(fit_locals) if fit_locals is not None else None
 
 
 def _dataset_global_batch(dataset) -> tuple[int | None, str]:
@@ -450,7 +458,18 @@ def describe_run(model, global_batch: int | None) -> dict:
         "embedding_names": [
             f"{t['name']} ({t['vocabulary']}x{t['dim']})" for t in embedding_tables(model)
         ],
+        **_input_fields(),
     }
+
+
+def _input_fields() -> dict:
+    """What feeds ``fit`` (``capture.input_pipeline``); every field empty when it cannot
+    be read: a header is never lost to it."""
+    try:
+        return describe_adapter(fit_data_adapter())
+    except Exception as error:  # an adapter of another Keras version: say so, train on
+        logger.info("could not read fit's input pipeline (%s)", error)
+        return describe_adapter(None)
 
 
 def gradient_bytes(model) -> int | None:
