@@ -6,7 +6,7 @@ hand in the comments; every result also passes the shared consistency validator.
 import pytest
 
 from keras_dp_tools.analysis import analyze_xspace
-from keras_dp_tools.analysis.consistency import breakdown_problems
+from tests.helpers.consistency import breakdown_problems
 
 CALL = "StatefulPartitionedCall"
 

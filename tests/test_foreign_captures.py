@@ -8,7 +8,7 @@ grouping on the same file is the second opinion."""
 import pytest
 
 from keras_dp_tools.analysis import analyze_trace, analyze_xspace
-from keras_dp_tools.analysis.consistency import breakdown_problems
+from tests.helpers.consistency import breakdown_problems
 from tests.helpers.xplane_builder import Uint
 
 
