@@ -233,7 +233,7 @@ def test_run_facts_nobody_gave_are_named_not_guessed(gpu_trace):
     assert "devices" in breakdown.unknown
     assert breakdown.replicas["bandwidth_note"].notna().all()
     given = analyze_xspace(
-        trace.space, allreduce_bytes=1000, group_size=2, devices=["/gpu:0", "/gpu:1"]
+        trace.space, allreduce_bytes=1000, replicas_in_sync=2, devices=["/gpu:0", "/gpu:1"]
     )
     assert given.unknown is None
     assert given.replicas["device"].tolist() == ["/gpu:0", "/gpu:1"]
