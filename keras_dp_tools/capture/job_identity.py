@@ -27,8 +27,8 @@ match wins (``run_id_source`` in the run header):
    it back. No collective op runs, so a worker that never asks (e.g. one without our
    callbacks) cannot shift the instance keys of the training's all-reduces or leave the
    others blocked: they ask the store, not each other. It runs once per process, in a
-   thread bounded by ``AGREEMENT_TIMEOUT_S``; measured 5-34 ms per worker on loopback
-   on a loaded 2-core machine (``run_id_agreement_ms`` in the header).
+   thread bounded by ``AGREEMENT_TIMEOUT_S``; the header's ``run_id_agreement_ms``
+   says what it took.
 5. ``local``: single-worker runs, and a multi-worker run whose agreement failed (one
    ``MeasurementWarning``): a fresh id per run. The header's ``cluster`` fingerprint
    still lets ``kdt.Report`` find such workers of one job and merge them.

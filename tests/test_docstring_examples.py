@@ -1,0 +1,28 @@
+"""The ``>>>`` examples in the docstrings of the lower layers run as written, and print
+what they say (doctest); none of these modules needs TensorFlow."""
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "keras_dp_tools.common.findings",
+    "keras_dp_tools.common.severity",
+    "keras_dp_tools.common.text",
+    "keras_dp_tools.common.validation",
+    "keras_dp_tools.records.comparison",
+    "keras_dp_tools.records.contract",
+    "keras_dp_tools.records.facts",
+    "keras_dp_tools.records.reader",
+    "keras_dp_tools.records.writer",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_docstring_examples_run(name):
+    module = importlib.import_module(name)
+    flags = doctest.NORMALIZE_WHITESPACE | doctest.ELLIPSIS
+    result = doctest.testmod(module, optionflags=flags, report=True)
+    assert result.attempted > 0, f"{name} has no >>> example"
+    assert result.failed == 0
