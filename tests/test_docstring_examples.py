@@ -7,6 +7,9 @@ import importlib
 import pytest
 
 MODULES = [
+    "keras_dp_tools.capture.run_info",
+    "keras_dp_tools.capture.data_parallel_profiler",
+    "keras_dp_tools.capture.gpu_monitor",
     "keras_dp_tools.common.findings",
     "keras_dp_tools.common.severity",
     "keras_dp_tools.common.text",
