@@ -7,6 +7,7 @@ import importlib
 import pytest
 
 MODULES = [
+    "keras_dp_tools.capture.job_identity",
     "keras_dp_tools.capture.run_info",
     "keras_dp_tools.capture.data_parallel_profiler",
     "keras_dp_tools.capture.gpu_monitor",

@@ -93,6 +93,18 @@ PARAMETER_SERVER_NOTE = (
 _noted_strategies: weakref.WeakSet = weakref.WeakSet()
 
 
+def parameter_server_strategy(strategy) -> bool:
+    """Whether ``strategy`` is a parameter-server strategy (V1 or V2).
+
+    Args:
+        strategy: a ``tf.distribute`` strategy, or None.
+
+    Returns:
+        True for ``ParameterServerStrategy`` (either version, or a subclass).
+    """
+    return any("ParameterServerStrategy" in cls.__name__ for cls in type(strategy).__mro__)
+
+
 def parameter_server_training(model) -> bool:
     """Whether ``model`` is fit under a parameter-server strategy (V1 or V2).
 
@@ -100,10 +112,9 @@ def parameter_server_training(model) -> bool:
         model: the Keras model being fit.
 
     Returns:
-        True under ``ParameterServerStrategy`` (or a subclass of it).
+        ``parameter_server_strategy`` of the model's strategy.
     """
-    strategy = getattr(model, "distribute_strategy", None)
-    return any("ParameterServerStrategy" in cls.__name__ for cls in type(strategy).__mro__)
+    return parameter_server_strategy(getattr(model, "distribute_strategy", None))
 
 
 def _note_parameter_servers(strategy) -> None:
