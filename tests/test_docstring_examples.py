@@ -7,6 +7,9 @@ import importlib
 import pytest
 
 MODULES = [
+    "keras_dp_tools.report.summary_fields",
+    "keras_dp_tools.report.export",
+    "keras_dp_tools.report.step_lines",
     "keras_dp_tools.capture.job_identity",
     "keras_dp_tools.capture.run_info",
     "keras_dp_tools.capture.data_parallel_profiler",
