@@ -7,6 +7,7 @@ import importlib
 import pytest
 
 MODULES = [
+    "keras_dp_tools.capture.monitor.nvml_reader",
     "keras_dp_tools.report.worker_plots",
     "keras_dp_tools.report.summary_fields",
     "keras_dp_tools.report.export",
