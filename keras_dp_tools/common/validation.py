@@ -37,25 +37,14 @@ def require_positive_int(name: str, value, error: type[ValueError] = ValueError)
 
 
 def require_positive_number(name: str, value, error: type[ValueError] = ValueError) -> float:
-    """``value`` as a float if it is a positive number.
-
-    Args:
-        name: the argument's name, for the message.
-        value: what was received.
-        error: the exception to raise (ValueError or a subclass of it).
-
-    Returns:
-        ``value`` as a float.
-
-    Raises:
-        ValueError: (``error``) ``value`` is not a positive number; the message names
-            the argument and what was received.
+    """``value`` as a float if it is a positive number (an int or a float); the
+    arguments and the error as for ``require_positive_int``.
 
     Example:
 
     >>> from keras_dp_tools.common.validation import require_positive_number
-    >>> require_positive_number("interval", 1)
-    1.0
+    >>> require_positive_number("interval", 1), require_positive_number("interval", 0.25)
+    (1.0, 0.25)
     """
     if isinstance(value, numbers.Real) and not isinstance(value, bool) and value > 0:
         return float(value)
