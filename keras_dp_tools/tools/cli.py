@@ -831,6 +831,23 @@ HANDLERS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``keras-dp`` command (also ``python -m keras_dp_tools``).
+
+    Args:
+        argv: the arguments after the program's name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 on success, 2 on a usage error, 1 on a failure the message
+        explains (no traceback).
+
+    Example:
+
+    ```python
+    from keras_dp_tools.tools.cli import main
+
+    main(["report", "runs/exp1", "--html", "report.html"])
+    ```
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
     # "keras-dp sweep SCRIPT --replicas 1,2 -- ARGS": ARGS belong to the script, untouched.
     script_args = []

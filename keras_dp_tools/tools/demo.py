@@ -77,6 +77,28 @@ def run_demo(
 
     Must run before anything else in the process initialises TensorFlow's devices
     (``configure_devices`` splits the CPU). ``steps`` are spread over ``epochs``.
+
+    Args:
+        replicas: logical devices to split the CPU into (None: the GPUs, or 4).
+        steps: training steps in all.
+        epochs: epochs to spread them over.
+        per_replica_batch: examples per replica and step.
+        log_dir: the run folder (default: ``runs/demo-<timestamp>``).
+        verbose: Keras's ``fit`` verbosity.
+
+    Returns:
+        The ``Report`` of the run.
+
+    Raises:
+        ValueError: fewer steps than epochs.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.tools.demo import run_demo
+
+    print(run_demo(steps=60, epochs=2).text())  # what `keras-dp demo` does
+    ```
     """
     if steps < epochs:
         raise ValueError(f"steps ({steps}) must be at least epochs ({epochs}).")
