@@ -7,15 +7,13 @@ import importlib
 import pytest
 
 MODULES = [
-    "keras_dp_tools.capture.monitor.nvml_reader",
-    "keras_dp_tools.report.worker_plots",
-    "keras_dp_tools.report.summary_fields",
-    "keras_dp_tools.report.export",
-    "keras_dp_tools.report.step_lines",
-    "keras_dp_tools.capture.job_identity",
-    "keras_dp_tools.capture.run_info",
     "keras_dp_tools.capture.data_parallel_profiler",
     "keras_dp_tools.capture.gpu_monitor",
+    "keras_dp_tools.capture.job_identity",
+    "keras_dp_tools.capture.monitor.host_usage",
+    "keras_dp_tools.capture.monitor.nvml_reader",
+    "keras_dp_tools.capture.monitor.replay",
+    "keras_dp_tools.capture.run_info",
     "keras_dp_tools.common.findings",
     "keras_dp_tools.common.severity",
     "keras_dp_tools.common.text",
@@ -25,6 +23,10 @@ MODULES = [
     "keras_dp_tools.records.facts",
     "keras_dp_tools.records.reader",
     "keras_dp_tools.records.writer",
+    "keras_dp_tools.report.export",
+    "keras_dp_tools.report.step_lines",
+    "keras_dp_tools.report.summary_fields",
+    "keras_dp_tools.report.worker_plots",
 ]
 
 
