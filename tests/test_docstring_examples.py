@@ -1,5 +1,5 @@
-"""The ``>>>`` examples in the docstrings of the lower layers run as written, and print
-what they say (doctest); none of these modules needs TensorFlow."""
+"""The ``>>>`` examples in the package's docstrings run as written and print what they
+say (doctest). None of these modules imports TensorFlow, so this needs no lock."""
 
 import doctest
 import importlib
@@ -27,6 +27,8 @@ MODULES = [
     "keras_dp_tools.report.step_lines",
     "keras_dp_tools.report.summary_fields",
     "keras_dp_tools.report.worker_plots",
+    "keras_dp_tools.tools.doctor",
+    "keras_dp_tools.tools.launch",
 ]
 
 

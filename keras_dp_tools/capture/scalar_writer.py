@@ -51,7 +51,14 @@ TAG_DESCRIPTIONS = {
 
 
 def tag_description(tag: str) -> str:
-    """The description of ``tag`` (its own, else its group's) with the step axis."""
+    """What TensorBoard shows under a tag's chart.
+
+    Args:
+        tag: a scalar tag (``dp/step_time_ms``).
+
+    Returns:
+        The tag's own description, else its group's, with the step axis.
+    """
     group = tag.split("/", 1)[0] + "/"
     text = TAG_DESCRIPTIONS.get(tag) or TAG_DESCRIPTIONS.get(group, "")
     return f"{text} {STEP_AXIS}".strip()

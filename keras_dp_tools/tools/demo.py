@@ -44,6 +44,14 @@ def synthetic_images(examples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarr
 
 
 def small_cnn(keras):
+    """The demo's model: two convolutions and two dense layers over ``IMAGE_SHAPE``.
+
+    Args:
+        keras: the Keras module to build with (``keras_module()``).
+
+    Returns:
+        The model, not compiled.
+    """
     layers = keras.layers
     return keras.Sequential(
         [
@@ -164,6 +172,13 @@ def notebook_hint(log_dir: os.PathLike | str, notebook: os.PathLike | str) -> st
 
 
 def print_next_steps(report: Report, log_dir: os.PathLike) -> None:
+    """Prints the run's report and the commands to look further (TensorBoard, the
+    HTML report, the notebook).
+
+    Args:
+        report: the demo run's ``Report``.
+        log_dir: its run folder.
+    """
     print()
     print(report.text())
     print(

@@ -308,6 +308,23 @@ def collect(profile: bool = True) -> list[Section]:
 
 
 def format_report(sections: list[Section]) -> str:
+    """The doctor's sections as text: each title, then its rows, names aligned.
+
+    Args:
+        sections: ``collect()``'s ``(title, [(name, value), ...])`` pairs.
+
+    Returns:
+        The text, ending with an empty line.
+
+    Example:
+
+    >>> from keras_dp_tools.tools.doctor import format_report
+    >>> print(format_report([("NVML", [("version", "12.535"), ("GPUs", "0")])]))
+    NVML
+      version  12.535
+      GPUs     0
+    <BLANKLINE>
+    """
     lines = []
     for title, rows in sections:
         lines.append(title)

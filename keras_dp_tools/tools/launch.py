@@ -73,11 +73,22 @@ def cluster_addresses(workers: int | None, host_list: str | None) -> list[str]:
 
 
 def is_local(address: str) -> bool:
+    """Whether ``host:port`` names this machine (loopback, its host name or FQDN)."""
     host = address.rsplit(":", 1)[0].strip("[]")
     return host in LOCAL_NAMES or host in {socket.gethostname(), socket.getfqdn()}
 
 
 def tf_config(addresses: Sequence[str], index: int) -> str:
+    """The ``TF_CONFIG`` of worker ``index`` of a cluster of ``addresses``.
+
+    Example:
+
+    >>> import json
+    >>> from keras_dp_tools.tools.launch import tf_config
+    >>> config = json.loads(tf_config(["localhost:2222", "localhost:2223"], 1))
+    >>> config["cluster"]["worker"][1], config["task"]
+    ('localhost:2223', {'type': 'worker', 'index': 1})
+    """
     return json.dumps(
         {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}}
     )
@@ -85,6 +96,9 @@ def tf_config(addresses: Sequence[str], index: int) -> str:
 
 @dataclass
 class WorkerExit:
+    """How a worker process ended: its index and its ``Popen.returncode`` (negative:
+    killed by that signal)."""
+
     index: int
     returncode: int
 
