@@ -377,6 +377,92 @@ WINDOWS_REPORTED = {
     + DIST,
 }
 
+# 11. A strategy name rebound to the one-replica default on a straight line is the default
+# from then on; in another branch (a TPU probe's except or else) it is a fallback.
+PROBE = "    resolver = tf.distribute.cluster_resolver.TPUClusterResolver()\n"
+REBOUND = {
+    "get_strategy() on the next line": TF
+    + "strategy = tf.distribute.MirroredStrategy()\n"
+    + "strategy = tf.distribute.get_strategy()\n"
+    + "with strategy.scope():\n    model = build()\n"
+    + "model.fit(raw.batch(32))\nmodel.predict(x, batch_size=5)\n",
+    "rebound after the probe, in the same block": TF
+    + "def main():\n    try:\n"
+    + "    "
+    + PROBE
+    + "        dist = tf.distribute.TPUStrategy(resolver)\n"
+    + "    except ValueError:\n        dist = None\n"
+    + "    dist = tf.distribute.get_strategy()\n"
+    + "    ds = raw.batch(64)\n"
+    + "    dist.experimental_distribute_dataset(ds)\n",
+    "a module strategy rebound before a function reads it": TF
+    + "strategy = tf.distribute.MirroredStrategy()\n"
+    + "strategy = tf.distribute.get_strategy()\n"
+    + "def train(ds):\n    with strategy.scope():\n        model = build()\n"
+    + "    model.fit(ds.batch(64))\n",
+}
+REBOUND_REPORTED = {
+    "the default strategy in the except branch of a TPU probe": TF
+    + "try:\n"
+    + PROBE
+    + "    strategy = tf.distribute.TPUStrategy(resolver)\n"
+    + "except ValueError:\n    strategy = tf.distribute.get_strategy()\n"
+    + "with strategy.scope():\n    model = build()\n"
+    + "model.fit(raw.batch(32))  # REPORT\n",
+    "the default strategy in the else branch of an if": TF
+    + "if tpu:\n    strategy = tf.distribute.TPUStrategy(tpu)\n"
+    + "else:\n    strategy = tf.distribute.get_strategy()\n"
+    + "ds = raw.batch(128)  # REPORT\n"
+    + "dist = strategy.experimental_distribute_dataset(ds)\n",
+    "TPU or the default in one expression": TF
+    + "strategy = tf.distribute.TPUStrategy(tpu) if tpu else tf.distribute.get_strategy()\n"
+    + "ds = raw.batch(128)  # REPORT\n"
+    + "dist = strategy.experimental_distribute_dataset(ds)\n",
+    "a rebinding that may not run": MIRRORED
+    + "if args.cpu:\n    strategy = tf.distribute.get_strategy()\n"
+    + "ds = raw.batch(64)  # REPORT\n"
+    + DIST,
+    "rebound to the default, then to a strategy again": TF
+    + "strategy = tf.distribute.MirroredStrategy()\n"
+    + "strategy = tf.distribute.get_strategy()\n"
+    + "strategy = tf.distribute.MirroredStrategy()\n"
+    + "ds = raw.batch(64)  # REPORT\n"
+    + DIST,
+}
+
+# 12. A launcher that runs the training function under a strategy it makes itself:
+# spark-tensorflow-distributor's MirroredStrategyRunner (a MultiWorkerMirroredStrategy).
+SPARK = "from spark_tensorflow_distributor import MirroredStrategyRunner\n"
+TRAIN_FN = (
+    "def train():\n    import tensorflow as tf\n"
+    "    def make():\n        return raw.shuffle(100).batch({size}){mark}\n"
+    "    model = build()\n    model.compile('adam')\n"
+    "    model.fit(make(), epochs=2)\n"
+)
+RUNNER_REPORTED = {
+    "MirroredStrategyRunner(...).run(train)": SPARK
+    + TRAIN_FN.format(size="64", mark="  # REPORT")
+    + "MirroredStrategyRunner(num_slots=8).run(train)\n",
+    "a runner held by a name, the function by keyword": SPARK
+    + TRAIN_FN.format(size="64", mark="  # REPORT")
+    + "runner = MirroredStrategyRunner(num_slots=4, local_mode=True)\n"
+    + "runner.run(train_fn=train)\n",
+}
+RUNNER = {
+    "scaled by the replica count of the runner's strategy": SPARK
+    + TRAIN_FN.format(size="64 * tf.distribute.get_strategy().num_replicas_in_sync", mark="")
+    + "MirroredStrategyRunner(num_slots=8).run(train)\n",
+    "the function makes its own strategy": SPARK
+    + TRAIN_FN.format(size="64", mark="")
+    + "MirroredStrategyRunner(num_slots=8, use_custom_strategy=True).run(train)\n",
+    "one slot: one replica": SPARK
+    + TRAIN_FN.format(size="64", mark="")
+    + "MirroredStrategyRunner(num_slots=1, local_mode=True).run(train)\n",
+    "the function is called, not given to the runner": SPARK
+    + TRAIN_FN.format(size="64", mark="")
+    + "runner = MirroredStrategyRunner(num_slots=8)\ntrain()\n",
+}
+
 
 MUST_REPORT = {
     **{f"scope: {k}": v for k, v in SCOPE.items() if "# REPORT" in v},
@@ -389,6 +475,8 @@ MUST_REPORT = {
     **{f"intent read both ways: {k}": v for k, v in INTENT_37_REPORTED.items()},
     **{f"synchronous: {k}": v for k, v in SYNCHRONOUS_REPORTED.items()},
     **{f"windows: {k}": v for k, v in WINDOWS_REPORTED.items()},
+    **{f"rebound strategy: {k}": v for k, v in REBOUND_REPORTED.items()},
+    **{f"strategy runner: {k}": v for k, v in RUNNER_REPORTED.items()},
 }
 MUST_NOT_REPORT = {
     **{f"scope: {k}": v for k, v in SCOPE.items() if "# REPORT" not in v},
@@ -401,6 +489,8 @@ MUST_NOT_REPORT = {
     **{f"intent read both ways: {k}": v for k, v in INTENT_37.items()},
     **{f"not synchronous: {k}": v for k, v in NOT_SYNCHRONOUS.items()},
     **{f"windows: {k}": v for k, v in WINDOWS.items()},
+    **{f"rebound strategy: {k}": v for k, v in REBOUND.items()},
+    **{f"strategy runner: {k}": v for k, v in RUNNER.items()},
 }
 
 
@@ -500,7 +590,7 @@ def test_data_reaches_the_strategy_by_its_own_name_not_a_namesake_in_another_fun
     assert reported(source) == marked(source)
 
 
-# 11. Notebooks: magics and shell lines anywhere in a cell are blanked, blocks kept.
+# 13. Notebooks: magics and shell lines anywhere in a cell are blanked, blocks kept.
 def notebook_findings(tmp_path, *cells) -> list[tuple]:
     import nbformat
 
@@ -552,7 +642,7 @@ def test_a_python_file_exported_from_a_notebook_keeps_its_magics_out(tmp_path):
     assert [(f["line"], f["code"]) for f in findings] == [(7, "KDP001")]
 
 
-# 12. Each message gives the value, the line defining it and the line reaching the strategy.
+# 14. Each message gives the value, the line defining it and the line reaching the strategy.
 def test_the_message_names_value_definition_and_where_the_strategy_is_reached():
     source = BUILT + "BATCH_SIZE = 30 + 2\nds = raw.batch(BATCH_SIZE)\nmodel.fit(ds)\n"
     (violation,) = check_source(source)

@@ -73,6 +73,9 @@ class Collector(StrategyFacts, ast.NodeVisitor):
         self._targets: list[frozenset] = [frozenset()]
         self._strategy_blocks = 0
         self._windows = 0
+        # The branches the statement being visited is in, outermost first: (id of an
+        # if/try/loop/match, which part). A ``with`` body is no branch.
+        self._blocks: list[tuple[int, str]] = []
         if known is not None:
             self.module.strategy_names = dict.fromkeys(known.module.strategy_names, 0)
             for owner, attributes in known.class_strategy_attrs.items():
@@ -183,9 +186,12 @@ class Collector(StrategyFacts, ast.NodeVisitor):
             if self.is_strategy_value(value, value.lineno):
                 self.scope.strategy_names.setdefault(target.id, value.lineno)
                 self.scope.strategy_lines[target.id].add(value.lineno)
+                self.scope.binding_blocks[(target.id, value.lineno)] = tuple(self._blocks)
             elif self.is_other_strategy_call(value):
                 self.scope.other_strategy_lines[target.id].add(value.lineno)
                 self.scope.created(value.lineno)
+            else:  # get_strategy(), None: replaces a strategy where it surely runs after
+                self.scope.rebindings[target.id].append((value.lineno, tuple(self._blocks)))
         elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
             self.scope.unpacked[target.value.id].append(value)  # data["train"] = ds
         elif self_attribute(target) and class_of(self.scope):
@@ -221,14 +227,48 @@ class Collector(StrategyFacts, ast.NodeVisitor):
             self.scope.assignments[node.target.id].append(combined)
         self.generic_visit(node)
 
+    def _branch(self, node, part: str, statements) -> None:
+        self._blocks.append((id(node), part))
+        for statement in statements:
+            self.visit(statement)
+        self._blocks.pop()
+
     def visit_For(self, node):
         # for x, y in ds: elements pulled out of a dataset (to NumPy, to a plot) are not
         # the batches a strategy splits; the names are of unknown value.
         for name in target_names(node.target):
             self.scope.assignments[name].append(ast.Tuple([], ast.Load()))
-        self.generic_visit(node)
+        self.visit(node.target)
+        self.visit(node.iter)
+        self._branch(node, "body", node.body)
+        self._branch(node, "else", node.orelse)
 
     visit_AsyncFor = visit_For
+
+    def visit_While(self, node):
+        self.visit(node.test)
+        self._branch(node, "body", node.body)
+        self._branch(node, "else", node.orelse)
+
+    def visit_If(self, node):
+        self.visit(node.test)
+        self._branch(node, "body", node.body)
+        self._branch(node, "else", node.orelse)
+
+    def visit_Try(self, node):
+        # ``else`` runs right after the body; ``finally`` after whichever branch ran.
+        self._branch(node, "body", [*node.body, *node.orelse])
+        for index, handler in enumerate(node.handlers):
+            self._branch(node, f"except {index}", [handler])
+        for statement in node.finalbody:
+            self.visit(statement)
+
+    visit_TryStar = visit_Try
+
+    def visit_Match(self, node):
+        self.visit(node.subject)
+        for index, case in enumerate(node.cases):
+            self._branch(node, f"case {index}", [case])
 
     def _strategy_scope(self, expression) -> bool:
         """``with <strategy>.scope():``; a parameter entering a scope is one received."""
@@ -315,6 +355,7 @@ class Collector(StrategyFacts, ast.NodeVisitor):
             self.scope.created(node.lineno)
         self.scope.calls.append(node)
         self._option(node)
+        self.scoped_functions |= self.run_under_strategy(node)
         func = node.func
         if self._strategy_blocks:
             if isinstance(func, ast.Attribute) and func.attr == "compile":
