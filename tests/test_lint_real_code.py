@@ -395,6 +395,10 @@ REBOUND = {
     + "    dist = tf.distribute.get_strategy()\n"
     + "    ds = raw.batch(64)\n"
     + "    dist.experimental_distribute_dataset(ds)\n",
+    "a module strategy rebound to ParameterServerStrategy, read by a function": TF
+    + "strategy = tf.distribute.MirroredStrategy()\n"
+    + "strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)\n"
+    + "def train(ds):\n    return strategy.experimental_distribute_dataset(ds.batch(64))\n",
     "a module strategy rebound before a function reads it": TF
     + "strategy = tf.distribute.MirroredStrategy()\n"
     + "strategy = tf.distribute.get_strategy()\n"
@@ -418,6 +422,11 @@ REBOUND_REPORTED = {
     + "strategy = tf.distribute.TPUStrategy(tpu) if tpu else tf.distribute.get_strategy()\n"
     + "ds = raw.batch(128)  # REPORT\n"
     + "dist = strategy.experimental_distribute_dataset(ds)\n",
+    "mirrored on several GPUs, one device otherwise": TF
+    + "if len(gpus) > 1:\n    strategy = tf.distribute.MirroredStrategy()\n"
+    + "else:\n    strategy = tf.distribute.OneDeviceStrategy('/gpu:0')\n"
+    + "ds = raw.batch(64)  # REPORT\n"
+    + DIST,
     "a rebinding that may not run": MIRRORED
     + "if args.cpu:\n    strategy = tf.distribute.get_strategy()\n"
     + "ds = raw.batch(64)  # REPORT\n"

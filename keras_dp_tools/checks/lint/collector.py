@@ -187,10 +187,9 @@ class Collector(StrategyFacts, ast.NodeVisitor):
                 self.scope.strategy_names.setdefault(target.id, value.lineno)
                 self.scope.strategy_lines[target.id].add(value.lineno)
                 self.scope.binding_blocks[(target.id, value.lineno)] = tuple(self._blocks)
-            elif self.is_other_strategy_call(value):
-                self.scope.other_strategy_lines[target.id].add(value.lineno)
-                self.scope.created(value.lineno)
             else:  # get_strategy(), None: replaces a strategy where it surely runs after
+                if self.is_other_strategy_call(value):
+                    self.scope.created(value.lineno)
                 self.scope.rebindings[target.id].append((value.lineno, tuple(self._blocks)))
         elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
             self.scope.unpacked[target.value.id].append(value)  # data["train"] = ds

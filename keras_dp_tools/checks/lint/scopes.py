@@ -84,10 +84,9 @@ class Scope:
         self.parameters: list[str] = []
         self.strategy_names: dict[str, int] = {}  # name -> line it became a strategy
         self.strategy_lines: dict[str, set[int]] = defaultdict(set)  # lines assigning one
-        # lines assigning a strategy that splits nothing (ParameterServerStrategy, ...)
-        self.other_strategy_lines: dict[str, set[int]] = defaultdict(set)
-        # (name, line) -> the blocks a binding is in (``Collector.blocks``), and the
-        # bindings of a name to anything else (``get_strategy()``, None): (line, blocks)
+        # (name, line) -> the branches a strategy binding is in (``Collector._blocks``),
+        # and the bindings of a name to anything else (a strategy that splits nothing,
+        # ``get_strategy()``, None): (line, branches)
         self.binding_blocks: dict[tuple[str, int], tuple] = {}
         self.rebindings: dict[str, list[tuple[int, tuple]]] = defaultdict(list)
         self.strategy_line: int | None = None  # first line creating a strategy here
@@ -115,11 +114,11 @@ class Scope:
         return None, [], False
 
     def rebound(self, name: str, since: int, line: int) -> bool:
-        """Whether a binding of ``name`` to something that is not a strategy, after
-        ``since`` and up to ``line``, always runs after the strategy bound at ``since``:
-        it is in the same block or one enclosing it (``s = MirroredStrategy()`` then
-        ``s = tf.distribute.get_strategy()``), not in another branch (the ``except`` or
-        ``else`` of a TPU probe, an ``if`` that may not run)."""
+        """Whether a binding of ``name`` to something that is not a synchronous
+        strategy, after ``since`` and up to ``line``, always runs after the strategy bound
+        at ``since``: it is in the same block or one enclosing it (``s =
+        MirroredStrategy()`` then ``s = tf.distribute.get_strategy()``), not in another
+        branch (the ``except`` or ``else`` of a TPU probe, an ``if`` that may not run)."""
         blocks = self.binding_blocks.get((name, since), ())
         return any(
             since < number <= line and blocks[: len(where)] == where
@@ -127,28 +126,19 @@ class Scope:
         )
 
     def holds_strategy(self, name: str, line: int) -> bool:
-        """In this scope: the last strategy (or splits-nothing strategy) assigned to
-        ``name`` by ``line`` is a synchronous one, and no later binding to something else
-        surely replaced it."""
-        assigned = [
-            number
-            for number in self.strategy_lines[name] | self.other_strategy_lines[name]
-            if number <= line
-        ]
-        if assigned and max(assigned) not in self.strategy_lines[name]:
-            return False
-        since = max(assigned) if assigned else self.strategy_names[name]
-        return not self.rebound(name, since, line)
+        """In this scope: a synchronous strategy bound to ``name`` by ``line`` (or
+        received) that no later binding to something else surely replaced."""
+        bound = [number for number in self.strategy_lines[name] if number <= line]
+        bound = bound or [self.strategy_names[name]]
+        return any(not self.rebound(name, since, line) for since in bound)
 
     def strategy_name_at(self, name: str, line: int) -> bool:
         """Whether ``name`` holds a strategy at ``line`` (this scope or an enclosing one).
-        In the scope reading it, the last strategy assigned before ``line`` decides
-        (``strategy = ParameterServerStrategy(...)`` after a ``MirroredStrategy`` is not
-        one), unless a later binding to something else surely replaced it
-        (``rebound``: ``get_strategy()`` on the next line is the one-replica default;
-        in an ``except`` branch it is a fallback, the strategy stays possible); a name of
-        an enclosing scope is one if a binding to one is not surely replaced (it is read
-        when called)."""
+        In the scope reading it, one bound before ``line`` that no later binding to
+        something else surely replaced (``rebound``: ``get_strategy()`` or a
+        ``ParameterServerStrategy`` on a later line; in an ``except`` or ``else`` branch
+        it is a fallback, the strategy stays possible); a name of an enclosing scope is
+        one if a binding to one is not surely replaced (it is read when called)."""
         scope = self
         while scope is not None:
             if name in scope.strategy_names and scope.strategy_names[name] <= line:
