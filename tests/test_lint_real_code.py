@@ -327,6 +327,16 @@ NOT_SYNCHRONOUS = {
     + "def train(dist, ds):\n    with dist.scope():\n        model = build()\n"
     + "    model.fit(ds.batch(64))\n"
     + "train(tf.distribute.experimental.ParameterServerStrategy(resolver), raw)\n",
+    "ParameterServerStrategy given to a parameter named strategy": TF
+    + "def train(ds, strategy=None):\n    with strategy.scope():\n        model = build()\n"
+    + "    model.fit(ds.batch(64))\n"
+    + "ps = tf.distribute.experimental.ParameterServerStrategy(resolver)\n"
+    + "train(raw, strategy=ps)\ntrain(raw)\n",
+    "ParameterServerStrategy given to a constructor, kept on self": TF
+    + "class Trainer:\n    def __init__(self, strategy):\n        self.strategy = strategy\n"
+    + "    def train(self):\n        with self.strategy.scope():\n"
+    + "            self.model = build()\n        self.model.fit(raw.batch(64))\n"
+    + "Trainer(tf.distribute.experimental.ParameterServerStrategy(resolver)).train()\n",
     "a DTensor layout map held on self": TF
     + "from tensorflow.experimental import dtensor\n"
     + "class Trainer:\n    def __init__(self, mesh):\n"
@@ -347,6 +357,14 @@ SYNCHRONOUS_REPORTED = {
     + "    strategy = tf.distribute.get_strategy()\n"
     + "with strategy.scope():\n    model = build()\n"
     + "model.fit(raw.batch(128))  # REPORT\n",
+    "a parameter named strategy that one caller gives a synchronous one": TF
+    + "def train(ds, strategy=None):\n    with strategy.scope():\n        model = build()\n"
+    + "    model.fit(ds.batch(64))  # REPORT\n"
+    + "train(raw, tf.distribute.experimental.ParameterServerStrategy(resolver))\n"
+    + "train(raw, tf.distribute.MirroredStrategy())\n",
+    "a parameter named strategy of a function no call here reaches": TF
+    + "def train(ds, strategy):\n    with strategy.scope():\n        model = build()\n"
+    + "    model.fit(ds.batch(64))  # REPORT\n",
     "a strategy from a function of this file that returns one": TF
     + "def get_strategy():\n    try:\n"
     + "        return tf.distribute.TPUStrategy(resolver)\n    except ValueError:\n"

@@ -40,12 +40,15 @@ class Collector(StrategyFacts, ast.NodeVisitor):
         sequence_classes: dict[str, ast.FunctionDef] | None = None,
         known: Collector | None = None,
         received: set[tuple[int, str]] = frozenset(),
+        declined: set[tuple[int, str]] = frozenset(),
     ):
         """``known``: a first walk of the same file, whose strategies (module names,
         ``self`` attributes, functions returning one) hold from the start, as they do by
         the time its functions run; ``received``: (line of a function, parameter) pairs
-        that callers give a strategy."""
+        that callers give a strategy; ``declined``: parameters named as a strategy that
+        every caller gives one that splits nothing (``Module``)."""
         self.received = received
+        self.declined = declined
         self.aliases: dict[str, str] = {}
         # local name -> (level, module, imported name or None): for following imports.
         self.imports: dict[str, tuple[int, str, str | None]] = {}
@@ -134,11 +137,11 @@ class Collector(StrategyFacts, ast.NodeVisitor):
         scope.parameters = [argument.arg for argument in arguments]
         for argument in arguments:
             annotation = ast.unparse(argument.annotation) if argument.annotation else ""
-            if (
-                strategy_word(argument.arg)
-                or annotation.endswith("Strategy")
-                or (node.lineno, argument.arg) in self.received
-            ):
+            named = strategy_word(argument.arg) or annotation.endswith("Strategy")
+            if (named and (node.lineno, argument.arg) not in self.declined) or (
+                node.lineno,
+                argument.arg,
+            ) in self.received:
                 scope.strategy_names[argument.arg] = node.lineno
                 scope.received = True
         self.scopes.append(scope)
@@ -281,7 +284,10 @@ class Collector(StrategyFacts, ast.NodeVisitor):
         if self.is_strategy_value(owner, expression.lineno):
             return True
         if isinstance(owner, ast.Name) and owner.id in self.scope.parameters:
-            if owner.id not in self.scope.strategy_names and not strategy_word(owner.id):
+            named = strategy_word(owner.id)
+            if (self.scope.node.lineno, owner.id) in self.declined:
+                named = False
+            if owner.id not in self.scope.strategy_names and not named:
                 return False
             self.scope.strategy_names.setdefault(owner.id, self.scope.node.lineno)
             self.scope.received = True
