@@ -384,6 +384,20 @@ WINDOWS = {
     + "ds = raw.window(21).flat_map(windows).batch(16 * strategy.num_replicas_in_sync)\n"
     + DIST,
 }
+WINDOWS_REPORTED_37 = {
+    "sequences of a constant length through names, then the training batch": TF
+    + "strategy = tf.distribute.TPUStrategy(resolver)\n"
+    + "SEQ_LEN = 100\nsequences = chars.batch(SEQ_LEN, drop_remainder=True)\n"
+    + "pairs = sequences.map(split_input_target)\n"
+    + "ds = pairs.shuffle(10000)\nds = ds.batch(64, drop_remainder=True)  # REPORT\n"
+    + DIST,
+    "batched, unbatched and batched again": MIRRORED
+    + "ds = raw.batch(256).map(decode).unbatch()\nds = ds.batch(32)  # REPORT\n"
+    + DIST,
+    "batched then mapped, with no second batch: the training batch": MIRRORED
+    + "ds = raw.batch(64)  # REPORT\nds = ds.map(augment).prefetch(2)\n"
+    + DIST,
+}
 WINDOWS_REPORTED = {
     "sequences of seq_len + 1, then the training batch": MIRRORED
     + "seq_len = 100\nsequences = chars.batch(seq_len + 1, drop_remainder=True)\n"
@@ -501,7 +515,7 @@ MUST_REPORT = {
     **{f"proven flow: {k}": v for k, v in PROVEN_REPORTED.items()},
     **{f"intent read both ways: {k}": v for k, v in INTENT_37_REPORTED.items()},
     **{f"synchronous: {k}": v for k, v in SYNCHRONOUS_REPORTED.items()},
-    **{f"windows: {k}": v for k, v in WINDOWS_REPORTED.items()},
+    **{f"windows: {k}": v for k, v in {**WINDOWS_REPORTED, **WINDOWS_REPORTED_37}.items()},
     **{f"rebound strategy: {k}": v for k, v in REBOUND_REPORTED.items()},
     **{f"strategy runner: {k}": v for k, v in RUNNER_REPORTED.items()},
 }
