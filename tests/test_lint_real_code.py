@@ -665,6 +665,17 @@ def test_magics_alone_are_no_finding_and_no_syntax_error(tmp_path):
     )
 
 
+def test_a_timed_statement_is_checked_as_the_program(tmp_path):
+    assert notebook_findings(
+        tmp_path,
+        BUILT,
+        "ds = raw.batch(64)\n%time history = model.fit(ds, epochs=2)\n",
+        "for _ in range(2):\n    %timeit -n 1 -r 1 model.fit(raw.batch(32))\n",
+        "ds = raw.batch(16)\nhistory = %time model.fit(ds)\n",
+        "%time model.fit(raw.batch(16 * strategy.num_replicas_in_sync))\n%time\n",
+    ) == [(2, 1, "KDP001"), (3, 2, "KDP001"), (4, 1, "KDP001")]
+
+
 def test_a_broken_cell_is_left_out_and_a_written_python_file_is_checked_alone(tmp_path):
     assert notebook_findings(
         tmp_path,
