@@ -293,6 +293,15 @@ INTENT_37 = {
     + "BATCH_SIZE = 64\nds = raw.batch(BATCH_SIZE)\n"
     + DIST
     + "def step(x):\n    return tf.reduce_sum(loss(x)) / BATCH_SIZE\n",
+    "a comment naming the cores it spans": MIRRORED
+    + "BATCH = 128  # for all 8 TPU cores\nds = raw.batch(BATCH)\n"
+    + DIST,
+    "a comment writing it as a product over cores": MIRRORED
+    + "# 16 x 8 cores\nBATCH = 128\nds = raw.batch(BATCH)\n"
+    + DIST,
+    "a name that says effective": MIRRORED
+    + "EFFECTIVE_BATCH_SIZE = 512\nds = raw.batch(EFFECTIVE_BATCH_SIZE)\n"
+    + DIST,
     "an assert that it divides": MIRRORED
     + "batch_size = 256\nassert batch_size % 8 == 0\n"
     + "ds = raw.batch(batch_size)\n"
@@ -302,6 +311,12 @@ INTENT_37_REPORTED = {
     "a per-core size whose comment mentions the global batch": MIRRORED
     + "# This is the per-core batch size. The global batch size is 8x this.\n"
     + "BATCH = 128\nds = raw.batch(BATCH)  # REPORT\n"
+    + DIST,
+    "a comment that says it is for each of the cores": MIRRORED
+    + "BATCH = 128  # for each of the 8 TPU cores\nds = raw.batch(BATCH)  # REPORT\n"
+    + DIST,
+    "a comment with a core count that states no product": MIRRORED
+    + "BATCH = 128  # max 8 cores on this machine\nds = raw.batch(BATCH)  # REPORT\n"
     + DIST,
     "a name that says per worker": MIRRORED
     + "PER_WORKER_BATCH = 64\nds = raw.batch(PER_WORKER_BATCH)  # REPORT\n"

@@ -3,10 +3,11 @@
 A value reads as **per replica** (a constant there is the mistake, whatever else is said)
 when its name or a comment on or above its definition says so: ``PER_CORE_BATCH``,
 ``batch_size_per_replica``, "# this is the per-core batch size. The global batch size is 8x
-this", "# batch size on each GPU".
+this", "# batch size on each GPU", "# for each of the 8 TPU cores".
 
 Otherwise it reads as **global** (not the mistake) when
-- its name says so (``global_batch_size``, ``GLOBAL_BATCH``, ``total_batch``);
+- its name says so (``global_batch_size``, ``GLOBAL_BATCH``, ``total_batch``,
+  ``EFFECTIVE_BATCH_SIZE``);
 - the code divides it by the replica, core or worker count
   (``batch_size // strategy.num_replicas_in_sync``), asks an input context for its
   per-replica share (``get_per_replica_batch_size(batch_size)``), gives it as the
@@ -14,7 +15,8 @@ Otherwise it reads as **global** (not the mistake) when
   it: ``tf.reduce_sum(loss) / BATCH``, ``loss * (1.0 / BATCH)``), or checks that it
   divides (``assert batch_size % 8 == 0``, ``if BATCH % num_workers: raise ...``);
 - a comment on its definition, or on the comment lines right above it, says it is the
-  total ("# global batch", "# must be divisible by the number of workers");
+  total ("# global batch", "# must be divisible by the number of workers", "# for all 8
+  TPU cores", "# 16 x 8 cores");
 - it is written as a product of numbers (``4096 * 9``) or multiplied by a replica, core or
   worker count (``PER_WORKER_BATCH * NUM_WORKERS``): ``flow.py`` reads those.
 """
@@ -24,21 +26,23 @@ from __future__ import annotations
 import ast
 import re
 
-GLOBAL_NAME = re.compile(r"(?i)global|total")
+GLOBAL_NAME = re.compile(r"(?i)global|total|effective")
 _UNITS = r"(replica|core|tpu|device|gpu|worker|shard|host|chip|accelerator)s?"
+# "8 TPU cores", "the GPUs", "all replicas": a count of units, as comments write it.
+_COUNTED = r"(the )?(\d+ )?((tpu|gpu|v\d+) )?(replicas|devices|gpus|cores|workers|tpus|chips)"
 PER_REPLICA_NAME = re.compile(rf"(?i)(per_?|each_?){_UNITS}|{_UNITS}_?batch")
 PER_REPLICA_COMMENT = re.compile(
     rf"(?i)\b(per[- ]?{_UNITS}|(for|on|to|of) (each|every|one|a single) {_UNITS}"
-    rf"|each {_UNITS}|{_UNITS} batch)\b"
+    rf"|each {_UNITS}|each of {_COUNTED}|{_UNITS} batch)\b"
 )
 GLOBAL_COMMENT = re.compile(
     r"(?i)\b(global|total|in all|effective batch"
-    r"|across (all )?(the )?(replicas|devices|gpus|cores|workers|tpus)"
-    r"|all (replicas|devices|gpus|cores|workers)"
+    rf"|across (all )?{_COUNTED}|(for |over )?all {_COUNTED}"
     r"|divisible by|split (across|over|among|between)|divided (among|across|over|between)"
     r"|(number|count) of (replicas|devices|gpus|cores|workers|tpus)"
     r"|(all )?in (one|a single) batch)\b"
     r"|%\s*\w+\s*==\s*0"  # batch_size % 8 == 0: it must divide
+    rf"|\b\d+ {_COUNTED} ?[x*×]|(?<![A-Za-z_])[x*×] ?\d+ {_COUNTED}\b"  # "16 * 8 cores"
 )
 # Names of a replica, core, device or worker count.
 COUNT_NAME = re.compile(
