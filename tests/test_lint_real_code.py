@@ -446,6 +446,12 @@ REBOUND = {
     + "strategy = tf.distribute.MirroredStrategy()\n"
     + "strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)\n"
     + "def train(ds):\n    return strategy.experimental_distribute_dataset(ds.batch(64))\n",
+    "an attribute rebound to the default on the next line": TF
+    + "class Trainer:\n    def __init__(self):\n"
+    + "        self.strategy = tf.distribute.MirroredStrategy()\n"
+    + "        self.strategy = tf.distribute.get_strategy()\n"
+    + "    def train(self):\n        with self.strategy.scope():\n"
+    + "            self.model = build()\n        self.model.fit(raw.batch(64))\n",
     "a module strategy rebound before a function reads it": TF
     + "strategy = tf.distribute.MirroredStrategy()\n"
     + "strategy = tf.distribute.get_strategy()\n"
@@ -478,6 +484,13 @@ REBOUND_REPORTED = {
     + "if args.cpu:\n    strategy = tf.distribute.get_strategy()\n"
     + "ds = raw.batch(64)  # REPORT\n"
     + DIST,
+    "an attribute given the default only in the except branch": TF
+    + "class Trainer:\n    def __init__(self):\n        self.model = None\n"
+    + "        try:\n            self.strategy = tf.distribute.TPUStrategy(resolver)\n"
+    + "        except ValueError:\n            self.strategy = tf.distribute.get_strategy()\n"
+    + "    def train(self):\n        with self.strategy.scope():\n"
+    + "            self.model = build()\n"
+    + "        self.model.fit(raw.batch(64))  # REPORT\n",
     "rebound to the default, then to a strategy again": TF
     + "strategy = tf.distribute.MirroredStrategy()\n"
     + "strategy = tf.distribute.get_strategy()\n"

@@ -58,6 +58,9 @@ class Collector(StrategyFacts, ast.NodeVisitor):
         self.all_functions: dict[str, list[Scope]] = defaultdict(list)  # any depth
         self.classes: set[str] = set()
         self.class_strategy_attrs: dict[str, set[str]] = defaultdict(set)
+        # (class, attribute) -> [(scope, line, branches)]: its bindings to a strategy not
+        # surely replaced since (``self.strategy = get_strategy()`` on a later line).
+        self._attribute_strategies: dict[tuple, list] = defaultdict(list)
         # (class, attribute) -> [(scope, value)]: ``self.x = v`` and class-body ``x = v``.
         self.class_values: dict[tuple[str, str], list[tuple[Scope, ast.expr]]] = defaultdict(list)
         self.strategy_functions: set[str] = set()  # functions returning a strategy
@@ -199,9 +202,20 @@ class Collector(StrategyFacts, ast.NodeVisitor):
         elif self_attribute(target) and class_of(self.scope):
             owner = class_of(self.scope)
             self.class_values[(owner, target.attr)].append((self.scope, value))
+            bindings = self._attribute_strategies[(owner, target.attr)]
             if self.is_strategy_value(value, value.lineno):
                 self.class_strategy_attrs[owner].add(target.attr)
                 self.scope.created(value.lineno)
+                bindings.append((self.scope, value.lineno, tuple(self._blocks)))
+            elif bindings:
+                blocks = tuple(self._blocks)
+                bindings[:] = [
+                    (scope, line, where)
+                    for scope, line, where in bindings
+                    if scope is not self.scope or where[: len(blocks)] != blocks
+                ]
+                if not bindings:  # self.strategy = tf.distribute.get_strategy() after it
+                    self.class_strategy_attrs[owner].discard(target.attr)
 
     def _visit_value(self, node, targets):
         self._targets.append(frozenset(set().union(*(target_names(t) for t in targets))))
