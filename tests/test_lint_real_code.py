@@ -508,27 +508,28 @@ TRAIN_FN = (
     "    model = build()\n    model.compile('adam')\n"
     "    model.fit(make(), epochs=2)\n"
 )
+CONSTANT_TRAIN = SPARK + TRAIN_FN.format(size="64", mark="")
 RUNNER_REPORTED = {
-    "MirroredStrategyRunner(...).run(train)": SPARK
-    + TRAIN_FN.format(size="64", mark="  # REPORT")
-    + "MirroredStrategyRunner(num_slots=8).run(train)\n",
-    "a runner held by a name, the function by keyword": SPARK
-    + TRAIN_FN.format(size="64", mark="  # REPORT")
-    + "runner = MirroredStrategyRunner(num_slots=4, local_mode=True)\n"
-    + "runner.run(train_fn=train)\n",
+    name: SPARK + TRAIN_FN.format(size="64", mark="  # REPORT") + launch
+    for name, launch in {
+        "MirroredStrategyRunner(...).run(train)": (
+            "MirroredStrategyRunner(num_slots=8).run(train)\n"
+        ),
+        "a runner held by a name, the function by keyword": (
+            "runner = MirroredStrategyRunner(num_slots=4, local_mode=True)\n"
+            "runner.run(train_fn=train)\n"
+        ),
+    }.items()
 }
 RUNNER = {
     "scaled by the replica count of the runner's strategy": SPARK
     + TRAIN_FN.format(size="64 * tf.distribute.get_strategy().num_replicas_in_sync", mark="")
     + "MirroredStrategyRunner(num_slots=8).run(train)\n",
-    "the function makes its own strategy": SPARK
-    + TRAIN_FN.format(size="64", mark="")
+    "the function makes its own strategy": CONSTANT_TRAIN
     + "MirroredStrategyRunner(num_slots=8, use_custom_strategy=True).run(train)\n",
-    "one slot: one replica": SPARK
-    + TRAIN_FN.format(size="64", mark="")
+    "one slot: one replica": CONSTANT_TRAIN
     + "MirroredStrategyRunner(num_slots=1, local_mode=True).run(train)\n",
-    "the function is called, not given to the runner": SPARK
-    + TRAIN_FN.format(size="64", mark="")
+    "the function is called, not given to the runner": CONSTANT_TRAIN
     + "runner = MirroredStrategyRunner(num_slots=8)\ntrain()\n",
 }
 
