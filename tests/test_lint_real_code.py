@@ -737,6 +737,19 @@ def test_the_message_names_value_definition_and_where_the_strategy_is_reached():
     ]
 
 
+def test_a_launcher_finding_names_the_call_that_enters_the_strategy():
+    source = RUNNER_REPORTED["MirroredStrategyRunner(...).run(train)"]
+    launch = len(source.splitlines())  # the launcher is the last line
+    (violation,) = check_source(source)
+    assert violation.line == 5
+    assert "model.fit() at line 8" in violation.message
+    assert f"MirroredStrategyRunner(num_slots=8).run() at line {launch}" in violation.message
+    assert [(r.line, r.note) for r in violation.related] == [
+        (8, "the data reaches the strategy here"),
+        (launch, "the launcher enters the strategy's scope here"),
+    ]
+
+
 def test_a_followed_call_says_where_the_strategy_is_reached():
     source = MIRRORED + (
         "def make(b):\n    return raw.batch(b)\n"

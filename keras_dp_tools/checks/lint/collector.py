@@ -69,6 +69,8 @@ class Collector(StrategyFacts, ast.NodeVisitor):
         # bound under ``with <strategy>.scope():`` (or compiled there) -> first line.
         self.models: dict[tuple, set[int]] = defaultdict(set)
         self.scoped_functions: set[str] = set()  # functions called under a strategy scope
+        # functions a launcher runs under a strategy it makes -> the launching call
+        self.runner_calls: dict[str, ast.Call] = {}
         self.window_functions: set[str] = set()  # functions given to flat_map/interleave
         self.window_calls: set[int] = set()  # batch calls inside such lambdas
         # Command-line options: argparse dest or absl flag name -> its default (or None).
@@ -374,7 +376,9 @@ class Collector(StrategyFacts, ast.NodeVisitor):
             self.scope.created(node.lineno)
         self.scope.calls.append(node)
         self._option(node)
-        self.scoped_functions |= self.run_under_strategy(node)
+        for name in self.run_under_strategy(node):
+            self.scoped_functions.add(name)
+            self.runner_calls.setdefault(name, node)
         func = node.func
         if self._strategy_blocks:
             if isinstance(func, ast.Attribute) and func.attr == "compile":
