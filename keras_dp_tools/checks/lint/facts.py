@@ -34,15 +34,21 @@ class Module:
                 lines = None
         self.lines = lines
         classes = sequence_classes(tree)
-        self.collector = first = Collector(classes)
-        imported = self._imported(project, first, tree)
-        first.strategy_functions |= imported(lambda module: module.collector.strategy_functions)
-        first.visit(tree)
+        self.collector = Collector(classes)  # its imports, until the first walk is done
+        imported = self._imported(project, self.collector, tree)
+
+        def walk(declined=frozenset()) -> Collector:
+            collector = Collector(classes, declined=declined)
+            collector.strategy_functions |= imported(
+                lambda module: module.collector.strategy_functions
+            )
+            collector.visit(tree)
+            return collector
+
+        self.collector = first = walk()
         declined = self._declined_strategy_parameters()
         if declined:  # walked again without them, so that nothing they hold counts
-            self.collector = first = Collector(classes, declined=declined)
-            first.strategy_functions |= imported(lambda module: module.collector.strategy_functions)
-            first.visit(tree)
+            self.collector = first = walk(declined)
         received = self._propagate_strategy_arguments()
         # Again, knowing from the start the strategies the first walk found, so that a
         # function defined above the strategy it uses (or given one) sees it.
