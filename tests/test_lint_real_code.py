@@ -394,6 +394,9 @@ WINDOWS = {
     + "ds = raw.window(20, shift=1).flat_map(lambda w: w.batch(20))\n"
     + "ds = ds.map(split).batch(64 * strategy.num_replicas_in_sync)\n"
     + DIST,
+    "sequences of one plus a length": MIRRORED
+    + "seq_len = 100\nchunks = chars.batch(1 + seq_len, drop_remainder=True)\n"
+    + "dist = strategy.experimental_distribute_dataset(chunks.map(split))\n",
     "a window function given to flat_map": MIRRORED
     + "def windows(w):\n    return w.batch(21)\n"
     + "ds = raw.window(21).flat_map(windows).batch(16 * strategy.num_replicas_in_sync)\n"

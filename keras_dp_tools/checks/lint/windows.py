@@ -33,11 +33,13 @@ def _method(call: ast.Call) -> str:
 
 
 def _plus_one(size) -> bool:
+    """``seq_len + 1`` (or ``1 + seq_len``)."""
     return (
         isinstance(size, ast.BinOp)
         and isinstance(size.op, ast.Add)
-        and isinstance(size.right, ast.Constant)
-        and size.right.value == 1
+        and any(
+            isinstance(side, ast.Constant) and side.value == 1 for side in (size.left, size.right)
+        )
     )
 
 
