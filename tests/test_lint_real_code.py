@@ -302,6 +302,16 @@ INTENT_37 = {
     "a name that says effective": MIRRORED
     + "EFFECTIVE_BATCH_SIZE = 512\nds = raw.batch(EFFECTIVE_BATCH_SIZE)\n"
     + DIST,
+    "a command-line size the code checks divides over the GPUs": MIRRORED
+    + "flags.DEFINE_integer('batch_size', 64, 'training batch size')\n"
+    + "if FLAGS.batch_size % len(gpus):\n    raise ValueError('not divisible')\n"
+    + "ds = raw.batch(FLAGS.batch_size)\n"
+    + DIST,
+    "an attribute divided by the replica count": MIRRORED
+    + "class Config:\n    batch_size = 256\ncfg = Config()\n"
+    + "ds = raw.batch(cfg.batch_size)\n"
+    + "per_replica = cfg.batch_size // strategy.num_replicas_in_sync\n"
+    + DIST,
     "an assert that it divides": MIRRORED
     + "batch_size = 256\nassert batch_size % 8 == 0\n"
     + "ds = raw.batch(batch_size)\n"
@@ -317,6 +327,11 @@ INTENT_37_REPORTED = {
     + DIST,
     "a comment with a core count that states no product": MIRRORED
     + "BATCH = 128  # max 8 cores on this machine\nds = raw.batch(BATCH)  # REPORT\n"
+    + DIST,
+    "another object's batch size divided, not this one": MIRRORED
+    + "class Config:\n    batch_size = 256\ncfg = Config()\n"
+    + "ds = raw.batch(cfg.batch_size)  # REPORT\n"
+    + "eval_share = eval_cfg.batch_size // strategy.num_replicas_in_sync\n"
     + DIST,
     "a name that says per worker": MIRRORED
     + "PER_WORKER_BATCH = 64\nds = raw.batch(PER_WORKER_BATCH)  # REPORT\n"

@@ -13,7 +13,8 @@ Otherwise it reads as **global** (not the mistake) when
   per-replica share (``get_per_replica_batch_size(batch_size)``), gives it as the
   ``global_batch_size`` of ``tf.nn.compute_average_loss`` (or averages a summed loss over
   it: ``tf.reduce_sum(loss) / BATCH``, ``loss * (1.0 / BATCH)``), or checks that it
-  divides (``assert batch_size % 8 == 0``, ``if BATCH % num_workers: raise ...``);
+  divides (``assert batch_size % 8 == 0``, ``if BATCH % num_workers: raise ...``), also
+  held on an attribute (``if FLAGS.batch_size % len(gpus): raise ...``);
 - a comment on its definition, or on the comment lines right above it, says it is the
   total ("# global batch", "# must be divisible by the number of workers", "# for all 8
   TPU cores", "# 16 x 8 cores");
@@ -88,14 +89,24 @@ def _checked_divisible(node: ast.BinOp) -> bool:
     )
 
 
+def _held(node) -> str | None:
+    """How a batch size is held, as written: ``batch_size``, ``FLAGS.batch_size``,
+    ``self.cfg.batch_size``; None for anything else."""
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute) and _held(node.value) is not None:
+        return ast.unparse(node)
+    return None
+
+
 def _loss_over(node) -> bool:
     """A summed loss (or 1) divided by a batch size: the code averages over the global
     batch, as a replica's loss must be under a strategy."""
     if not (
         isinstance(node, ast.BinOp)
         and isinstance(node.op, ast.Div)
-        and isinstance(node.right, ast.Name)
-        and "batch" in node.right.id.lower()
+        and _held(node.right) is not None
+        and "batch" in _held(node.right).split(".")[-1].lower()
     ):
         return False
     left = node.left
@@ -108,7 +119,8 @@ def _loss_over(node) -> bool:
 
 
 def divided_names(tree: ast.Module) -> set[str]:
-    """Names the code treats as a total to share out over replicas."""
+    """Names (and attributes, as written: ``FLAGS.batch_size``) the code treats as a
+    total to share out over replicas."""
     names = set()
     tests = [
         part
@@ -117,28 +129,24 @@ def divided_names(tree: ast.Module) -> set[str]:
         for part in ast.walk(node.test)
     ]
     for node in tests:
-        if (
-            isinstance(node, ast.BinOp)
-            and isinstance(node.left, ast.Name)
-            and _checked_divisible(node)
-        ):
-            names.add(node.left.id)
+        if isinstance(node, ast.BinOp) and _held(node.left) and _checked_divisible(node):
+            names.add(_held(node.left))
     for node in ast.walk(tree):
         if (
             isinstance(node, ast.BinOp)
             and isinstance(node.op, (ast.Div, ast.FloorDiv))
-            and isinstance(node.left, ast.Name)
+            and _held(node.left)
             and is_count(node.right)
         ):
-            names.add(node.left.id)
+            names.add(_held(node.left))
         elif _loss_over(node):  # tf.reduce_sum(loss) / BATCH, loss * (1.0 / BATCH)
-            names.add(node.right.id)
+            names.add(_held(node.right))
         elif isinstance(node, ast.Call):
             func = node.func
             name = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
             given = [*node.args[:1]] if name == "get_per_replica_batch_size" else []
             given += [k.value for k in node.keywords if k.arg == "global_batch_size"]
-            names.update(value.id for value in given if isinstance(value, ast.Name))
+            names.update(_held(value) for value in given if _held(value))
     return names
 
 
