@@ -509,6 +509,10 @@ REBOUND_REPORTED = {
     + "    def train(self):\n        with self.strategy.scope():\n"
     + "            self.model = build()\n"
     + "        self.model.fit(raw.batch(64))  # REPORT\n",
+    "get_strategy() under the strategy's scope is that strategy": MIRRORED
+    + "with strategy.scope():\n    strategy = tf.distribute.get_strategy()\n"
+    + "ds = raw.batch(64)  # REPORT\n"
+    + DIST,
     "rebound to the default, then to a strategy again": TF
     + "strategy = tf.distribute.MirroredStrategy()\n"
     + "strategy = tf.distribute.get_strategy()\n"

@@ -191,7 +191,9 @@ class Collector(StrategyFacts, ast.NodeVisitor):
                 self.class_values[(self._class[-1], target.id)].append((self.scope, value))
                 return
             self.scope.assignments[target.id].append(value)
-            if self.is_strategy_value(value, value.lineno):
+            # get_strategy() under a strategy's scope returns that strategy
+            in_scope = self._strategy_blocks and self.is_default_strategy_call(value)
+            if in_scope or self.is_strategy_value(value, value.lineno):
                 self.scope.strategy_names.setdefault(target.id, value.lineno)
                 self.scope.strategy_lines[target.id].add(value.lineno)
                 self.scope.binding_blocks[(target.id, value.lineno)] = tuple(self._blocks)
@@ -205,7 +207,8 @@ class Collector(StrategyFacts, ast.NodeVisitor):
             owner = class_of(self.scope)
             self.class_values[(owner, target.attr)].append((self.scope, value))
             bindings = self._attribute_strategies[(owner, target.attr)]
-            if self.is_strategy_value(value, value.lineno):
+            in_scope = self._strategy_blocks and self.is_default_strategy_call(value)
+            if in_scope or self.is_strategy_value(value, value.lineno):
                 self.class_strategy_attrs[owner].add(target.attr)
                 self.scope.created(value.lineno)
                 bindings.append((self.scope, value.lineno, tuple(self._blocks)))

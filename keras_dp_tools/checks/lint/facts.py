@@ -134,10 +134,7 @@ class Module:
         collector = self.collector
         if isinstance(value, ast.Constant) and value.value is None:
             return True
-        if isinstance(value, ast.Call) and (
-            collector.is_other_strategy_call(value)
-            or (collector.qualified(value.func) or "").endswith("distribute.get_strategy")
-        ):
+        if collector.is_other_strategy_call(value) or collector.is_default_strategy_call(value):
             return True
         if isinstance(value, ast.Name) and depth < 2:
             _, values, is_parameter = scope.lookup(value.id)

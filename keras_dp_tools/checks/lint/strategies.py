@@ -58,6 +58,13 @@ class StrategyFacts:
             class_of(scope) or "", set()
         )
 
+    def is_default_strategy_call(self, node) -> bool:
+        """``tf.distribute.get_strategy()``: the strategy whose scope the code is in,
+        else the one-replica default."""
+        return isinstance(node, ast.Call) and (self.qualified(node.func) or "").endswith(
+            "distribute.get_strategy"
+        )
+
     def is_other_strategy_call(self, node) -> bool:
         """A strategy that splits no batch over synchronous replicas
         (``ParameterServerStrategy``, ``OneDeviceStrategy``, a one-device mirror)."""
