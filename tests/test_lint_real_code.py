@@ -513,6 +513,12 @@ REBOUND_REPORTED = {
     + "with strategy.scope():\n    strategy = tf.distribute.get_strategy()\n"
     + "ds = raw.batch(64)  # REPORT\n"
     + DIST,
+    "a strategy parameter's default filled in": TF
+    + "def main(strategy=None):\n"
+    + "    strategy = strategy or tf.distribute.MirroredStrategy()\n"
+    + "    ds = raw.batch(64)  # REPORT\n"
+    + "    return strategy.experimental_distribute_dataset(ds)\n"
+    + "main()\n",
     "rebound to the default, then to a strategy again": TF
     + "strategy = tf.distribute.MirroredStrategy()\n"
     + "strategy = tf.distribute.get_strategy()\n"

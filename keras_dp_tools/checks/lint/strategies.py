@@ -50,6 +50,8 @@ class StrategyFacts:
             return any(
                 self.is_strategy_value(side, line, scope) for side in (value.body, value.orelse)
             )
+        if isinstance(value, ast.BoolOp):  # strategy or tf.distribute.MirroredStrategy()
+            return any(self.is_strategy_value(side, line, scope) for side in value.values)
         scope = scope or self.scope
         if isinstance(value, ast.Name):
             return scope.strategy_name_at(value.id, line)
