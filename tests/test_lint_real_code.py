@@ -513,6 +513,12 @@ REBOUND_REPORTED = {
     + "with strategy.scope():\n    strategy = tf.distribute.get_strategy()\n"
     + "ds = raw.batch(64)  # REPORT\n"
     + DIST,
+    "a module strategy rebound only after the function reading it": TF
+    + "strategy = tf.distribute.MirroredStrategy()\n"
+    + "def train(ds):\n    with strategy.scope():\n        model = build()\n"
+    + "    model.fit(ds.batch(64))  # REPORT\n"
+    + "    return strategy.experimental_distribute_dataset(ds.batch(32))  # REPORT\n"
+    + "train(raw)\nstrategy = tf.distribute.OneDeviceStrategy('/gpu:0')\ntrain(raw)\n",
     "a strategy parameter's default filled in": TF
     + "def main(strategy=None):\n"
     + "    strategy = strategy or tf.distribute.MirroredStrategy()\n"

@@ -138,13 +138,14 @@ class Scope:
         something else surely replaced (``rebound``: ``get_strategy()`` or a
         ``ParameterServerStrategy`` on a later line; in an ``except`` or ``else`` branch
         it is a fallback, the strategy stays possible); a name of an enclosing scope is
-        one if a binding to one is not surely replaced (it is read when called)."""
+        one if a binding to one is not surely replaced before the function is defined (it
+        is read when called, which may be before a later rebinding)."""
         scope = self
         while scope is not None:
             if name in scope.strategy_names and scope.strategy_names[name] <= line:
-                if scope is not self:
+                if scope is not self:  # ``line``: where the function reading it is defined
                     lines = scope.strategy_lines[name] or {scope.strategy_names[name]}
-                    return any(not scope.rebound(name, since, 10**9) for since in lines)
+                    return any(not scope.rebound(name, since, line) for since in lines)
                 return scope.holds_strategy(name, line)
             if scope is self and name in scope.assignments:
                 return False  # a local name of something else shadows an outer strategy
