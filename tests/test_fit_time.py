@@ -19,6 +19,7 @@ from keras_dp_tools.analysis.fit_time_advice import OUTSIDE_STEPS_SHARE_HIGH, fi
 from keras_dp_tools.analysis.frames import records_by_type
 from keras_dp_tools.records.reader import find_record_files
 from keras_dp_tools.records.writer import worker_records_path
+from tests.helpers.doc_blocks import python_block, run_example
 from tests.helpers.training import GLOBAL_BATCH, dense_model, regression_data
 
 # ---------------------------------------------------------------- hand-written records
@@ -68,7 +69,7 @@ HAND_FIT = [
 
 def write_records(tmp_path, records) -> dict[str, pd.DataFrame]:
     path = worker_records_path(tmp_path, 0)
-    path.parent.mkdir(parents=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
     header = {"type": "header", "run": "r1", "worker": 0, "time": 999.0, "schema": 1}
     path.write_text("".join(json.dumps(record) + "\n" for record in [header, *records]))
     return records_by_type([(path, 0)])
@@ -375,3 +376,12 @@ def test_evaluate_outside_fit_writes_no_validation_records(tmp_path, keras, stra
     _, records = fit_time_of(tmp_path)
     assert "validation_begin" not in records
     assert {"fit_begin", "epoch_begin", "epoch_end", "fit_end"} <= set(records)
+
+
+def test_docs_example_reads_a_recorded_fit(tmp_path):
+    write_records(tmp_path / "logs" / "run1", HAND_FIT)
+    out = run_example(python_block("docs/report.md", "### Time outside the steps"), tmp_path)
+
+    assert "[warning] 91% of fit's time is outside the training steps" in out
+    assert "Largest that training can change: epoch set-up" in out
+    assert "6.5" in out and "0.91" in out  # fit_s, outside_steps_share
