@@ -385,3 +385,20 @@ def test_docs_example_reads_a_recorded_fit(tmp_path):
     assert "[warning] 91% of fit's time is outside the training steps" in out
     assert "Largest that training can change: epoch set-up" in out
     assert "6.5" in out and "0.91" in out  # fit_s, outside_steps_share
+
+
+def test_a_fit_that_raised_is_exited_and_the_next_fit_is_accounted(tmp_path, keras, strategy4):
+    class Stop(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            raise RuntimeError("stopped by the test")
+
+    x, y = regression_data()
+    model = dense_model(keras, strategy4)
+    timer = kdt.StepTimer(tmp_path)
+    with pytest.raises(RuntimeError, match="stopped by the test"):
+        model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=2, verbose=0, callbacks=[timer, Stop()])
+    model.fit(x, y, batch_size=GLOBAL_BATCH, verbose=0, callbacks=[timer])
+
+    frame, _ = fit_time_of(tmp_path)
+    assert frame["status"].tolist() == ["exited", "finished"]
+    assert frame["steps"].tolist()[1] == 7 and np.isnan(frame["fit_s"].iloc[0])

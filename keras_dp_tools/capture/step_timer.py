@@ -110,8 +110,10 @@ class StepTimer(DataParallelCallback):
         self._points: list[tuple[float, int, dict[str, float | None]]] = []
 
     def on_train_begin(self, logs=None):
-        began_at = time.time()  # before our own set-up: the fit's wall time includes it
         self._end_fit("exited")  # a previous fit that raised never reached on_train_end
+        # After that fit's end (the records keep time order), before our own set-up
+        # (the fit's wall time includes it).
+        began_at = time.time()
         # fit's own batch when it can be read, else the one we were given.
         self._run_batch = run_global_batch(self.global_batch)[0]
         self._recorder = Recorder.for_fit(self.log_dir, self.model, self._run_batch)
