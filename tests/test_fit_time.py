@@ -88,6 +88,8 @@ def test_hand_written_fit_is_split_as_computed_by_hand(tmp_path):
         "validation_s": 1.0,
         "between_steps_s": 0.1 + 0.1 + 0.4,
         "epoch_setup_s": 1.0 + 2.1 + 0.8 - 1.0,  # edge gaps less the validation
+        "epoch_start_s": (1.0 - 0.2) + (5.0 - 4.6),  # epoch_begin to the first call
+        "epoch_end_s": (4.5 - 2.9) + (6.0 - 5.7) - 1.0,  # last call to epoch_end
         "steps": 6,
         "epochs": 2,
         "steps_per_epoch": 3.0,
@@ -269,8 +271,9 @@ def test_sleep_at_epoch_end_is_epoch_set_up_and_fires(tmp_path, keras, strategy4
     assert (row["epochs"], row["steps"], row["train_calls"]) == (3, 21, 21)
     assert close(row["fit_s"], watch.span("train_begin", "train_end"))
     assert close(row["train_calls_s"], watch.span("batch_begin", "batch_end"))
-    # The sleeps lie between an epoch's last step and the next epoch's first.
-    assert row["epoch_setup_s"] >= 0.99 * sum(sleep.slept)
+    # The sleeps lie between an epoch's last step and its epoch_end (Sleeper runs first).
+    assert row["epoch_end_s"] >= 0.99 * sum(sleep.slept)
+    assert row["epoch_setup_s"] >= row["epoch_start_s"] + row["epoch_end_s"] - 1e-9
     assert row["validation_s"] == 0 and row["first_step_s"] > 0
     parts = row[["validation_s", "epoch_setup_s", "between_steps_s", "first_step_s"]].sum()
     assert row["outside_steps_s"] == pytest.approx(parts, rel=1e-3)

@@ -13,7 +13,12 @@ and the gaps between them, and each gap is named by where it lies:
 - ``validation_s``: ``validation_begin`` to ``validation_end`` (validation inside fit);
 - ``epoch_setup_s``: the other gaps, at the epochs' edges: fit begin to the first call,
   an epoch's last call to the next epoch's first (iterator set-up, epoch-end callbacks,
-  checkpoints), the last call to fit's end; less the validation inside them;
+  checkpoints), the last call to fit's end; less the validation inside them. Two of
+  its parts are named: ``epoch_start_s``, each ``epoch_begin`` to the epoch's first
+  call (creating the epoch's iterator, callbacks' ``on_epoch_begin`` after
+  StepTimer's), and ``epoch_end_s``, each epoch's last call to its ``epoch_end`` less
+  the validation (Keras ending the epoch, callbacks' ``on_epoch_end`` before
+  StepTimer's: TensorBoard histograms, checkpoints);
 - ``first_step_s``: the first call's time beyond its steps at the fit's median pace
   (tracing and compilation).
 
@@ -53,6 +58,8 @@ FIT_TIME_COLUMNS = [
     "outside_steps_share",  # outside_steps_s / fit_s
     "validation_s",
     "epoch_setup_s",
+    "epoch_start_s",  # part of epoch_setup_s: epoch_begin to the epoch's first call
+    "epoch_end_s",  # part of epoch_setup_s: the epoch's last call to epoch_end
     "between_steps_s",
     "first_step_s",  # NaN with a single call: no steady pace to compare it with
     "epochs",
@@ -64,7 +71,7 @@ FIT_TIME_COLUMNS = [
 ]
 # The parts of the time outside steps, as fit_time_frame names them.
 OUTSIDE_PARTS = ("validation_s", "epoch_setup_s", "between_steps_s", "first_step_s")
-_EDGE_COLUMNS = ["run", "worker", "time", "type"]
+_EDGE_COLUMNS = ["run", "worker", "time", "epoch", "type"]
 _STEP_COLUMNS = ["run", "worker", "time", "epoch", "steps", "step_ms"]
 
 
@@ -223,6 +230,7 @@ def _accounting(start_s: float, end_s: float, edges: pd.DataFrame, calls: pd.Dat
     between_steps_s = float(gaps[same_epoch].sum())
     edge_gaps_s = float(gaps[~same_epoch].sum()) + tail
     validation_s, validations = _validation(edges)
+    epoch_start_s, epoch_end_s = _epoch_edges(edges, calls)
     in_steps_s = train_calls_s - (0.0 if np.isnan(first_step_s) else first_step_s)
     outside_steps_s = fit_s - in_steps_s
     steps = int(covered.sum())
@@ -235,6 +243,8 @@ def _accounting(start_s: float, end_s: float, edges: pd.DataFrame, calls: pd.Dat
         "outside_steps_share": outside_steps_s / fit_s if fit_s > 0 else np.nan,
         "validation_s": validation_s,
         "epoch_setup_s": max(edge_gaps_s - validation_s, 0.0),
+        "epoch_start_s": epoch_start_s,
+        "epoch_end_s": max(epoch_end_s - validation_s, 0.0),
         "between_steps_s": between_steps_s,
         "first_step_s": first_step_s,
         "epochs": epochs,
@@ -254,6 +264,21 @@ def _first_step_excess(calls: pd.DataFrame) -> float:
     pace_ms = float(calls["step_ms"].iloc[1:].median())
     first = calls.iloc[0]
     return max(float(first["seconds"]) - float(first["steps"]) * pace_ms / 1000.0, 0.0)
+
+
+def _epoch_edges(edges: pd.DataFrame, calls: pd.DataFrame) -> tuple[float, float]:
+    """Seconds from each ``epoch_begin`` to its epoch's first call, and from each
+    epoch's last call to its ``epoch_end`` (validation included), over the epochs with
+    calls; matched by epoch number (unique within a fit)."""
+    if calls.empty:
+        return 0.0, 0.0
+    by_epoch = calls.assign(end=calls["time"] + calls["seconds"]).groupby("epoch")
+    first_start, last_end = by_epoch["time"].min(), by_epoch["end"].max()
+    starts = edges[edges["type"] == "epoch_begin"].groupby("epoch")["time"].first()
+    ends = edges[edges["type"] == "epoch_end"].groupby("epoch")["time"].last()
+    start_s = (first_start - starts).dropna().clip(lower=0.0).sum()
+    end_s = (ends - last_end).dropna().clip(lower=0.0).sum()
+    return float(start_s), float(end_s)
 
 
 def _validation(edges: pd.DataFrame) -> tuple[float, int]:

@@ -160,12 +160,32 @@ def _fix(largest: str, rows: pd.DataFrame, keras3_mirrored: bool | None) -> str:
         return _FIX_CALLBACKS + (_SPE_KERAS3 if keras3_mirrored else _SPE_TF_KERAS)
     epochs = float(rows["epochs"].sum())
     per_epoch = float(rows["steps"].sum()) / epochs if epochs else float("nan")
-    fix = (
-        "Pay the per-epoch cost less often: fewer, larger epochs (repeat the dataset and "
-        "give fit(steps_per_epoch=...) with more steps, or fewer epochs over more data), "
-        "and keep on_epoch_end callbacks (checkpoints, TensorBoard histograms, custom "
-        "evaluation) cheap or run them every few epochs."
+    start_s, end_s = (_sum(rows, name) for name in ("epoch_start_s", "epoch_end_s"))
+    larger_epochs = (
+        "pay the per-epoch cost less often with fewer, larger epochs (repeat the dataset "
+        "and give fit(steps_per_epoch=...) more steps, or fewer epochs over more data)"
     )
+    cheaper_ends = (
+        "keep on_epoch_end callbacks cheap or run them every few epochs "
+        "(TensorBoard(histogram_freq=0 or N), checkpoints every N epochs, custom "
+        "evaluation less often)"
+    )
+    # The larger of the two named parts leads (where an epoch's time went).
+    if end_s > start_s:
+        fix = (
+            f"Epochs spent {end_s:.2f} s ending, {start_s:.2f} s starting: {cheaper_ends}; "
+            f"and {larger_epochs}."
+        )
+    else:
+        fix = (
+            f"Epochs spent {start_s:.2f} s starting (creating each epoch's iterator), "
+            f"{end_s:.2f} s ending: {larger_epochs}; and {cheaper_ends}."
+        )
     if per_epoch < FEW_STEPS_PER_EPOCH:
         fix = f"Each epoch has only {per_epoch:.0f} steps. " + fix
     return fix
+
+
+def _sum(rows: pd.DataFrame, name: str) -> float:
+    """A column's total over the rows; 0 where the frame lacks it (older callers)."""
+    return float(rows[name].fillna(0.0).sum()) if name in rows else 0.0
