@@ -14,7 +14,12 @@ import pandas as pd
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.analysis.fit_time import FIT_TIME_COLUMNS, fit_time_by_run, fit_time_frame
+from keras_dp_tools.analysis.fit_time import (
+    FIT_TIME_COLUMNS,
+    OUTSIDE_PARTS,
+    fit_time_by_run,
+    fit_time_frame,
+)
 from keras_dp_tools.analysis.fit_time_advice import OUTSIDE_STEPS_SHARE_HIGH, fit_time_findings
 from keras_dp_tools.analysis.frames import records_by_type
 from keras_dp_tools.records.reader import find_record_files
@@ -83,6 +88,7 @@ def test_hand_written_fit_is_split_as_computed_by_hand(tmp_path):
         "fit_s": 6.5,
         "train_calls_s": 2.0,
         "first_step_s": 1.4,  # 1.5 s - 1 step at 100 ms
+        "profiler_stop_s": 0.0,
         "in_steps_s": 0.6,
         "outside_steps_s": 5.9,
         "validation_s": 1.0,
@@ -100,6 +106,21 @@ def test_hand_written_fit_is_split_as_computed_by_hand(tmp_path):
     assert row["status"] == "finished" and row["fit"] == 0
     assert {name: row[name] for name in expected} == pytest.approx(expected, abs=1e-6)
     assert row["outside_steps_share"] == pytest.approx(5.9 / 6.5)
+
+
+def test_a_profiler_stop_is_taken_out_of_the_gap_it_fell_in(tmp_path):
+    def window(end_step, stop_ms):
+        fields = {"window": end_step, "start_step": 1, "status": "analysed"}
+        return edge("window", 1001.0, end_step=end_step, stop_ms=stop_ms, **fields)
+
+    # Stopped before the call at step 2 (a 0.1 s gap between steps); step 99 is not in
+    # this fit (a window closed when some other fit ended).
+    windows = [window(2, 50.0), window(99, 500.0)]
+    row = fit_time_frame(write_records(tmp_path, HAND_FIT + windows)).iloc[0]
+
+    assert row["profiler_stop_s"] == pytest.approx(0.05)
+    assert row["between_steps_s"] == pytest.approx(0.6 - 0.05)
+    assert row["outside_steps_s"] == pytest.approx(5.9)  # the same wall time, named
 
 
 def test_only_finished_fits_are_accounted_and_each_fit_gets_a_row(tmp_path):
@@ -140,8 +161,7 @@ def test_a_fit_edge_with_a_wrong_type_is_refused_on_read(tmp_path):
 
 def fit_row(**parts):
     """One finished fit of 100 steps in 10 s with the given parts outside the steps."""
-    parts = {"validation_s": 0.0, "epoch_setup_s": 0.0, "between_steps_s": 0.0, **parts}
-    parts.setdefault("first_step_s", 0.0)
+    parts = {**dict.fromkeys(OUTSIDE_PARTS, 0.0), **parts}
     outside = sum(parts.values())
     row = {"run": "r1", "worker": 0, "status": "finished", "fit_s": 10.0, "steps": 100}
     row.update(epochs=2, validations=2, in_steps_s=10.0 - outside, outside_steps_s=outside)
@@ -190,6 +210,15 @@ def test_tracing_alone_over_the_threshold_is_info_with_its_own_fix():
     # With as much outside the steps besides tracing, the fix is for that part.
     (finding,) = fit_time_findings(fit_row(first_step_s=3.0, epoch_setup_s=2.5))
     assert str(finding.severity) == "warning" and "epoch" in finding.fix
+
+
+def test_our_profilers_stops_are_not_blamed_on_the_training():
+    (finding,) = fit_time_findings(
+        fit_row(profiler_stop_s=2.0, first_step_s=0.4, between_steps_s=0.5)
+    )
+    assert str(finding.severity) == "info"
+    assert "max_windows" in finding.fix
+    assert finding.explains_ms_per_step == pytest.approx(20.0)
 
 
 # ---------------------------------------------------------------- real fits
@@ -275,7 +304,7 @@ def test_sleep_at_epoch_end_is_epoch_set_up_and_fires(tmp_path, keras, strategy4
     assert row["epoch_end_s"] >= 0.99 * sum(sleep.slept)
     assert row["epoch_setup_s"] >= row["epoch_start_s"] + row["epoch_end_s"] - 1e-9
     assert row["validation_s"] == 0 and row["first_step_s"] > 0
-    parts = row[["validation_s", "epoch_setup_s", "between_steps_s", "first_step_s"]].sum()
+    parts = row[list(OUTSIDE_PARTS)].sum()
     assert row["outside_steps_s"] == pytest.approx(parts, rel=1e-3)
 
     (finding,) = fit_time_findings(frame, records["header"])

@@ -20,12 +20,16 @@ and the gaps between them, and each gap is named by where it lies:
   the validation (Keras ending the epoch, callbacks' ``on_epoch_end`` before
   StepTimer's: TensorBoard histograms, checkpoints);
 - ``first_step_s``: the first call's time beyond its steps at the fit's median pace
-  (tracing and compilation).
+  (tracing and compilation);
+- ``profiler_stop_s``: our ``DataParallelProfiler`` stopping a window after a call
+  (its ``window`` record's ``stop_ms``), taken out of the gap it fell in: the profiler's
+  cost, not the training's.
 
 ``in_steps_s`` is the calls' time less ``first_step_s`` (the steps at their steady
 pace), so ``fit_s = in_steps_s + outside_steps_s`` and ``outside_steps_s =
-validation_s + epoch_setup_s + between_steps_s + first_step_s``. What Keras does in
-``fit`` before the first callback hook (adapting the data) is not in ``fit_s``.
+validation_s + epoch_setup_s + between_steps_s + first_step_s + profiler_stop_s``.
+What Keras does in ``fit`` before the first callback hook (adapting the data) is not
+in ``fit_s``.
 """
 
 from __future__ import annotations
@@ -62,6 +66,7 @@ FIT_TIME_COLUMNS = [
     "epoch_end_s",  # part of epoch_setup_s: the epoch's last call to epoch_end
     "between_steps_s",
     "first_step_s",  # NaN with a single call: no steady pace to compare it with
+    "profiler_stop_s",  # our profiler stopping its windows between calls
     "epochs",
     "steps",  # optimizer steps the calls ran
     "steps_per_epoch",
@@ -70,9 +75,15 @@ FIT_TIME_COLUMNS = [
     "outside_ms_per_step",  # outside_steps_s over the fit's steps, ms
 ]
 # The parts of the time outside steps, as fit_time_frame names them.
-OUTSIDE_PARTS = ("validation_s", "epoch_setup_s", "between_steps_s", "first_step_s")
+OUTSIDE_PARTS = (
+    "validation_s",
+    "epoch_setup_s",
+    "between_steps_s",
+    "first_step_s",
+    "profiler_stop_s",
+)
 _EDGE_COLUMNS = ["run", "worker", "time", "epoch", "type"]
-_STEP_COLUMNS = ["run", "worker", "time", "epoch", "steps", "step_ms"]
+_STEP_COLUMNS = ["run", "worker", "time", "epoch", "step", "steps", "step_ms"]
 
 
 def fit_time_frame(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
@@ -117,10 +128,12 @@ def fit_time_frame(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
         return pd.DataFrame(columns=FIT_TIME_COLUMNS)
     steps = _steps(records)
     step_groups = steps.groupby(["run", "worker"], sort=False).indices if len(steps) else {}
+    stops = _profiler_stops(records)
     rows = []
     for (run, worker), worker_edges in edges.groupby(["run", "worker"], sort=True):
         worker_steps = steps.iloc[step_groups.get((run, worker), [])]
-        rows += _worker_fits(run, worker, worker_edges, worker_steps)
+        worker_stops = stops[(stops["run"] == run) & (stops["worker"] == worker)]
+        rows += _worker_fits(run, worker, worker_edges, worker_steps, worker_stops)
     frame = pd.DataFrame(rows, columns=FIT_TIME_COLUMNS)
     counts = dict.fromkeys(("epochs", "steps", "train_calls", "validations"), "Int64")
     return frame.astype({"worker": "int64", "fit": "int64", **counts})
@@ -184,7 +197,20 @@ def _steps(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     return steps.assign(steps=covered, seconds=seconds, end=steps["time"] + seconds)
 
 
-def _worker_fits(run, worker, edges: pd.DataFrame, steps: pd.DataFrame) -> list[dict]:
+def _profiler_stops(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
+    """Our profiler's window stops: run, worker, the first step after the window
+    (``end_step``: the stop came right before its call) and ``stop_ms``."""
+    columns = ["run", "worker", "window", "start_step", "end_step", "stop_ms"]
+    frame = records.get("window")
+    if frame is None or frame.empty:
+        return pd.DataFrame(columns=columns)
+    stops = frame.reindex(columns=columns).dropna(subset=["end_step", "stop_ms"])
+    return stops.drop_duplicates(["run", "worker", "window", "start_step"], keep="last")
+
+
+def _worker_fits(
+    run, worker, edges: pd.DataFrame, steps: pd.DataFrame, stops: pd.DataFrame
+) -> list[dict]:
     """The rows of one worker's fits: each fit_begin with the first fit_end after it
     and before the next fit_begin."""
     times = edges["time"].to_numpy(dtype="float64")
@@ -207,12 +233,15 @@ def _worker_fits(run, worker, edges: pd.DataFrame, steps: pd.DataFrame) -> list[
             fit_edges = edges.iloc[begin : end + 1]
             start_s, end_s = times[begin], times[end]
             in_fit = steps[(steps["time"] >= start_s) & (steps["time"] <= end_s)]
-            row.update(_accounting(start_s, end_s, fit_edges, in_fit.sort_values("time")))
+            calls = in_fit.sort_values("time")
+            row.update(_accounting(start_s, end_s, fit_edges, calls, stops))
         rows.append(row)
     return rows
 
 
-def _accounting(start_s: float, end_s: float, edges: pd.DataFrame, calls: pd.DataFrame) -> dict:
+def _accounting(
+    start_s: float, end_s: float, edges: pd.DataFrame, calls: pd.DataFrame, stops: pd.DataFrame
+) -> dict:
     """The split of one finished fit's wall time (see the module docstring)."""
     fit_s = end_s - start_s
     starts = calls["time"].to_numpy(dtype="float64")
@@ -224,6 +253,7 @@ def _accounting(start_s: float, end_s: float, edges: pd.DataFrame, calls: pd.Dat
     # Gaps before each call and after the last; a gap inside one epoch is between steps.
     previous_end = np.concatenate([[start_s], starts[:-1] + seconds[:-1]])
     gaps = np.clip(starts - previous_end, 0.0, None)
+    profiler_stop_s = _take_profiler_stops(gaps, calls, stops)
     same_epoch = np.zeros(len(gaps), dtype=bool)
     same_epoch[1:] = epochs_of_calls[1:] == epochs_of_calls[:-1]
     tail = max(end_s - (starts[-1] + seconds[-1]), 0.0) if len(starts) else fit_s
@@ -247,6 +277,7 @@ def _accounting(start_s: float, end_s: float, edges: pd.DataFrame, calls: pd.Dat
         "epoch_end_s": max(epoch_end_s - validation_s, 0.0),
         "between_steps_s": between_steps_s,
         "first_step_s": first_step_s,
+        "profiler_stop_s": profiler_stop_s,
         "epochs": epochs,
         "steps": steps,
         "steps_per_epoch": steps / epochs if epochs else np.nan,
@@ -254,6 +285,23 @@ def _accounting(start_s: float, end_s: float, edges: pd.DataFrame, calls: pd.Dat
         "validations": validations,
         "outside_ms_per_step": 1000.0 * outside_steps_s / steps if steps else np.nan,
     }
+
+
+def _take_profiler_stops(gaps: np.ndarray, calls: pd.DataFrame, stops: pd.DataFrame) -> float:
+    """Takes each window stop of this fit out of the gap before the call at its
+    ``end_step`` (``gaps`` changes in place); returns the seconds taken. A stop with no
+    such call in the fit (a window closed when the fit ended) is not in the fit."""
+    if stops.empty or calls.empty:
+        return 0.0
+    where = dict(zip(calls["step"].to_numpy(), range(len(calls)), strict=True))
+    taken = 0.0
+    for end_step, stop_ms in zip(stops["end_step"], stops["stop_ms"], strict=True):
+        index = where.get(end_step)
+        if index is not None:
+            take = min(float(stop_ms) / 1000.0, gaps[index])
+            gaps[index] -= take
+            taken += take
+    return taken
 
 
 def _first_step_excess(calls: pd.DataFrame) -> float:
