@@ -64,6 +64,11 @@ RECORD_TYPES = (
     "batching_finding",
     "scaling_plan",
     "fit_end",
+    "fit_begin",
+    "epoch_begin",
+    "epoch_end",
+    "validation_begin",
+    "validation_end",
     "worker_exit",
 )
 

@@ -30,6 +30,9 @@ class Finding:
         path, line, col: where it is, for findings about source code: 1-based ``line``,
             0-based ``col`` (as ``ast`` and flake8 count them); None elsewhere.
         related: the other places it involves (the lint's ``Related`` entries).
+        explains_ms_per_step: how many ms of each training step the finding's cause
+            costs, for ranking the advisor's findings by what acting on them gains;
+            None where a producer does not measure it.
 
     Raises:
         ValueError: ``severity`` names no level of ``Severity``.
@@ -54,6 +57,7 @@ class Finding:
     line: int | None = None
     col: int | None = None
     related: tuple = field(default=(), compare=False)
+    explains_ms_per_step: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "severity", Severity(self.severity))
@@ -105,6 +109,8 @@ class Finding:
         }
         if self.line is not None:
             data.update(path=self.path, line=self.line, col=self.col)
+        if self.explains_ms_per_step is not None:
+            data["explains_ms_per_step"] = self.explains_ms_per_step
         return data
 
 

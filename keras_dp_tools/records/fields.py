@@ -19,6 +19,12 @@ RECORD_TYPES = (
     "batching_finding",
     "scaling_plan",
     "fit_end",  # StepTimer at the end of a fit (status finished) or at exit inside one
+    # StepTimer: the edges of a fit's parts (time, epoch, step), for analysis.fit_time
+    "fit_begin",
+    "epoch_begin",
+    "epoch_end",
+    "validation_begin",
+    "validation_end",
     "worker_exit",  # keras-dp launch: how each worker process ended (launcher.jsonl)
 )
 
