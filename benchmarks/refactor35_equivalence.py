@@ -121,7 +121,8 @@ def compare(name: str, before: dict, after: dict) -> list[str]:
             except AssertionError as error:
                 problems.append(f"{name}.{key}: {str(error)[:400]}")
         elif old != new:
-            detail = json.dumps(old, default=str)[:300] + " != " + json.dumps(new, default=str)[:300]
+            before, after_ = (json.dumps(value, default=str)[:300] for value in (old, new))
+            detail = f"{before} != {after_}"
             problems.append(f"{name}.{key}: {detail}")
     return problems
 
@@ -145,7 +146,8 @@ def main() -> int:
         path = args.baseline / f"{name}.pkl"
         if args.write:
             path.write_bytes(pickle.dumps(result))
-            print(f"{name}: written ({len(result['steps'])} steps, {len(result['advice'])} findings)")
+            counts = f"{len(result['steps'])} steps, {len(result['advice'])} findings"
+            print(f"{name}: written ({counts})")
             continue
         if not path.exists():
             problems.append(f"{name}: no baseline")

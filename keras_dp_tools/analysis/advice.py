@@ -1,7 +1,7 @@
 """The advisor: findings about a run, each with its evidence and a concrete fix.
 
-Pure functions over DataFrames (``AdvisorFrames``: a ``Report`` has them all, and
-passes its scaling table): thresholds are module constants so a finding says which line
+Pure functions over a run's frames (``analysis.run_frames.RunFrames``; ``Report`` passes
+its scaling table): thresholds are module constants so a finding says which line
 it crossed. Nothing here calls back into ``Report``. Each finding is a
 ``keras_dp_tools.common.findings.Finding`` (made with ``Advice``: severity, title,
 evidence, fix) with a ``code`` of its own.
@@ -10,12 +10,11 @@ evidence, fix) with a ``code`` of its own.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 
 import pandas as pd
 
 from keras_dp_tools.analysis.breakdown.bandwidth import NO_BYTES, NO_REDUCE
-from keras_dp_tools.analysis.frames import StepParts, step_parts, steps_of
 from keras_dp_tools.analysis.worker_advice import late_worker_findings
 from keras_dp_tools.common.findings import Advice, Finding
 from keras_dp_tools.common.known_bugs import ALLREDUCE_BUG, ALLREDUCE_FIX, drops_gradient_allreduce
@@ -34,70 +33,17 @@ OTHER_SHARE_HIGH = 0.40  # time outside compute, communication and input over st
 _TABLE_SIZE = re.compile(r"\((\d+)x(\d+)\)")
 
 
-@dataclass(frozen=True)
-class AdvisorFrames:
-    """The frames the advisor reads, as ``Report`` names them (``Report.runs``,
-    ``.steps``, ``.gpu``, ``.cpu``, ``.batching``, ``.workers``); ``steps`` may be
-    given in parts (``analysis.frames.StepParts``, what ``of`` takes of a ``Report``)."""
-
-    runs: pd.DataFrame
-    steps: pd.DataFrame | StepParts
-    gpu: pd.DataFrame
-    cpu: pd.DataFrame
-    batching: pd.DataFrame
-    workers: pd.DataFrame
-
-    @classmethod
-    def of(cls, source) -> AdvisorFrames:
-        """The frames of anything that has them as attributes (a ``Report``)."""
-        return source if isinstance(source, cls) else cls(**_frames_of(source))
-
-    @classmethod
-    def of_mapping(cls, frames) -> AdvisorFrames:
-        """The frames of a mapping of name -> frame (``analysis.frames.report_frames``),
-        where ``workers`` may be the function that computes it."""
-        workers = frames["workers"]
-        workers = workers() if callable(workers) else workers
-        return cls(**{**{name: frames[name] for name in _NAMES}, "workers": workers})
-
-    def for_run(self, run: str) -> AdvisorFrames:
-        """The rows of one run id."""
-        return AdvisorFrames(
-            **{
-                name: frame.for_run(run)
-                if isinstance(frame, StepParts)
-                else _rows_of_run(frame, run)
-                for name, frame in _frames_of(self).items()
-            }
-        )
-
-
-def _rows_of_run(frame: pd.DataFrame, run: str) -> pd.DataFrame:
-    """The rows of one run; the frame itself when it holds that run alone (a copy of
-    millions of steps costs seconds)."""
-    mine = frame["run"] == run
-    return (frame if mine.all() else frame[mine]).reset_index(drop=True)
-
-
-_NAMES = [field.name for field in fields(AdvisorFrames)]
-
-
-def _frames_of(source) -> dict:
-    # A Report's steps in parts: its wide steps frame is not built.
-    return {name: steps_of(source) if name == "steps" else getattr(source, name) for name in _NAMES}
-
-
-def _all_steps(report) -> pd.DataFrame:
+def _all_steps(frames) -> pd.DataFrame:
     """Every step, with the columns of its own at least."""
-    return step_parts(report.steps).all
+    return frames.step_parts.all
 
 
-def _profiled(report) -> pd.DataFrame:
-    steps = step_parts(report.steps).profiled
+def _profiled(frames) -> pd.DataFrame:
+    steps = frames.step_parts.profiled
     return steps[steps["trace_step_ms"].notna()] if "trace_step_ms" in steps else steps.iloc[:0]
 
 
-def _communication(profiled: pd.DataFrame, report) -> list[Finding]:
+def _communication(profiled: pd.DataFrame, frames) -> list[Finding]:
     share = profiled["comm_share"].median()
     if not share >= COMM_SHARE_HIGH:
         return []
@@ -127,10 +73,10 @@ def _communication(profiled: pd.DataFrame, report) -> list[Finding]:
     return advice
 
 
-def _unsynchronised(profiled: pd.DataFrame, report) -> list[Finding]:
+def _unsynchronised(profiled: pd.DataFrame, frames) -> list[Finding]:
     """A Keras known not to all-reduce gradients under a mirrored strategy, and what the
     trace shows of it: no gradient collective in any profiled step."""
-    run = report.runs.iloc[0] if len(report.runs) else None
+    run = frames.runs.iloc[0] if len(frames.runs) else None
     if run is None or not drops_gradient_allreduce(
         run.get("keras_package"), run.get("keras_version")
     ):
@@ -161,8 +107,8 @@ def _unsynchronised(profiled: pd.DataFrame, report) -> list[Finding]:
     ]
 
 
-def _embedding_names(report) -> list[str]:
-    names = report.runs.get("embedding_names")
+def _embedding_names(frames) -> list[str]:
+    names = frames.runs.get("embedding_names")
     if names is None:
         return []
     found = []
@@ -171,7 +117,7 @@ def _embedding_names(report) -> list[str]:
     return found
 
 
-def _embeddings(profiled: pd.DataFrame, report) -> list[Finding]:
+def _embeddings(profiled: pd.DataFrame, frames) -> list[Finding]:
     """Sparse gradients seen in the trace: TF 2.21 all-gathers them (values and
     indices) rather than all-reducing the table."""
     if "gather_ms" not in profiled or not (profiled["gather_ms"] > 0).any():
@@ -179,7 +125,7 @@ def _embeddings(profiled: pd.DataFrame, report) -> list[Finding]:
     gathered = profiled[profiled["gather_ms"] > 0]
     gather_ms = gathered["gather_ms"].median()
     share = (gathered["gather_ms"] / gathered["trace_step_ms"]).median()
-    names = _embedding_names(report)
+    names = _embedding_names(frames)
     layers = ", ".join(names) if names else "the model's embedding layer(s)"
     table_bytes = sum(4 * int(v) * int(d) for n in names for v, d in _TABLE_SIZE.findall(n))
     evidence = (
@@ -248,7 +194,7 @@ def _other(profiled: pd.DataFrame) -> list[Finding]:
                    evidence + ".", fix[0].upper() + fix[1:] + ".", code="other-time")]  # fmt: skip
 
 
-def _waiting(profiled: pd.DataFrame, report) -> list[Finding]:
+def _waiting(profiled: pd.DataFrame, frames) -> list[Finding]:
     advice = []
     share = profiled["wait_share"].median()
     if share >= WAIT_SHARE_HIGH:
@@ -269,7 +215,7 @@ def _waiting(profiled: pd.DataFrame, report) -> list[Finding]:
     if len(stragglers) >= 3:
         counts = stragglers.value_counts()
         replica, times = int(counts.index[0]), int(counts.iloc[0])
-        if times / len(stragglers) >= STRAGGLER_SHARE and report.runs["replicas"].max() > 2:
+        if times / len(stragglers) >= STRAGGLER_SHARE and frames.runs["replicas"].max() > 2:
             advice.append(
                 Advice(
                     "medium",
@@ -301,9 +247,9 @@ def _input(profiled: pd.DataFrame) -> list[Finding]:
     ]
 
 
-def _gpu(report) -> list[Finding]:
+def _gpu(frames) -> list[Finding]:
     advice = []
-    steps = _all_steps(report)
+    steps = _all_steps(frames)
     utilization = steps["gpu_util_mean"].mean() if "gpu_util_mean" in steps else None
     if utilization is not None and pd.notna(utilization) and utilization < GPU_UTIL_LOW:
         advice.append(
@@ -320,16 +266,16 @@ def _gpu(report) -> list[Finding]:
         )
     from keras_dp_tools.analysis.utilization import misleading_utilization
 
-    return advice + misleading_utilization(report.gpu)
+    return advice + misleading_utilization(frames.gpu)
 
 
-def _cpu(report) -> list[Finding]:
+def _cpu(frames) -> list[Finding]:
     """CPU-only runs: replicas on logical CPU devices share the cores."""
-    if report.gpu.shape[0] or report.cpu.empty:
+    if frames.gpu.shape[0] or frames.cpu.empty:
         return []
-    cores = int(report.cpu["cpu_count"].max())
-    ours = report.cpu["process_cpu_percent"].median() / cores
-    busy = max(report.cpu["system_cpu_percent"].median(), ours)
+    cores = int(frames.cpu["cpu_count"].max())
+    ours = frames.cpu["process_cpu_percent"].median() / cores
+    busy = max(frames.cpu["system_cpu_percent"].median(), ours)
     if not busy >= CPU_SATURATED:
         return []
     return [
@@ -346,9 +292,9 @@ def _cpu(report) -> list[Finding]:
     ]
 
 
-def _batching(report) -> list[Finding]:
+def _batching(frames) -> list[Finding]:
     """The batching check's recorded findings (``batching_finding`` records), once each."""
-    findings = report.batching.drop_duplicates(["code", "message"])
+    findings = frames.batching.drop_duplicates(["code", "message"])
     known = {str(level) for level in Severity}
     return [
         Advice(
@@ -362,11 +308,11 @@ def _batching(report) -> list[Finding]:
     ]
 
 
-def _steps(report) -> list[Finding]:
+def _steps(frames) -> list[Finding]:
     # A multi-worker run's steps at the job's pace: its workers' own times inside the
     # train call differ (short on the worker the others wait for), a mix that varies.
-    steps = _all_steps(report)
-    times = step_parts(report.steps).measured()["step_ms"]
+    steps = _all_steps(frames)
+    times = frames.step_parts.measured()["step_ms"]
     if len(times) < 10:
         return []
     median, p90 = times.median(), times.quantile(0.9)
@@ -385,7 +331,7 @@ def _steps(report) -> list[Finding]:
     ]
 
 
-def _scaling(report, table: pd.DataFrame | None) -> list[Finding]:
+def _scaling(frames, table: pd.DataFrame | None) -> list[Finding]:
     """Poor scaling, with only the causes the runs show: communication or waiting over
     their thresholds, a shrinking per-replica batch, replicas sharing CPU cores.
     ``table``: the runs by replica count (``Report.compare()``)."""
@@ -404,7 +350,7 @@ def _scaling(report, table: pd.DataFrame | None) -> list[Finding]:
     if pd.notna(comm_share):
         evidence += f"; comm share there {comm_share:.0%}, wait share {wait_share:.0%}"
     causes = []
-    cores = _shared_cpu_cores(report, worst["run"])
+    cores = _shared_cpu_cores(frames, worst["run"])
     if cores is not None:
         evidence += f"; its {replicas} replicas are logical devices of one CPU" + (
             f" with {cores} cores" if cores else ""
@@ -438,10 +384,10 @@ def _scaling(report, table: pd.DataFrame | None) -> list[Finding]:
     return [Advice(severity, "Scaling is poor", evidence + ".", fix, code="poor-scaling")]
 
 
-def _shared_cpu_cores(report, run) -> int | None:
+def _shared_cpu_cores(frames, run) -> int | None:
     """The run's core count (0 if unrecorded) when its replicas are logical devices
     of one host's CPU; None when they are not (or the devices are unknown)."""
-    runs = report.runs[report.runs["run"] == run]
+    runs = frames.runs[frames.runs["run"] == run]
     devices = [
         str(device)
         for listed in runs["devices"]
@@ -450,9 +396,9 @@ def _shared_cpu_cores(report, run) -> int | None:
     ]
     if not devices or not all("CPU" in device.upper() for device in devices):
         return None
-    if report.gpu["run"].eq(run).any():
+    if frames.gpu["run"].eq(run).any():
         return None
-    counts = report.cpu.loc[report.cpu["run"] == run, "cpu_count"].dropna()
+    counts = frames.cpu.loc[frames.cpu["run"] == run, "cpu_count"].dropna()
     return int(counts.max()) if len(counts) else 0
 
 
@@ -470,47 +416,56 @@ def _as_contention(finding: Finding) -> Finding:
     )
 
 
-def _run_advice(report) -> list[Finding]:
-    profiled = _profiled(report)
-    advice = _unsynchronised(profiled, report)
+def _run_advice(frames) -> list[Finding]:
+    profiled = _profiled(frames)
+    advice = _unsynchronised(profiled, frames)
     if not profiled.empty:
-        advice += _communication(profiled, report) + _embeddings(profiled, report)
-        advice += _waiting(profiled, report) + _input(profiled) + _other(profiled)
-    advice += late_worker_findings(report)
-    cpu = _cpu(report)
+        advice += _communication(profiled, frames) + _embeddings(profiled, frames)
+        advice += _waiting(profiled, frames) + _input(profiled) + _other(profiled)
+    advice += late_worker_findings(frames)
+    cpu = _cpu(frames)
     if cpu:  # replicas on CPU devices with the cores saturated
         advice = [
             _as_contention(item) if item.code in _CONTENTION_CODES else item for item in advice
         ]
-    return advice + _gpu(report) + cpu + _batching(report) + _steps(report)
+    return advice + _gpu(frames) + cpu + _batching(frames) + _steps(frames)
 
 
 def advise(frames, scaling: pd.DataFrame | None = None) -> list[Finding]:
-    """All findings for the runs in ``frames`` (``AdvisorFrames``, or a ``Report``),
-    worst first. With several runs, each run's findings say which run they are about;
-    ``scaling`` (``Report.compare()``: the runs by replica count) adds the scaling
-    finding.
+    """The advisor's findings for the runs in ``frames``, worst first.
+
+    With several runs, each run's findings say which run they are about.
+
+    Args:
+        frames: a ``RunFrames`` (``analysis.run_frames``).
+        scaling: the runs by replica count (``summary.scaling_table``,
+            ``Report.compare()``): adds the scaling finding.
+
+    Returns:
+        A list of ``Finding``, worst first (without the job findings:
+        ``analysis.run_advice.advise_run`` adds them).
 
     Example:
 
     ```python
-    report = kdt.Report.load("runs/sweep")
-    for item in advise(report, scaling=report.compare()):
+    from keras_dp_tools.analysis.advice import advise
+    from keras_dp_tools.analysis.run_frames import load_run_frames
+
+    for item in advise(load_run_frames([("runs/demo/keras_dp/worker-0.jsonl", 0)])):
         print(item)
     ```
     """
-    report = AdvisorFrames.of(frames)
-    runs = list(report.runs["run"].drop_duplicates())
+    runs = list(frames.runs["run"].drop_duplicates())
     if len(runs) <= 1:
-        advice = _run_advice(report)
+        advice = _run_advice(frames)
     else:
         advice = []
         for run in runs:
-            part = report.for_run(run)
+            part = frames.for_run(run)
             replicas = part.runs["replicas"].max()
             where = f"run {run} ({replicas} replicas): "
             advice += [replace(item, evidence=where + item.evidence) for item in _run_advice(part)]
-    advice += _scaling(report, scaling)
+    advice += _scaling(frames, scaling)
     return sorted(advice, key=lambda item: -item.severity.level)
 
 
