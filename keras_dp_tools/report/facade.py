@@ -15,44 +15,49 @@ from pathlib import Path
 
 import pandas as pd
 
-from keras_dp_tools.analysis import frame_columns as columns
 from keras_dp_tools.analysis import summary as run_summaries
 from keras_dp_tools.analysis import utilization
+from keras_dp_tools.analysis.attempts import RESTART_COLUMNS
+from keras_dp_tools.analysis.frame_columns import (
+    BREAKDOWN_COLUMNS,
+    MONITOR_COLUMNS,
+    PLAN_COLUMNS,
+    REPLICA_FRAME_COLUMNS,
+    RUN_COLUMNS,
+    TIMED_STEP_COLUMNS,
+    WINDOW_COLUMNS,
+)
 from keras_dp_tools.analysis.job_advice import job_findings, records_findings
 from keras_dp_tools.analysis.run_advice import advise_run
 from keras_dp_tools.analysis.run_frames import RunFrames, load_run_frames
 from keras_dp_tools.analysis.step_parts import StepParts
-from keras_dp_tools.analysis.workers import WORKER_STEP_COLUMNS
+from keras_dp_tools.analysis.workers import WORKER_COLUMNS, WORKER_STEP_COLUMNS
 from keras_dp_tools.common.findings import Finding
-from keras_dp_tools.records import columns as schema
+from keras_dp_tools.records.columns import (
+    BATCHING_FINDING_COLUMNS,
+    CPU_SAMPLE_COLUMNS,
+    GPU_SAMPLE_COLUMNS,
+    GPU_STATUS_COLUMNS,
+)
 from keras_dp_tools.records.reader import find_record_files
 from keras_dp_tools.report.export import write_frames
 from keras_dp_tools.report.text import report_text
 
-# The frames' columns, by the names this module always gave them.
-GPU_STATUS_COLUMNS = schema.GPU_STATUS_COLUMNS
-GPU_COLUMNS = schema.GPU_SAMPLE_COLUMNS
-CPU_COLUMNS = schema.CPU_SAMPLE_COLUMNS
-BATCHING_COLUMNS = schema.BATCHING_FINDING_COLUMNS
-PLAN_COLUMNS = columns.PLAN_COLUMNS
-RUN_COLUMNS = columns.RUN_COLUMNS
-STEP_COLUMNS = columns.TIMED_STEP_COLUMNS
-BREAKDOWN_COLUMNS = columns.BREAKDOWN_COLUMNS
-MONITOR_COLUMNS = columns.MONITOR_COLUMNS
-REPLICA_COLUMNS = columns.REPLICA_FRAME_COLUMNS
-WINDOW_COLUMNS = columns.WINDOW_COLUMNS
+# The frames' columns, each list named after the frame it describes (Report's Attributes).
 __all__ = [
-    "BATCHING_COLUMNS",
+    "BATCHING_FINDING_COLUMNS",
     "BREAKDOWN_COLUMNS",
-    "CPU_COLUMNS",
-    "GPU_COLUMNS",
+    "CPU_SAMPLE_COLUMNS",
+    "GPU_SAMPLE_COLUMNS",
     "GPU_STATUS_COLUMNS",
     "MONITOR_COLUMNS",
     "PLAN_COLUMNS",
-    "REPLICA_COLUMNS",
+    "REPLICA_FRAME_COLUMNS",
+    "RESTART_COLUMNS",
     "RUN_COLUMNS",
-    "STEP_COLUMNS",
+    "TIMED_STEP_COLUMNS",
     "WINDOW_COLUMNS",
+    "WORKER_COLUMNS",
     "WORKER_STEP_COLUMNS",
     "Report",
 ]
@@ -75,9 +80,11 @@ class Report:
     """Records of one or more runs, loaded with ``Report.load``.
 
     Attributes:
-        runs: one row per run and worker, from the run headers (strategy, replicas,
-            devices, global batch, versions, host, start ``time`` in Unix seconds).
-        steps: one row per worker and recorded train-function call; ``step`` is the
+        runs: one row per run and worker (``RUN_COLUMNS``), from the run headers
+            (strategy, replicas, devices, global batch, versions, host, start
+            ``time`` in Unix seconds).
+        steps: one row per worker and recorded train-function call
+            (``TIMED_STEP_COLUMNS``, then the breakdown's); ``step`` is the
             global step (``optimizer.iterations``) it started at and ``steps`` how
             many steps it covers (more than 1 with ``steps_per_execution``);
             ``step_ms`` is wall time per step. ``warmup`` rows include tracing and
@@ -87,26 +94,26 @@ class Report:
             (``BREAKDOWN_COLUMNS``: compute, all-reduce, sync wait, shares, averaged
             over replicas); other steps leave those columns empty. With GpuMonitor,
             ``gpu_util_mean`` is the GPUs' mean utilization over the step.
-        replicas: one row per profiled step and replica (``REPLICA_COLUMNS``): the
-            breakdown of each replica, for finding stragglers.
+        replicas: one row per profiled step and replica (``REPLICA_FRAME_COLUMNS``):
+            the breakdown of each replica, for finding stragglers.
         windows: one row per profiler window: its steps, ``status`` (``analysed``,
             ``skipped``, ``failed`` with a ``reason``), and the capture's name in
             TensorBoard's Profile tab (``profile_run``) and file (``trace``).
-        gpu: GpuMonitor's readings (``GPU_COLUMNS``), one row per GPU and reading;
-            ``sampling`` is ``poll`` (every field) or ``buffer`` (the driver's
+        gpu: GpuMonitor's readings (``GPU_SAMPLE_COLUMNS``), one row per GPU and
+            reading; ``sampling`` is ``poll`` (every field) or ``buffer`` (the driver's
             utilization buffer). ``runs.gpu_available`` / ``gpu_reason`` say why it
             is empty.
-        cpu: host CPU usage readings (``CPU_COLUMNS``; 100% = one core).
+        cpu: host CPU usage readings (``CPU_SAMPLE_COLUMNS``; 100% = one core).
         batching: findings of the batching check before the first step (severity,
             code, message, fix), from ``BatchScalingCheck``.
-        workers: one row per run, worker and attempt (``WORKER_COLUMNS`` of
-            ``keras_dp_tools.analysis.workers``): steps recorded, how its fit ended
-            (``finished``, ``exited``, or empty: killed or still running), clock offset
-            and alignment residual, median wait for other workers, and how often it
-            entered a step last (the straggler view).
-        restarts: one row per restart of a worker under the same run id (e.g. after
-            ``BackupAndRestore``): where it resumed and how many steps it ran again.
-        jobs: findings about the log dir's jobs (``keras_dp_tools.analysis.jobs``):
+        workers: one row per run, worker and attempt (``WORKER_COLUMNS``): steps
+            recorded, how its fit ended (``finished``, ``exited``, or empty: killed
+            or still running), clock offset and alignment residual, median wait for
+            other workers, and how often it entered a step last (the straggler view).
+        restarts: one row per restart of a worker under the same run id
+            (``RESTART_COLUMNS``; e.g. after ``BackupAndRestore``): where it resumed
+            and how many steps it ran again.
+        jobs: findings about the log dir's jobs (``keras_dp_tools.analysis.job_advice``):
             runs that look like one job's workers recorded under separate ids (see
             ``load``'s ``merge_runs``), runs merged, workers missing or from another
             job. ``job_findings()`` adds the workers' clocks; ``advice()`` and
