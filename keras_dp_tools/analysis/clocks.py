@@ -50,7 +50,7 @@ def cross_worker_sync(steps: pd.DataFrame) -> pd.DataFrame:
 def clock_tables(steps: pd.DataFrame) -> dict[str, _ByStep]:
     """Per multi-worker run, the tables of its usable steps (``_usable``) that both
     ``cross_worker_sync`` and ``job_step_times`` read: built once for both, with their
-    clocks (at 64 workers x 100,000 steps each pass cost seconds)."""
+    clocks (each pass is costly at cluster scale)."""
     if steps["worker"].nunique() < 2:  # no run has two workers: skip the grouping
         return {}
     return {
@@ -103,7 +103,7 @@ def with_worker_wait(steps: pd.DataFrame, sync: pd.DataFrame) -> pd.DataFrame:
 
 def _by_run(steps: pd.DataFrame):
     """``steps.groupby("run", sort=False)``'s groups; the frame itself where it holds
-    one run (a group is a copy: of millions of rows)."""
+    one run (a group is a copy of its rows)."""
     runs = steps["run"]
     if len(runs) and runs.notna().all() and (runs == runs.iloc[0]).all():
         yield runs.iloc[0], steps
@@ -137,8 +137,7 @@ def _strictly_by_worker_and_step(steps: pd.DataFrame, rows: np.ndarray) -> bool:
 class _ByStep:
     """Columns of one run's usable steps (unique per worker and step) as tables by step
     (rows, ascending) and worker (columns, ascending): what ``DataFrame.pivot`` gives,
-    from one factorization of the keys instead of an unstack per column (seconds at
-    millions of steps)."""
+    from one factorization of the keys instead of an unstack per column."""
 
     def __init__(self, steps: pd.DataFrame, rows: np.ndarray | None = None):
         self.steps, self.rows = steps, rows  # rows: a mask of the rows to read (None: all)

@@ -194,7 +194,7 @@ def run_spans(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
 
 def _latest_times(frame: pd.DataFrame, steps: bool) -> pd.Series:
     """Per (run, worker): the latest time of the records, a step's end for steps.
-    Grouped on integer codes: a million step records take milliseconds, not seconds."""
+    Grouped on integer codes, not on the run id strings (benchmarks/NOTES.md)."""
 
     def column(name, default):
         if name not in frame:

@@ -40,8 +40,7 @@ def workers_per_run(steps: pd.DataFrame) -> pd.Series:
 
 def steps_per_worker(steps: pd.DataFrame) -> pd.Series:
     """The steps each run's worker recorded (``steps``, 1 where empty), summed: by run
-    and worker. Sorted steps are summed in their blocks (grouping millions of steps on
-    the run id took a second)."""
+    and worker. Sorted steps are summed in their blocks (not grouped on the run id)."""
     counts = steps["steps"].fillna(1)
     blocks = sorted_blocks(steps, ["run", "worker"])
     if blocks is None or not isinstance(counts.dtype, np.dtype) or counts.dtype.kind not in "iuf":
@@ -117,7 +116,7 @@ def measured_step_rows(steps: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame 
         keep &= ~steps["redone"].astype(bool)
     keep, multi = keep.to_numpy(), steps["run"].isin(runs).to_numpy()
     # One selection of the rows and columns each part reads: a copy of every step's
-    # columns (then of the kept ones) cost ~0.5 GB at 64 workers x 100,000 steps.
+    # columns (then of the kept ones) doubled the memory at cluster scale.
     columns = [name for name in _MEASURED_INPUT if name in steps]
     single = steps.loc[keep & ~multi, columns].assign(step_time_from="step_ms")
     if not (keep & multi).any():
@@ -158,7 +157,7 @@ def _by_job_step(steps: pd.DataFrame, chosen: np.ndarray) -> pd.DataFrame | None
     first non-empty ``steps``, ``job_step_ms`` and ``global_batch``, the largest
     ``step_ms``, whether any worker was ``profiled``) without copying the rows: each
     run and step is a cell of a dense table, filled in one unbuffered pass per column
-    (the copy and the grouping held ~1 GB at 64 workers x 100,000 steps). None where a
+    (a copy and a grouping would hold every chosen row again). None where a
     run id or step is empty, a column is missing or of another type, or the steps are
     too sparse for a table."""
     if any(name not in steps for name in _BY_STEP_INPUT) or steps["run"].hasnans:

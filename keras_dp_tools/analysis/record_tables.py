@@ -71,7 +71,7 @@ def _by_worker(tables: list[pa.Table]) -> list[pa.Table]:
     """The step tables by worker number where each holds one worker's steps, another
     worker's than the rest (files come as worker-0, worker-1, worker-10, ...): joined
     in that order, the steps are sorted already, and ``timed_steps`` does not reorder
-    millions of rows. Else as they are. (No two tables share a worker, so their order
+    the steps. Else as they are. (No two tables share a worker, so their order
     does not change what the stable sort by run, worker and step gives.)"""
     workers = []
     for table in tables:

@@ -137,8 +137,7 @@ class RunFrames:
 
 
 def rows_of_run(frame: pd.DataFrame, run: str) -> pd.DataFrame:
-    """The rows of one run; the frame itself when it holds that run alone (a copy of
-    millions of steps costs seconds)."""
+    """The rows of one run; the frame itself when it holds that run alone (no copy)."""
     mine = frame["run"] == run
     return (frame if mine.all() else frame[mine]).reset_index(drop=True)
 

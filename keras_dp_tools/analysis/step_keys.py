@@ -1,7 +1,7 @@
 """Lookups on a run's step keys (run, worker, step) without hashing every row: the
 position of each row's key in another frame, the sort order, the blocks of sorted
 keys, and a column's values taken at positions. Millions of steps make a hash join or
-a groupby on the run id cost seconds; these work on integer codes.
+a groupby on the run id slow (benchmarks/NOTES.md); these work on integer codes.
 
 Pure functions over DataFrames and arrays; no TensorFlow.
 """
@@ -18,8 +18,7 @@ def warmup_mask(steps: pd.DataFrame) -> pd.Series:
 
 def taken(column: pd.Series, positions: np.ndarray, index: pd.Index) -> pd.Series:
     """``column``'s values at ``positions`` (-1: empty) as a series on ``index``."""
-    # A float column: NaN, then the values at their rows (a take with a fill cost
-    # ~0.3 s a column at 6.4 million rows).
+    # A float column: NaN, then the values at their rows (a take with a fill is slow).
     if isinstance(column.dtype, np.dtype) and column.dtype.kind == "f":
         values = np.full(len(positions), np.nan, dtype=column.dtype)
         found = positions >= 0
@@ -142,8 +141,7 @@ def sorted_blocks(frame: pd.DataFrame, keys: list[str]) -> tuple[np.ndarray, np.
 
 def run_codes(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.Index | None]:
     """The frame with its run ids as integer codes (in the order the ids sort) and the
-    ids: a grouping by run hashes each row's string (seconds at millions of rows); by
-    code it orders the groups as by id. Where an id is empty, the frame as it is and
+    ids: a grouping by run hashes each row's string; by code it orders the groups as by id. Where an id is empty, the frame as it is and
     None (the grouping leaves those rows out)."""
     if frame["run"].hasnans:
         return frame, None

@@ -19,8 +19,8 @@ from keras_dp_tools.analysis.step_keys import key_positions, taken
 class StepParts:
     """``Report.steps`` in two parts, as the analysis reads it: ``all``, every step
     with the columns of its own (all but ``BREAKDOWN_COLUMNS``), and ``profiled``, the
-    rows with a breakdown with every column. At 64 workers x 100,000 steps the wide
-    frame holds ~35 columns that are empty on all but a few hundred rows (2.5 GB);
+    rows with a breakdown with every column. The wide frame holds ~35 columns empty on
+    all but a few rows, most of the memory at cluster scale (benchmarks/NOTES.md);
     ``wide()`` builds it when a user asks for ``Report.steps``.
 
     Args:
@@ -93,8 +93,7 @@ class StepParts:
             else self.all[name]
             for name in self._order()
         }
-        # copy=False: the columns are fresh or all's; stacking ~50 columns of millions
-        # of rows into one block took seconds.
+        # copy=False: the columns are fresh or all's; stacking them into one block is slow.
         return pd.DataFrame(columns, copy=False)
 
     def for_run(self, run: str) -> StepParts:

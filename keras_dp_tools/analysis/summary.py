@@ -77,7 +77,7 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     started = runs.groupby("run")["time"].min()
     summary.insert(0, "start", pd.to_datetime(started.reindex(summary.index), unit="s"))
     # The copy of every step's columns goes before the advice builds the worker view
-    # (~0.6 GB at 64 workers x 100,000 steps).
+    # (most of the summary's memory at cluster scale).
     del steps, grouped, profiled, analysed
     if advice:
         summary["advice"] = [

@@ -119,8 +119,7 @@ def _endings(view: pd.DataFrame, fit_ends: pd.DataFrame) -> list:
 def _by_attempt(covered: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     """Per run, worker and attempt (sorted): the first and last step covered, the step
     records and the last one's time; and each row's group there. Sorted steps are
-    reduced in their blocks (a grouping of millions of steps on three keys took
-    seconds); others grouped."""
+    reduced in their blocks (no grouping on three keys); others grouped."""
     keys = ["run", "worker", "attempt"]
     blocks = sorted_blocks(covered, keys)
     if blocks is None:
