@@ -141,8 +141,9 @@ def sorted_blocks(frame: pd.DataFrame, keys: list[str]) -> tuple[np.ndarray, np.
 
 def run_codes(frame: pd.DataFrame) -> tuple[pd.DataFrame, pd.Index | None]:
     """The frame with its run ids as integer codes (in the order the ids sort) and the
-    ids: a grouping by run hashes each row's string; by code it orders the groups as by id. Where an id is empty, the frame as it is and
-    None (the grouping leaves those rows out)."""
+    ids: a grouping by run hashes each row's string; by code it orders the groups as by
+    id. Where an id is empty, the frame as it is and None (the grouping leaves those
+    rows out)."""
     if frame["run"].hasnans:
         return frame, None
     codes, runs = pd.factorize(frame["run"], sort=True)
