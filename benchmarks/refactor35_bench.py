@@ -34,13 +34,8 @@ print(json.dumps({"load_s": load, "workers_s": time.perf_counter() - start}))
 
 
 def load_rows(log_dir: Path, root: Path) -> dict:
-    output = subprocess.run(
-        [sys.executable, "-c", _LOAD_CHILD, str(log_dir), str(root)],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    return json.loads(output.strip().splitlines()[-1])
+    command = [sys.executable, "-c", _LOAD_CHILD, str(log_dir), str(root)]
+    return json.loads(subprocess.check_output(command, text=True).splitlines()[-1])
 
 
 def main() -> None:

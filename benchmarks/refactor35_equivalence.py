@@ -26,21 +26,12 @@ FRAMES = ["runs", "steps", "replicas", "windows", "gpu", "cpu", "batching", "wor
 
 
 def _restart_run(log_dir: Path) -> None:
-    """One worker that restarts from step 6 (a second header, another pid)."""
-    from keras_dp_tools.records.writer import RecordWriter, worker_records_path
-    from tests.helpers.recorded_runs import header
+    """One worker that restarts (a second process, another pid, from step 0 again)."""
+    from tests.helpers.recorded_runs import write_run
 
-    writer = RecordWriter(worker_records_path(log_dir, 0))
-    for attempt, (first, last, gap_s, start) in enumerate(
-        [(0, 9, 0.002, 100.0), (6, 14, 0.007, 200.0)]
-    ):
-        writer.write({**header("r", 0), "time": start - 1.0, "pid": 10 + attempt, "hostname": "h"})
-        for index, step in enumerate(range(first, last + 1)):
-            writer.write(
-                {"type": "step", "run": "r", "worker": 0, "epoch": 0, "step": step, "steps": 1}
-                | {"time": start + index * (0.010 + gap_s), "step_ms": 10.0, "warmup": index == 0}
-            )
-    writer.close()
+    for attempt, start in enumerate((100.0, 200.0)):
+        fields = {"pid": 10 + attempt, "hostname": "h"}
+        write_run(log_dir, run="r", steps=12, start=start, header_fields=fields, profiled=())
 
 
 def _split(log_dir: Path) -> None:
@@ -64,7 +55,10 @@ def make_data(data: Path, demo: Path) -> dict[str, tuple[list[Path], dict]]:
         write_windowed_multiworker_run,
     )
 
-    fixtures = ROOT / "tests" / "fixtures" / "keras_versions"
+    # The fixtures copied once: the frames hold each record's source path.
+    fixtures = data / "fixtures"
+    if not fixtures.exists():
+        shutil.copytree(ROOT / "tests" / "fixtures" / "keras_versions", fixtures)
     sets = {
         f"fixture-{path.name}": ([path], {}) for path in sorted(fixtures.iterdir()) if path.is_dir()
     }

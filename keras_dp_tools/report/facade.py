@@ -10,7 +10,7 @@ a machine that never trained anything.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
@@ -132,21 +132,10 @@ class Report:
     ```
     """
 
-    def __init__(
-        self,
-        runs: pd.DataFrame,
-        steps: pd.DataFrame,
-        replicas: pd.DataFrame | None = None,
-        windows: pd.DataFrame | None = None,
-        gpu: pd.DataFrame | None = None,
-        cpu: pd.DataFrame | None = None,
-        batching: pd.DataFrame | None = None,
-        workers: pd.DataFrame | Callable[[], pd.DataFrame] | None = None,
-        restarts: pd.DataFrame | None = None,
-    ):
-        self.frames = RunFrames(
-            runs, steps, replicas, windows, gpu, cpu, batching, workers, restarts
-        )
+    def __init__(self, runs: pd.DataFrame, steps: pd.DataFrame, **frames):
+        # The other frames by name, as RunFrames takes them (replicas, windows, gpu,
+        # cpu, batching, workers, restarts); a frame not given is empty.
+        self.frames = RunFrames(runs, steps, **frames)
         # The folders load searched: where the HTML report looks for strategy comparisons.
         self.log_dirs: list[Path] = []
 
