@@ -107,7 +107,14 @@ def advise(frames, scaling: pd.DataFrame | None = None) -> list[Finding]:
 
 
 def advice_markdown(advice: list[Finding]) -> str:
-    """The findings as a markdown list (TensorBoard's Text tab, HTML reports)."""
+    """The findings as a markdown list (TensorBoard's Text tab, HTML reports).
+
+    Args:
+        advice: findings (``run_advice.advise_run``).
+
+    Returns:
+        One line per finding, or a line saying nothing stands out.
+    """
     if not advice:
         return "No findings: nothing stands out in the recorded numbers."
     return "\n".join(item.to_markdown() for item in advice)

@@ -22,10 +22,14 @@ RESTART_COLUMNS = [
 
 
 def attempts(headers: pd.DataFrame) -> pd.DataFrame:
-    """One row per (run, worker, attempt): each process that wrote the run's records
-    (a restart under the same ``KERAS_DP_RUN_ID`` is a new process), by start time.
+    """One row per (run, worker, attempt): each process that wrote the run's records (a
+    restart under the same ``KERAS_DP_RUN_ID`` is a new process), by start time.
 
-    ``headers`` needs ``run, worker, time, pid, hostname``.
+    Args:
+        headers: the header records' ``run, worker, time, pid, hostname``.
+
+    Returns:
+        A DataFrame with ``run, worker, attempt, time, pid, hostname``.
     """
     columns = ["run", "worker", "attempt", "time", "pid", "hostname"]
     if headers.empty:
@@ -42,8 +46,16 @@ def attempts(headers: pd.DataFrame) -> pd.DataFrame:
 
 
 def assign_attempts(steps: pd.DataFrame, starts: pd.DataFrame) -> pd.DataFrame:
-    """Adds ``attempt`` (the process that recorded the step) and ``redone`` (a later
-    attempt ran this step again: it restarted from an earlier checkpoint) to steps."""
+    """The steps with ``attempt`` (the process that recorded the step) and ``redone`` (a
+    later attempt ran this step again: it restarted from an earlier checkpoint).
+
+    Args:
+        steps: the steps' own columns (``run, worker, time, step``).
+        starts: ``attempts`` of the headers.
+
+    Returns:
+        The steps with the two columns added.
+    """
     starts = starts.dropna(subset=["time"])
     if steps.empty or starts.empty or not starts["attempt"].astype(bool).any():
         # No restart: every step is its worker's attempt 0 (the match below would say
@@ -82,8 +94,16 @@ def assign_attempts(steps: pd.DataFrame, starts: pd.DataFrame) -> pd.DataFrame:
 
 
 def restarts(steps: pd.DataFrame, starts: pd.DataFrame) -> pd.DataFrame:
-    """One row per restart: where the new attempt resumed, the previous attempt's
-    last recorded step, and how many steps it ran again (``RESTART_COLUMNS``)."""
+    """One row per restart: where the new attempt resumed, the previous attempt's last
+    recorded step, and how many steps it ran again.
+
+    Args:
+        steps: steps with ``attempt`` (``assign_attempts``).
+        starts: ``attempts`` of the headers.
+
+    Returns:
+        A DataFrame with ``RESTART_COLUMNS`` (``Report.restarts``).
+    """
     rows = []
     for (run, worker), group in starts.groupby(["run", "worker"], sort=False):
         for previous, current in zip(group.itertuples(), group.iloc[1:].itertuples(), strict=False):

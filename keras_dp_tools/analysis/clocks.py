@@ -42,8 +42,28 @@ SYNC_COLUMNS = [
 
 def cross_worker_sync(steps: pd.DataFrame) -> pd.DataFrame:
     """Per run, worker and step of multi-worker runs: how long the worker waited for the
-    last worker to enter the step (``worker_wait_ms``, on aligned clocks) and which
-    worker that was (``SYNC_COLUMNS``). Warm-up steps and redone steps are left out."""
+    last worker to enter the step, and which worker that was.
+
+    Warm-up steps and redone steps are left out.
+
+    Args:
+        steps: ``Report.steps``; reads ``run, worker, epoch, step, steps, time, step_ms,
+            warmup``, and ``attempt`` and ``redone`` where present.
+
+    Returns:
+        A DataFrame with ``SYNC_COLUMNS`` (``worker_wait_ms`` on aligned clocks); empty
+        when no run has two workers.
+
+    Example:
+
+    ```python
+    import keras_dp_tools as kdt
+    from keras_dp_tools.analysis.clocks import cross_worker_sync
+
+    sync = cross_worker_sync(kdt.Report.load("runs/two_workers").steps)
+    print(sync.groupby("worker")["worker_wait_ms"].median())
+    ```
+    """
     return cross_worker_sync_of(clock_tables(steps))
 
 
@@ -69,9 +89,19 @@ def cross_worker_sync_of(tables: dict[str, _ByStep]) -> pd.DataFrame:
 
 
 def with_worker_wait(steps: pd.DataFrame, sync: pd.DataFrame) -> pd.DataFrame:
-    """Adds each step's wait for other workers (``cross_worker_sync``) and, in profiled
-    steps, moves it from ``transfer_ms`` (where a worker's own trace shows it) to
-    ``sync_wait_ms``; the shares and bandwidths that read those columns follow."""
+    """The steps with each step's wait for other workers, moved out of the transfer.
+
+    In profiled steps the wait moves from ``transfer_ms`` (where a worker's own trace
+    shows it) to ``sync_wait_ms``; the shares and bandwidths that read those columns
+    follow.
+
+    Args:
+        steps: steps with the breakdown's columns (``step_parts.with_breakdown``).
+        sync: ``cross_worker_sync`` of the same steps.
+
+    Returns:
+        The steps with ``worker_wait_ms`` and ``last_worker`` (empty without ``sync``).
+    """
     if sync.empty:
         return steps.assign(worker_wait_ms=float("nan"), last_worker=pd.NA)
     steps = steps.drop(columns=["worker_wait_ms", "last_worker"], errors="ignore").merge(

@@ -205,8 +205,15 @@ def _missing_workers(runs: dict, split: list[list[str]]) -> list[Finding]:
 
 def clock_findings(workers: pd.DataFrame) -> list[Finding]:
     """Workers whose clock is ``CLOCK_OFFSET_NOTE_MS`` or more from worker 0's, as the
-    step ends measure it (``Report.workers``): the cross-worker view aligns them. More
-    than ``worker_digest.LISTED_UP_TO`` workers of a run: one finding for them all."""
+    step ends measure it: the cross-worker view aligns them.
+
+    Args:
+        workers: the worker view (``Report.workers``).
+
+    Returns:
+        ``clock-offset`` findings (``info``): one per worker, or one for a run's workers
+        where more than ``worker_digest.LISTED_UP_TO`` are that far.
+    """
     findings = []
     if workers.empty or "clock_offset_ms" not in workers:
         return findings

@@ -162,9 +162,16 @@ def _groups_to_merge(merge_runs, detected: list[list[str]], spans: pd.DataFrame)
 
 
 def run_spans(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """One row per run and worker with a header (``SPAN_COLUMNS``): its ``workers``
-    count and ``cluster`` (the last header's), ``start`` (its first header's time) and
-    ``end`` (its last record's time, a step's end), and the records file."""
+    """One row per run and worker with a header: its ``workers`` count and ``cluster``
+    (the last header's), ``start`` (its first header's time) and ``end`` (its last
+    record's time, a step's end), and the records file.
+
+    Args:
+        records: the records by type (``record_tables.records_by_type``).
+
+    Returns:
+        A DataFrame with ``SPAN_COLUMNS``.
+    """
     headers = records.get("header")
     if headers is None or headers.empty:
         return pd.DataFrame(columns=SPAN_COLUMNS)
@@ -252,8 +259,15 @@ def _one_job(a: dict, b: dict) -> bool:
 
 def split_runs(spans: pd.DataFrame) -> list[list[str]]:
     """Groups of runs that look like one job's workers recorded under separate run ids
-    (see the module docstring), each ordered by its lowest worker; runs that already
-    hold all their workers are never grouped."""
+    (see the module docstring); runs that already hold all their workers are never
+    grouped.
+
+    Args:
+        spans: ``run_spans`` of the records.
+
+    Returns:
+        The groups, each ordered by its lowest worker, by start time.
+    """
     runs = runs_of_spans(spans)
     incomplete = {
         run: info
@@ -287,9 +301,17 @@ def split_runs(spans: pd.DataFrame) -> list[list[str]]:
 def merge_run_ids(
     records: Mapping[str, pd.DataFrame], groups: Sequence[Sequence[str]]
 ) -> dict[str, pd.DataFrame]:
-    """The records with every run of a group renamed to the group's first run (by
-    ``merge_jobs``, the one of its lowest worker); headers keep the id they were
-    recorded under in ``recorded_run``."""
+    """The records with every run of a group renamed to the group's first run; headers
+    keep the id they were recorded under in ``recorded_run``.
+
+    Args:
+        records: the records by type.
+        groups: the runs to merge, each group's first naming the merged run (by
+            ``merge_jobs``, the one of its lowest worker).
+
+    Returns:
+        A new dict of the records by type.
+    """
     renamed = {run: group[0] for group in groups for run in group}
     merged = {}
     for record_type, frame in records.items():

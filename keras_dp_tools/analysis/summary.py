@@ -15,17 +15,35 @@ from keras_dp_tools.records import columns as schema
 
 
 def run_summary(frames, advice: bool = True) -> pd.DataFrame:
-    """One row per run (see ``Report.summary``); ``advice`` adds the titles of each
-    run's findings.
+    """One row per run (see ``Report.summary``).
 
     The step times (``median_step_ms``, ``p90_step_ms``, ``examples_per_s``,
-    ``measured_steps``) are ``analysis.measured_steps.measured_step_times``: in a multi-worker
-    run the job's step time, each step once; ``step_time_from`` names the column of
-    ``Report.steps`` they come from (``job_step_ms`` or ``step_ms``; a multi-worker run
-    where no two consecutive calls were recorded by every worker: the slowest worker's
-    ``step_ms`` per step, ``measured_steps.SLOWEST_WORKER``, a lower bound). ``left_out_steps``
-    are the steps they leave out: those a profiler window or its trace's analysis
-    disturbed, and in a multi-worker run the steps without a job step time."""
+    ``measured_steps``) are ``analysis.measured_steps.measured_step_times``: in a
+    multi-worker run the job's step time, each step once; ``step_time_from`` names the
+    column of ``Report.steps`` they come from (``job_step_ms`` or ``step_ms``; a
+    multi-worker run where no two consecutive calls were recorded by every worker: the
+    slowest worker's ``step_ms`` per step, ``measured_steps.SLOWEST_WORKER``, a lower
+    bound). ``left_out_steps`` are the steps they leave out: those a profiler window or
+    its trace's analysis disturbed, and in a multi-worker run the steps without a job
+    step time.
+
+    Args:
+        frames: a ``RunFrames`` (``analysis.run_frames``).
+        advice: add a column ``advice``: the titles of each run's findings.
+
+    Returns:
+        A DataFrame indexed by run, sorted by start.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.analysis.run_frames import load_run_frames
+    from keras_dp_tools.analysis.summary import run_summary
+
+    frames = load_run_frames([("runs/demo/keras_dp/worker-0.jsonl", 0)])
+    print(run_summary(frames, advice=False)["median_step_ms"])
+    ```
+    """
     runs, parts = frames.runs, frames.step_parts
     steps = parts.all
     if steps.empty:
@@ -96,8 +114,15 @@ def _counted(steps: pd.DataFrame) -> pd.Series:
 
 
 def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """Runs side by side by replica count (see ``Report.compare``), from
-    ``run_summary``: throughput, speed-up and scaling efficiency."""
+    """Runs side by side by replica count (see ``Report.compare``): throughput, speed-up
+    and scaling efficiency.
+
+    Args:
+        summary: ``run_summary``'s frame.
+
+    Returns:
+        A DataFrame, one row per replica count (the latest run of each), by replicas.
+    """
     summary = summary.dropna(subset=["replicas"]).drop_duplicates("replicas", keep="last")
     summary = summary.sort_values("replicas")
     throughput = summary["examples_per_s"].where(

@@ -52,13 +52,26 @@ def worker_view(
     sync: pd.DataFrame,
     exits: pd.DataFrame | None = None,
 ) -> pd.DataFrame:
-    """One row per run, worker and attempt (``WORKER_COLUMNS``): the steps it recorded,
-    how its fit ended (``finished``; ``exited`` when the process left inside the fit, an
-    exception; empty when it recorded no end: killed, or still running), how its
-    process ended where ``keras-dp launch --log-dir`` recorded it (``exit``, and its
-    status ``exit_code``), its clock
-    offset and alignment residual, the median time it waited for other workers, its
-    median host time between train calls, and how often it was the last to enter."""
+    """One row per run, worker and attempt (``WORKER_COLUMNS``): the worker view.
+
+    Each row: the steps it recorded, how its fit ended (``finished``; ``exited`` when the
+    process left inside the fit, an exception; empty when it recorded no end: killed, or
+    still running), how its process ended where ``keras-dp launch --log-dir`` recorded it
+    (``exit``, and its status ``exit_code``), its clock offset and alignment residual,
+    the median time it waited for other workers, its median host time between train
+    calls, and how often it was the last to enter.
+
+    Args:
+        steps: the steps' own columns (``run, worker, attempt, step, steps, time,
+            step_ms, warmup``).
+        starts: ``attempts.attempts`` of the headers.
+        fit_ends: the ``fit_end`` records (``run, worker, time, step, status``).
+        sync: ``clocks.cross_worker_sync`` of the steps.
+        exits: the launcher's ``worker_exit`` records, if any.
+
+    Returns:
+        A DataFrame with ``WORKER_COLUMNS``, by run, worker and attempt.
+    """
     if steps.empty and starts.empty:
         return pd.DataFrame(columns=WORKER_COLUMNS)
     covered = steps[["run", "worker", "attempt", "step", "time"]].assign(
@@ -210,6 +223,14 @@ def straggler(view: pd.DataFrame, steps: pd.DataFrame) -> dict | None:
     ``why`` is ``host`` when the worker spends longer between train calls than the
     others (its callbacks or Python-side work), ``input`` or ``compute`` when its own
     profiled steps show it, else ``unknown``.
+
+    Args:
+        view: the worker view (``worker_view``, ``Report.workers``).
+        steps: the profiled steps (``input_ms`` and ``compute_ms`` are read).
+
+    Returns:
+        None with fewer than two timed workers; else a dict: ``run``, ``worker``,
+        ``last_share``, ``others_wait_ms``, ``clock_residual_ms``, ``why``, ``detail``.
     """
     timed = view.dropna(subset=["median_worker_wait_ms"])
     if timed["worker"].nunique() < 2:
