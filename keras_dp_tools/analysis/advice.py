@@ -51,7 +51,7 @@ def _run_advice(frames) -> list[Finding]:
     profiled = profiled_steps(frames)
     advice = unsynchronised_findings(profiled, frames)
     if not profiled.empty:
-        advice += communication_findings(profiled, frames) + embedding_findings(profiled, frames)
+        advice += communication_findings(profiled) + embedding_findings(profiled, frames)
         advice += (
             waiting_findings(profiled, frames)
             + input_findings(profiled)

@@ -26,11 +26,28 @@ _TABLE_SIZE = re.compile(r"\((\d+)x(\d+)\)")
 
 
 def profiled_steps(frames) -> pd.DataFrame:
+    """The steps a profiler window analysed (a breakdown), every column.
+
+    Args:
+        frames: a ``RunFrames``.
+
+    Returns:
+        The rows of ``frames.step_parts.profiled`` with a ``trace_step_ms``.
+    """
     steps = frames.step_parts.profiled
     return steps[steps["trace_step_ms"].notna()] if "trace_step_ms" in steps else steps.iloc[:0]
 
 
-def communication_findings(profiled: pd.DataFrame, frames) -> list[Finding]:
+def communication_findings(profiled: pd.DataFrame) -> list[Finding]:
+    """Exposed all-reduce transfer over ``COMM_SHARE_HIGH`` of the step (median), with
+    the gradients' bytes per step and the bus bandwidth where it is known.
+
+    Args:
+        profiled: ``profiled_steps`` of the run.
+
+    Returns:
+        The finding, or empty.
+    """
     share = profiled["comm_share"].median()
     if not share >= COMM_SHARE_HIGH:
         return []
@@ -182,6 +199,16 @@ def other_time_findings(profiled: pd.DataFrame) -> list[Finding]:
 
 
 def waiting_findings(profiled: pd.DataFrame, frames) -> list[Finding]:
+    """Replicas waiting for the slowest one over ``WAIT_SHARE_HIGH`` of the step, and a
+    replica last to arrive in ``STRAGGLER_SHARE`` of the profiled steps.
+
+    Args:
+        profiled: ``profiled_steps`` of the run.
+        frames: the run's ``RunFrames``.
+
+    Returns:
+        The findings (empty when nothing crosses its line).
+    """
     advice = []
     share = profiled["wait_share"].median()
     if share >= WAIT_SHARE_HIGH:
@@ -218,6 +245,14 @@ def waiting_findings(profiled: pd.DataFrame, frames) -> list[Finding]:
 
 
 def input_findings(profiled: pd.DataFrame) -> list[Finding]:
+    """Exposed input wait over ``INPUT_SHARE_HIGH`` of the step (median).
+
+    Args:
+        profiled: ``profiled_steps`` of the run.
+
+    Returns:
+        The finding, or empty.
+    """
     share = (profiled["input_ms"] / profiled["trace_step_ms"]).median()
     if not share >= INPUT_SHARE_HIGH:
         return []

@@ -27,6 +27,15 @@ def _all_steps(frames) -> pd.DataFrame:
 
 
 def gpu_findings(frames) -> list[Finding]:
+    """GPUs idle (mean utilization under ``GPU_UTIL_LOW``) and utilization that may
+    mislead (``utilization.misleading_utilization``).
+
+    Args:
+        frames: the run's ``RunFrames``.
+
+    Returns:
+        The findings (empty without GPU readings).
+    """
     advice = []
     steps = _all_steps(frames)
     utilization = steps["gpu_util_mean"].mean() if "gpu_util_mean" in steps else None
@@ -89,6 +98,15 @@ def batching_findings(frames) -> list[Finding]:
 def step_time_findings(frames) -> list[Finding]:
     # A multi-worker run's steps at the job's pace: its workers' own times inside the
     # train call differ (short on the worker the others wait for), a mix that varies.
+    """Step times that vary a lot: p90 over ``JITTER_RATIO`` times the median of the
+    measured step times (``measured_steps.measured_step_times``).
+
+    Args:
+        frames: the run's ``RunFrames``.
+
+    Returns:
+        The finding, or empty.
+    """
     steps = _all_steps(frames)
     times = frames.step_parts.measured()["step_ms"]
     if len(times) < 10:
