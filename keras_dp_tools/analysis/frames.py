@@ -37,7 +37,14 @@ _STEP_INTEGERS = ("worker", "epoch", "step", "steps")
 
 def runs_frame(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """One row per run and worker: its header, with the latest GPU status and scaling
-    plan it recorded."""
+    plan it recorded.
+
+    Args:
+        records: the records by type (``record_tables.records_by_type``).
+
+    Returns:
+        A DataFrame with ``RUN_COLUMNS``, by start time and worker.
+    """
     merged = (*schema.GPU_STATUS_COLUMNS, *PLAN_COLUMNS)
     runs = of_type(records, "header", [c for c in RUN_COLUMNS if c not in merged])
     runs = runs.drop_duplicates(["run", "worker"], keep="last")
@@ -58,8 +65,16 @@ def _number(value) -> float:
 
 
 def mark_profiled(steps: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
-    """Flags steps that ran inside a captured profiler window, or while its analysis
-    ran in the background."""
+    """The steps with ``profiled``: whether each ran inside a captured profiler window,
+    or while its analysis ran in the background.
+
+    Args:
+        steps: the steps' own columns (``timed_steps``), sorted by run, worker and step.
+        windows: ``windows_frame``.
+
+    Returns:
+        The steps with ``profiled`` (bool).
+    """
     captured = windows[windows["status"] != "skipped"]
     blocks = worker_blocks(steps)
     if blocks is not None:  # each window looks at its worker's rows only
@@ -90,8 +105,16 @@ def mark_profiled(steps: pd.DataFrame, windows: pd.DataFrame) -> pd.DataFrame:
 
 
 def with_gpu_utilization(steps: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame:
-    """Adds ``gpu_util_mean``: the mean utilization of the worker's GPUs over each step
-    (empty without GpuMonitor readings)."""
+    """The steps with ``gpu_util_mean``: the mean utilization of the worker's GPUs over
+    each step.
+
+    Args:
+        steps: the steps' own columns.
+        gpu: GpuMonitor's readings (``GPU_SAMPLE_COLUMNS``).
+
+    Returns:
+        The steps with ``gpu_util_mean`` (empty without readings).
+    """
     if gpu.empty:
         return steps.assign(gpu_util_mean=float("nan"))
     per_step = step_gpu_utilization(gpu, steps)
@@ -103,12 +126,21 @@ def with_gpu_utilization(steps: pd.DataFrame, gpu: pd.DataFrame) -> pd.DataFrame
 def timed_steps(
     records: Mapping[str, pd.DataFrame], runs: pd.DataFrame
 ) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The steps' own columns (``TIMED_STEP_COLUMNS``, the run header's replicas and
-    global batch included), one row per worker and step record, sorted by run, worker
-    and step; and the profiler's breakdown of the steps that have one
-    (``BREAKDOWN_COLUMNS``), which ``with_breakdown`` adds. ``_breakdown`` holds each
-    step's row there (-1: none). A step_breakdown record without its step record (a run
-    profiled without StepTimer) still lists its step."""
+    """The steps' own columns, and the profiler's breakdown of the steps that have one.
+
+    A step_breakdown record without its step record (a run profiled without StepTimer)
+    still lists its step.
+
+    Args:
+        records: the records by type.
+        runs: ``runs_frame`` (the steps take its replicas and global batch).
+
+    Returns:
+        ``(steps, breakdown)``: the steps with ``TIMED_STEP_COLUMNS`` and ``_breakdown``
+        (each step's row in ``breakdown``, -1: none), one row per worker and step
+        record, sorted by run, worker and step; and the breakdown's columns
+        (``BREAKDOWN_COLUMNS``), which ``step_parts.with_breakdown`` adds.
+    """
     keys = ["run", "worker", "step"]
     steps = of_type(
         records, "step", [c for c in TIMED_STEP_COLUMNS if c not in ("replicas", "global_batch")]
@@ -188,13 +220,28 @@ def _with_header_fields(steps: pd.DataFrame, headers: pd.DataFrame) -> pd.DataFr
 
 
 def replicas_frame(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """One row per profiled step and replica (``REPLICA_FRAME_COLUMNS``)."""
+    """One row per profiled step and replica.
+
+    Args:
+        records: the records by type (``record_tables.records_by_type``).
+
+    Returns:
+        A DataFrame with ``REPLICA_FRAME_COLUMNS``, by run, worker, step and replica.
+    """
     rows = of_type(records, "replica_step", REPLICA_FRAME_COLUMNS)
     return rows.sort_values(["run", "worker", "step", "replica"]).reset_index(drop=True)
 
 
 def windows_frame(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
-    """One row per profiler window, with its outcome (``WINDOW_COLUMNS``)."""
+    """One row per profiler window, with its outcome; a window that never closed is
+    ``interrupted``.
+
+    Args:
+        records: the records by type (``record_tables.records_by_type``).
+
+    Returns:
+        A DataFrame with ``WINDOW_COLUMNS``, by run, worker and time.
+    """
     rows = of_type(records, "window", WINDOW_COLUMNS)
     # A window records "open" when it starts and its outcome when it closes; one that
     # never closed was cut short with its process (the capture was never written).

@@ -115,16 +115,33 @@ class StepParts:
 
 
 def step_parts(steps: pd.DataFrame | StepParts) -> StepParts:
-    """``steps`` (``Report.steps``, or its parts already) as ``StepParts``."""
+    """The steps as ``StepParts``.
+
+    Args:
+        steps: ``Report.steps`` (the wide frame), or its parts already.
+
+    Returns:
+        ``steps`` itself where it is a ``StepParts``, else its parts.
+    """
     return steps if isinstance(steps, StepParts) else StepParts.of_frame(steps)
 
 
 def with_breakdown(steps: pd.DataFrame, breakdown: pd.DataFrame, sync: pd.DataFrame) -> StepParts:
-    """``timed_steps``' steps with the breakdown's columns after their own (empty where
-    a step has none) and each step's wait for other workers (``cross_worker_sync``):
-    ``workers.with_worker_wait`` on the steps with a breakdown (where it also moves
-    that wait from ``transfer_ms`` to ``sync_wait_ms``), a join for the others. In
-    parts (``StepParts``): the wide frame is built when it is asked for."""
+    """The steps with the breakdown's columns after their own and each step's wait for
+    other workers, in parts.
+
+    ``clocks.with_worker_wait`` runs on the steps with a breakdown (where it also moves
+    the wait from ``transfer_ms`` to ``sync_wait_ms``), a join gives the others theirs;
+    the wide frame is built when it is asked for.
+
+    Args:
+        steps: ``frames.timed_steps``' steps (with ``_breakdown``).
+        breakdown: ``frames.timed_steps``' breakdown.
+        sync: ``clocks.cross_worker_sync`` of the steps.
+
+    Returns:
+        A ``StepParts``.
+    """
     rows = steps["_breakdown"].to_numpy()
     steps = steps.drop(columns="_breakdown")
     later = [name for name in steps.columns if name not in TIMED_STEP_COLUMNS]
