@@ -1,17 +1,16 @@
 """The advisor is a pure function of DataFrames: plain frames (no Report) give the
 report's advice, and the frames come back unchanged."""
 
-from dataclasses import fields
-
 import pandas as pd
 
-from keras_dp_tools.analysis.advice import AdvisorFrames, advise
+from keras_dp_tools.analysis.advice import advise
+from keras_dp_tools.analysis.run_frames import FRAME_NAMES, RunFrames
 from keras_dp_tools.report.facade import Report
 from tests.helpers.recorded_runs import COMM_HEAVY, write_run, write_scaling_runs
 
 
-def plain_frames(report: Report) -> AdvisorFrames:
-    return AdvisorFrames(**{f.name: getattr(report, f.name).copy() for f in fields(AdvisorFrames)})
+def plain_frames(report: Report) -> RunFrames:
+    return RunFrames(**{name: getattr(report, name).copy() for name in FRAME_NAMES})
 
 
 def test_plain_frames_give_the_reports_advice_and_stay_unchanged(tmp_path):
@@ -24,8 +23,8 @@ def test_plain_frames_give_the_reports_advice_and_stay_unchanged(tmp_path):
     assert any("ommunication" in title for title in titles)  # 35% of the step: over 20%
     assert any("idle" in title for title in titles)  # 20% GPU utilization: under 50%
     assert advice == report.advice()
-    for field in fields(AdvisorFrames):
-        pd.testing.assert_frame_equal(getattr(frames, field.name), getattr(before, field.name))
+    for name in FRAME_NAMES:
+        pd.testing.assert_frame_equal(getattr(frames, name), getattr(before, name))
 
 
 def test_the_scaling_finding_comes_from_the_table_given(tmp_path):

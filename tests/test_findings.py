@@ -6,6 +6,7 @@ import dataclasses
 import pandas as pd
 
 import keras_dp_tools as kdt
+from keras_dp_tools.analysis.advice import advice_markdown
 from keras_dp_tools.analysis.runner import run_advice_markdown
 from keras_dp_tools.analysis.utilization import misleading_utilization
 from keras_dp_tools.checks.batching import unknown_batch
@@ -111,3 +112,28 @@ def test_the_runner_advises_on_the_run_from_its_offset(tmp_path):
     # Read from the offset, the first run's lines are not there at all.
     unread = run_advice_markdown([(path, offset)], "first")
     assert unread == "No findings: nothing stands out in the recorded numbers."
+
+
+def test_the_runner_gives_the_reports_advice_with_the_job_findings(tmp_path):
+    # A 3-worker job whose worker 2 recorded under a run id of its own (split), worker 0
+    # communication-bound: RunAdvisor's markdown is Report.advice() of the run, the
+    # split-runs finding about the job included.
+    multi = {"workers": 3, "strategy": "CollectiveAllReduceStrategy", "cluster": "c0ffee"}
+    for run, worker, breakdown in (
+        ("job-a", 0, COMM_HEAVY),
+        ("job-a", 1, None),
+        ("job-b", 2, None),
+    ):
+        write_run(
+            tmp_path, run=run, worker=worker, breakdown=breakdown, start=1000.0 + worker / 10,
+            header_fields=multi,
+        )  # fmt: skip
+    files = [(worker_records_path(tmp_path, worker), 0) for worker in range(3)]
+
+    markdown = run_advice_markdown(files, "job-a")
+
+    advice = kdt.Report.from_files(files).for_run("job-a").advice()
+    assert markdown == advice_markdown(advice)
+    codes = [item.code for item in advice]
+    assert "split-runs" in codes and "communication-bound" in codes, codes
+    assert "job-a (workers 0 and 1) and job-b (worker 2)" in markdown

@@ -22,6 +22,7 @@ import pytest
 
 import keras_dp_tools as kdt
 from keras_dp_tools.analysis import jobs
+from keras_dp_tools.analysis.record_tables import records_by_type
 from keras_dp_tools.capture import job_identity
 from keras_dp_tools.capture.job_identity import (
     JobId,
@@ -378,7 +379,7 @@ def test_two_jobs_one_after_the_other_stay_two_runs(two_workers, tmp_path):
     for job_dir, name in ((log_dir, "first"), (second, "second")):
         edit_records(job_dir, 1, rename_run(f"{name}-w1", drop_cluster=True))
         edit_records(job_dir, 0, rename_run(f"{name}-w0", drop_cluster=True))
-    spans = jobs.run_spans(jobs.report_frames.records_by_type(
+    spans = jobs.run_spans(records_by_type(
         (path, 0) for path in sorted((tmp_path / "logs").glob("*/keras_dp/worker-*.jsonl"))
     ))  # fmt: skip
     assert jobs.split_runs(spans) == [["first-w0", "first-w1"], ["second-w0", "second-w1"]]

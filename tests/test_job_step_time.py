@@ -4,11 +4,8 @@ not of the worker whose own time inside the train call is shortest or longest.""
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.analysis.workers import (
-    SLOWEST_WORKER,
-    job_step_times,
-    measured_step_times,
-)
+from keras_dp_tools.analysis.clocks import job_step_times
+from keras_dp_tools.analysis.measured_steps import SLOWEST_WORKER, measured_step_times
 from keras_dp_tools.records.writer import RecordWriter, worker_records_path
 from tests.helpers.processes import launch_job
 from tests.helpers.recorded_runs import header

@@ -11,7 +11,7 @@ from keras_dp_tools.records.writer import RecordWriter, worker_records_path
 from keras_dp_tools.report.facade import (
     BREAKDOWN_COLUMNS,
     MONITOR_COLUMNS,
-    STEP_COLUMNS,
+    TIMED_STEP_COLUMNS,
     WORKER_STEP_COLUMNS,
 )
 from tests.helpers.recorded_runs import header, step, write_run
@@ -46,7 +46,7 @@ def test_steps_have_one_row_per_worker_and_step_with_header_columns(tmp_path):
     report = Report.load(tmp_path)
 
     assert list(report.steps.columns) == (
-        STEP_COLUMNS + BREAKDOWN_COLUMNS + MONITOR_COLUMNS + WORKER_STEP_COLUMNS
+        TIMED_STEP_COLUMNS + BREAKDOWN_COLUMNS + MONITOR_COLUMNS + WORKER_STEP_COLUMNS
     )
     assert report.steps["compute_ms"].isna().all()  # nothing was profiled
     assert len(report.steps) == 6

@@ -5,7 +5,6 @@ record type. Also: the column lists of the presentation name columns that exist.
 (tests/test_schema.py checks the same for every column the analysis emits on a GPU
 trace, XProf's included.)"""
 
-import inspect
 import json
 import math
 import re
@@ -13,6 +12,7 @@ import re
 import numpy as np
 import pandas as pd
 
+from keras_dp_tools.analysis.run_frames import FRAME_NAMES
 from keras_dp_tools.records import columns as schema
 from keras_dp_tools.records.fields import FIELDS
 from keras_dp_tools.records.writer import RECORDS_DIRNAME
@@ -52,8 +52,8 @@ TAKEN_FROM_ANOTHER = {
 
 
 def frames(report: Report) -> dict[str, pd.DataFrame]:
-    """Every frame of a Report, as its constructor names them."""
-    return {name: getattr(report, name) for name in inspect.signature(Report).parameters}
+    """Every frame of a Report (``RunFrames``' frames)."""
+    return {name: getattr(report, name) for name in FRAME_NAMES}
 
 
 def report_columns(tmp_path) -> set[str]:

@@ -4,9 +4,9 @@ import json
 
 import pytest
 
-from keras_dp_tools.analysis.advice import Advice
 from keras_dp_tools.checks.batching import Finding
 from keras_dp_tools.checks.lint import CODES, SEVERITIES
+from keras_dp_tools.common.findings import Advice
 from keras_dp_tools.common.severity import Severity
 
 

@@ -4,7 +4,7 @@ import pandas as pd
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.analysis.workers import cross_worker_sync
+from keras_dp_tools.analysis.clocks import cross_worker_sync
 from keras_dp_tools.records.writer import RecordWriter, worker_records_path
 from keras_dp_tools.report import plots
 from tests.helpers.recorded_runs import header

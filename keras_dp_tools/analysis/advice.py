@@ -1,460 +1,37 @@
 """The advisor: findings about a run, each with its evidence and a concrete fix.
 
-Pure functions over DataFrames (``AdvisorFrames``: a ``Report`` has them all, and
-passes its scaling table): thresholds are module constants so a finding says which line
-it crossed. Nothing here calls back into ``Report``. Each finding is a
-``keras_dp_tools.common.findings.Finding`` (made with ``Advice``: severity, title,
-evidence, fix) with a ``code`` of its own.
+Pure functions over a run's frames (``analysis.run_frames.RunFrames``): ``advise``
+gathers the findings by topic (``breakdown_advice``: the profiled steps;
+``host_advice``: GPUs, CPU, batching, step times, scaling; ``worker_advice``: the late
+worker). Each finding is a ``keras_dp_tools.common.findings.Finding`` (made with
+``Advice``: severity, title, evidence, fix) with a ``code`` of its own.
 """
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, fields, replace
+from dataclasses import replace
 
 import pandas as pd
 
-from keras_dp_tools.analysis.breakdown.bandwidth import NO_BYTES, NO_REDUCE
-from keras_dp_tools.analysis.frames import StepParts, step_parts, steps_of
+from keras_dp_tools.analysis.breakdown_advice import (
+    communication_findings,
+    embedding_findings,
+    input_findings,
+    other_time_findings,
+    profiled_steps,
+    unsynchronised_findings,
+    waiting_findings,
+)
+from keras_dp_tools.analysis.host_advice import (
+    batching_findings,
+    cpu_findings,
+    gpu_findings,
+    scaling_findings,
+    step_time_findings,
+)
 from keras_dp_tools.analysis.worker_advice import late_worker_findings
-from keras_dp_tools.common.findings import Advice, Finding
-from keras_dp_tools.common.known_bugs import ALLREDUCE_BUG, ALLREDUCE_FIX, drops_gradient_allreduce
+from keras_dp_tools.common.findings import Finding
 from keras_dp_tools.common.severity import Severity
-
-COMM_SHARE_HIGH = 0.20  # exposed all-reduce transfer over step time
-WAIT_SHARE_HIGH = 0.15  # exposed waiting for the slowest replica over step time
-INPUT_SHARE_HIGH = 0.10  # exposed input wait over step time
-STRAGGLER_SHARE = 0.6  # one replica last to arrive in this share of profiled steps
-GPU_UTIL_LOW = 50.0  # percent
-SCALING_EFFICIENCY_LOW = 0.7
-JITTER_RATIO = 1.5  # p90 over median step time
-CPU_SATURATED = 75.0  # percent of all cores busy
-GATHER_SHARE_HIGH = 0.10  # all-gather of sparse gradients over step time: medium, else info
-OTHER_SHARE_HIGH = 0.40  # time outside compute, communication and input over step time
-_TABLE_SIZE = re.compile(r"\((\d+)x(\d+)\)")
-
-
-@dataclass(frozen=True)
-class AdvisorFrames:
-    """The frames the advisor reads, as ``Report`` names them (``Report.runs``,
-    ``.steps``, ``.gpu``, ``.cpu``, ``.batching``, ``.workers``); ``steps`` may be
-    given in parts (``analysis.frames.StepParts``, what ``of`` takes of a ``Report``)."""
-
-    runs: pd.DataFrame
-    steps: pd.DataFrame | StepParts
-    gpu: pd.DataFrame
-    cpu: pd.DataFrame
-    batching: pd.DataFrame
-    workers: pd.DataFrame
-
-    @classmethod
-    def of(cls, source) -> AdvisorFrames:
-        """The frames of anything that has them as attributes (a ``Report``)."""
-        return source if isinstance(source, cls) else cls(**_frames_of(source))
-
-    @classmethod
-    def of_mapping(cls, frames) -> AdvisorFrames:
-        """The frames of a mapping of name -> frame (``analysis.frames.report_frames``),
-        where ``workers`` may be the function that computes it."""
-        workers = frames["workers"]
-        workers = workers() if callable(workers) else workers
-        return cls(**{**{name: frames[name] for name in _NAMES}, "workers": workers})
-
-    def for_run(self, run: str) -> AdvisorFrames:
-        """The rows of one run id."""
-        return AdvisorFrames(
-            **{
-                name: frame.for_run(run)
-                if isinstance(frame, StepParts)
-                else _rows_of_run(frame, run)
-                for name, frame in _frames_of(self).items()
-            }
-        )
-
-
-def _rows_of_run(frame: pd.DataFrame, run: str) -> pd.DataFrame:
-    """The rows of one run; the frame itself when it holds that run alone (a copy of
-    millions of steps costs seconds)."""
-    mine = frame["run"] == run
-    return (frame if mine.all() else frame[mine]).reset_index(drop=True)
-
-
-_NAMES = [field.name for field in fields(AdvisorFrames)]
-
-
-def _frames_of(source) -> dict:
-    # A Report's steps in parts: its wide steps frame is not built.
-    return {name: steps_of(source) if name == "steps" else getattr(source, name) for name in _NAMES}
-
-
-def _all_steps(report) -> pd.DataFrame:
-    """Every step, with the columns of its own at least."""
-    return step_parts(report.steps).all
-
-
-def _profiled(report) -> pd.DataFrame:
-    steps = step_parts(report.steps).profiled
-    return steps[steps["trace_step_ms"].notna()] if "trace_step_ms" in steps else steps.iloc[:0]
-
-
-def _communication(profiled: pd.DataFrame, report) -> list[Finding]:
-    share = profiled["comm_share"].median()
-    if not share >= COMM_SHARE_HIGH:
-        return []
-    busbw = profiled["busbw_gbps"].median()
-    megabytes = profiled["allreduce_bytes"].max() / 1e6
-    evidence = (
-        f"exposed all-reduce transfer is {share:.0%} of the step (median of "
-        f"{len(profiled)} profiled steps); {megabytes:.1f} MB of gradients per step"
-        + (f" at a bus bandwidth of {busbw:.2f} GB/s." if pd.notna(busbw) else ".")
-    )
-    fix = (
-        "Raise the per-replica batch (fewer all-reduces per example); train in mixed "
-        "precision (keras.mixed_precision.set_global_policy('mixed_float16')) and reduce "
-        "gradients in fp16 where accuracy allows; pack gradients into fewer all-reduces "
-        "(tf.distribute.MirroredStrategy(cross_device_ops=tf.distribute.NcclAllReduce("
-        "num_packs=2))); without NVLink, try tf.distribute.HierarchicalCopyAllReduce()."
-    )
-    advice = [
-        Advice(
-            "high",
-            "Communication-bound: gradients take a large share of each step",
-            evidence,
-            fix,
-            code="communication-bound",
-        )
-    ]
-    return advice
-
-
-def _unsynchronised(profiled: pd.DataFrame, report) -> list[Finding]:
-    """A Keras known not to all-reduce gradients under a mirrored strategy, and what the
-    trace shows of it: no gradient collective in any profiled step."""
-    run = report.runs.iloc[0] if len(report.runs) else None
-    if run is None or not drops_gradient_allreduce(
-        run.get("keras_package"), run.get("keras_version")
-    ):
-        return []
-    strategy, replicas = str(run.get("strategy")), run.get("replicas")
-    if "Mirrored" not in strategy or not replicas > 1:
-        return []
-    notes = profiled["bandwidth_note"] if "bandwidth_note" in profiled else pd.Series(dtype=object)
-    if len(notes) and (notes == NO_REDUCE).all():
-        seen = f"; the trace agrees: none of the {len(notes)} profiled steps ran an all-reduce."
-    elif not notes.isin([NO_REDUCE, NO_BYTES]).all():
-        return []  # an all-reduce ran (its bandwidth was measured): no bug on this run
-    else:  # no profiled step, or bytes unknown: the trace cannot tell
-        seen = (
-            " (the trace of this run cannot confirm it: no all-reduce bytes or no profiled step)."
-        )
-    bug = ALLREDUCE_BUG.format(
-        version=run["keras_version"], strategy=strategy, replicas=int(replicas)
-    )
-    return [
-        Advice(
-            "high",
-            "Replicas train apart: no gradient all-reduce",
-            bug + seen,
-            ALLREDUCE_FIX,
-            code="replicas-not-synchronised",
-        )
-    ]
-
-
-def _embedding_names(report) -> list[str]:
-    names = report.runs.get("embedding_names")
-    if names is None:
-        return []
-    found = []
-    for value in names.dropna():
-        found += [name for name in list(value) if name not in found]
-    return found
-
-
-def _embeddings(profiled: pd.DataFrame, report) -> list[Finding]:
-    """Sparse gradients seen in the trace: TF 2.21 all-gathers them (values and
-    indices) rather than all-reducing the table."""
-    if "gather_ms" not in profiled or not (profiled["gather_ms"] > 0).any():
-        return []
-    gathered = profiled[profiled["gather_ms"] > 0]
-    gather_ms = gathered["gather_ms"].median()
-    share = (gathered["gather_ms"] / gathered["trace_step_ms"]).median()
-    names = _embedding_names(report)
-    layers = ", ".join(names) if names else "the model's embedding layer(s)"
-    table_bytes = sum(4 * int(v) * int(d) for n in names for v, d in _TABLE_SIZE.findall(n))
-    evidence = (
-        f"the gradients of {layers} are IndexedSlices, which TensorFlow all-gathers "
-        f"(CollectiveGatherV2 of the looked-up rows and their indices) instead of "
-        f"all-reducing the table: {gather_ms:.2f} ms per step in gathers, {share:.0%} "
-        f"of the step (median of {len(gathered)} profiled steps)"
-    )
-    gather_bytes = gathered["gather_bytes"].median() if "gather_bytes" in gathered else None
-    if pd.notna(gather_bytes):
-        evidence += f"; {gather_bytes / 1e6:.2f} MB gathered per step"
-        if table_bytes:
-            evidence += f" against {table_bytes / 1e6:.1f} MB for the table(s) as dense gradients"
-    busbw = gathered["gather_busbw_gbps"].median() if "gather_busbw_gbps" in gathered else None
-    evidence += f", all-gather bus bandwidth {busbw:.2f} GB/s." if pd.notna(busbw) else "."
-    fix = (
-        "The gather moves every looked-up row (batch x sequence x dim), however small "
-        "the vocabulary. For a small vocabulary, densify the gradient "
-        "(tf.convert_to_tensor on it in a custom train_step) so it joins the packed "
-        "all-reduce: worth it while the table is smaller than the rows gathered per "
-        "step. Otherwise use a smaller vocabulary (hashing, a frequency cut-off) or "
-        "embedding dim, or shard the table (ParameterServerStrategy with sharded "
-        "variables, TPUEmbedding). On GPUs with NCCL, TensorFlow may instead log "
-        "'Efficient allreduce is not supported for n IndexedSlices' and reduce them on "
-        "one device, so the GPUs take turns."
-    )
-    severity = "medium" if share >= GATHER_SHARE_HIGH else "info"
-    title = f"Embedding gradients are all-gathered ({layers})"
-    return [Advice(severity, title, evidence, fix, code="embedding-gather")]
-
-
-def _other(profiled: pd.DataFrame) -> list[Finding]:
-    """Time in no named part of the step, split into what can be named."""
-    share = (profiled["other_ms"] / profiled["trace_step_ms"]).median()
-    if not share >= OTHER_SHARE_HIGH:
-        return []
-    parts = {
-        "dispatch_ms": (
-            "host time outside the train function (Python, callbacks, the call's dispatch)",
-            "run several steps per call (compile(steps_per_execution=k)), keep per-batch "
-            "callbacks light, or use larger batches so each call does more work",
-        ),
-        "idle_ms": (
-            "time inside the train function when no replica ran any op (executor "
-            "hand-offs, host threads)",
-            "open the capture in the Profile tab's trace viewer and look at the gaps; "
-            "on CPU devices, tune tf.config.threading.set_inter_op_parallelism_threads",
-        ),
-        "scheduling_ms": (
-            "time a replica ran nothing while others ran (on CPU logical devices the "
-            "replicas compete for the same cores; on GPUs, launch delays)",
-            "on CPU devices give each replica its own cores or fewer replicas; on GPUs "
-            "look for kernel launch gaps on that device in the trace viewer",
-        ),
-    }
-    medians = {name: profiled[name].median() for name in parts if name in profiled}
-    medians = {name: value for name, value in medians.items() if pd.notna(value)}
-    evidence = f"{share:.0%} of the step is in no named part (median of profiled steps)"
-    fix = "See keras-dp docs breakdown (other_ms) for what it holds."
-    if medians:
-        largest = max(medians, key=medians.get)
-        described, fix = parts[largest]
-        split = ", ".join(f"{name[:-3]} {value:.2f} ms" for name, value in medians.items())
-        evidence += f"; most of it is {described} ({split} per step)"
-    return [Advice("medium", "Most of the step is outside compute and communication",
-                   evidence + ".", fix[0].upper() + fix[1:] + ".", code="other-time")]  # fmt: skip
-
-
-def _waiting(profiled: pd.DataFrame, report) -> list[Finding]:
-    advice = []
-    share = profiled["wait_share"].median()
-    if share >= WAIT_SHARE_HIGH:
-        advice.append(
-            Advice(
-                "high",
-                "Replicas wait for each other at the all-reduce",
-                f"exposed sync wait is {share:.0%} of the step (median); the slowest "
-                f"replica kept the others waiting {profiled['max_sync_wait_ms'].median():.2f} "
-                "ms per step.",
-                "Balance the work per replica: the same per-replica batch and sequence "
-                "lengths, input prepared ahead (prefetch), no other jobs on the devices; "
-                "see the straggler view (keras_dp_tools.report.plots.sync_wait).",
-                code="replica-wait",
-            )
-        )
-    stragglers = profiled["straggler_replica"].dropna()
-    if len(stragglers) >= 3:
-        counts = stragglers.value_counts()
-        replica, times = int(counts.index[0]), int(counts.iloc[0])
-        if times / len(stragglers) >= STRAGGLER_SHARE and report.runs["replicas"].max() > 2:
-            advice.append(
-                Advice(
-                    "medium",
-                    f"Replica {replica} is a straggler",
-                    f"it arrived last at the all-reduce in {times} of {len(stragglers)} "
-                    "profiled steps.",
-                    f"Check the device of replica {replica}: clocks and temperature "
-                    "(Report.gpu), another process on it, or a slower link.",
-                    code="replica-straggler",
-                )
-            )
-    return advice
-
-
-def _input(profiled: pd.DataFrame) -> list[Finding]:
-    share = (profiled["input_ms"] / profiled["trace_step_ms"]).median()
-    if not share >= INPUT_SHARE_HIGH:
-        return []
-    return [
-        Advice(
-            "high",
-            "Input-bound: steps wait for data",
-            f"exposed input wait is {share:.0%} of the step (median of profiled steps).",
-            "dataset.prefetch(tf.data.AUTOTUNE) last; map(..., num_parallel_calls="
-            "tf.data.AUTOTUNE); cache() after expensive, deterministic steps; interleave "
-            "file reads; decode and augment on fewer, larger batches.",
-            code="input-bound",
-        )
-    ]
-
-
-def _gpu(report) -> list[Finding]:
-    advice = []
-    steps = _all_steps(report)
-    utilization = steps["gpu_util_mean"].mean() if "gpu_util_mean" in steps else None
-    if utilization is not None and pd.notna(utilization) and utilization < GPU_UTIL_LOW:
-        advice.append(
-            Advice(
-                "medium",
-                "GPUs are idle much of the time",
-                f"mean GPU utilization over the steps is {utilization:.0f}% (NVML: share of "
-                "time any kernel ran).",
-                "Feed more work per step (larger per-replica batch), fix input or "
-                "communication waits above, and keep Python out of the step "
-                "(steps_per_execution > 1 in tf_keras, tf.function).",
-                code="gpu-idle",
-            )
-        )
-    from keras_dp_tools.analysis.utilization import misleading_utilization
-
-    return advice + misleading_utilization(report.gpu)
-
-
-def _cpu(report) -> list[Finding]:
-    """CPU-only runs: replicas on logical CPU devices share the cores."""
-    if report.gpu.shape[0] or report.cpu.empty:
-        return []
-    cores = int(report.cpu["cpu_count"].max())
-    ours = report.cpu["process_cpu_percent"].median() / cores
-    busy = max(report.cpu["system_cpu_percent"].median(), ours)
-    if not busy >= CPU_SATURATED:
-        return []
-    return [
-        Advice(
-            "info",
-            "The CPU is saturated: replicas compete for cores",
-            f"all {cores} cores were {busy:.0f}% busy (median) while the replicas ran on "
-            "CPU devices; waits and 'other' time then measure contention for cores, not "
-            "an interconnect.",
-            "Read these numbers as a rehearsal; measure communication on GPUs, or give "
-            "each CPU replica its own cores.",
-            code="cpu-saturated",
-        )
-    ]
-
-
-def _batching(report) -> list[Finding]:
-    """The batching check's recorded findings (``batching_finding`` records), once each."""
-    findings = report.batching.drop_duplicates(["code", "message"])
-    known = {str(level) for level in Severity}
-    return [
-        Advice(
-            row.severity if row.severity in known else "info",
-            f"Batching: {row.code}",
-            row.message,
-            row.fix,
-            code=row.code,
-        )
-        for row in findings.itertuples()
-    ]
-
-
-def _steps(report) -> list[Finding]:
-    # A multi-worker run's steps at the job's pace: its workers' own times inside the
-    # train call differ (short on the worker the others wait for), a mix that varies.
-    steps = _all_steps(report)
-    times = step_parts(report.steps).measured()["step_ms"]
-    if len(times) < 10:
-        return []
-    median, p90 = times.median(), times.quantile(0.9)
-    if not p90 > JITTER_RATIO * median:
-        return []
-    whose = "job " if steps["worker"].nunique() > 1 else ""
-    return [
-        Advice(
-            "info",
-            "Step times vary a lot",
-            f"p90 {whose}step time {p90:.1f} ms is {p90 / median:.1f}x the median {median:.1f} ms.",
-            "Look for periodic host work (checkpoints, logging, evaluation), input "
-            "stalls, or other processes sharing the machine (Report.cpu).",
-            code="step-jitter",
-        )
-    ]
-
-
-def _scaling(report, table: pd.DataFrame | None) -> list[Finding]:
-    """Poor scaling, with only the causes the runs show: communication or waiting over
-    their thresholds, a shrinking per-replica batch, replicas sharing CPU cores.
-    ``table``: the runs by replica count (``Report.compare()``)."""
-    if table is None or table["replicas"].nunique() < 2:
-        return []
-    base, worst = table.iloc[0], table.iloc[-1]
-    if not worst["scaling_efficiency"] < SCALING_EFFICIENCY_LOW:
-        return []
-    replicas = int(worst["replicas"])
-    evidence = (
-        f"at {replicas} replicas throughput is {worst['speedup']:.2f}x that of "
-        f"{int(base['replicas'])} (efficiency {worst['scaling_efficiency']:.0%})"
-    )
-    # comm_share: exposed transfer only (docs/breakdown.md); waiting is wait_share.
-    comm_share, wait_share = worst["comm_share"], worst["wait_share"]
-    if pd.notna(comm_share):
-        evidence += f"; comm share there {comm_share:.0%}, wait share {wait_share:.0%}"
-    causes = []
-    cores = _shared_cpu_cores(report, worst["run"])
-    if cores is not None:
-        evidence += f"; its {replicas} replicas are logical devices of one CPU" + (
-            f" with {cores} cores" if cores else ""
-        )
-        causes.append(
-            "The replicas share the same CPU cores: more replicas add no compute, so "
-            "throughput cannot grow with them. Measure scaling on GPUs (one per replica)."
-        )
-    if comm_share >= COMM_SHARE_HIGH:
-        causes.append("Communication is a large share of the step: see the communication advice.")
-    if wait_share >= WAIT_SHARE_HIGH:
-        causes.append("Replicas wait for each other: see the waiting advice.")
-    per_replica = table["global_batch"] / table["replicas"]
-    if per_replica.iloc[-1] < per_replica.iloc[0]:
-        causes.append(
-            f"The per-replica batch fell from {per_replica.iloc[0]:g} to "
-            f"{per_replica.iloc[-1]:g}: keep it constant as you add replicas (weak scaling)."
-        )
-    # On shared cores alone, poor scaling is expected: a note, not an alarm.
-    severity = "info" if cores is not None and len(causes) == 1 else "high"
-    if pd.isna(comm_share):
-        causes.append(
-            "Profile the largest run (kdt.DataParallelProfiler) to see where its time goes."
-        )
-    elif not causes:
-        causes.append(
-            "Communication and waiting are low there: compare compute_ms, input_ms and "
-            "other_ms of the runs (Report.summary) to see which part grew."
-        )
-    fix = " ".join(causes)
-    return [Advice(severity, "Scaling is poor", evidence + ".", fix, code="poor-scaling")]
-
-
-def _shared_cpu_cores(report, run) -> int | None:
-    """The run's core count (0 if unrecorded) when its replicas are logical devices
-    of one host's CPU; None when they are not (or the devices are unknown)."""
-    runs = report.runs[report.runs["run"] == run]
-    devices = [
-        str(device)
-        for listed in runs["devices"]
-        if pd.api.types.is_list_like(listed)
-        for device in listed
-    ]
-    if not devices or not all("CPU" in device.upper() for device in devices):
-        return None
-    if report.gpu["run"].eq(run).any():
-        return None
-    counts = report.cpu.loc[report.cpu["run"] == run, "cpu_count"].dropna()
-    return int(counts.max()) if len(counts) else 0
-
 
 # What replicas that share saturated CPU cores show as waits and gaps: contention for
 # the cores, graded as what it is rather than as a problem of balance or of the host.
@@ -470,52 +47,74 @@ def _as_contention(finding: Finding) -> Finding:
     )
 
 
-def _run_advice(report) -> list[Finding]:
-    profiled = _profiled(report)
-    advice = _unsynchronised(profiled, report)
+def _run_advice(frames) -> list[Finding]:
+    profiled = profiled_steps(frames)
+    advice = unsynchronised_findings(profiled, frames)
     if not profiled.empty:
-        advice += _communication(profiled, report) + _embeddings(profiled, report)
-        advice += _waiting(profiled, report) + _input(profiled) + _other(profiled)
-    advice += late_worker_findings(report)
-    cpu = _cpu(report)
+        advice += communication_findings(profiled) + embedding_findings(profiled, frames)
+        advice += (
+            waiting_findings(profiled, frames)
+            + input_findings(profiled)
+            + other_time_findings(profiled)
+        )
+    advice += late_worker_findings(frames)
+    cpu = cpu_findings(frames)
     if cpu:  # replicas on CPU devices with the cores saturated
         advice = [
             _as_contention(item) if item.code in _CONTENTION_CODES else item for item in advice
         ]
-    return advice + _gpu(report) + cpu + _batching(report) + _steps(report)
+    return (
+        advice + gpu_findings(frames) + cpu + batching_findings(frames) + step_time_findings(frames)
+    )
 
 
 def advise(frames, scaling: pd.DataFrame | None = None) -> list[Finding]:
-    """All findings for the runs in ``frames`` (``AdvisorFrames``, or a ``Report``),
-    worst first. With several runs, each run's findings say which run they are about;
-    ``scaling`` (``Report.compare()``: the runs by replica count) adds the scaling
-    finding.
+    """The advisor's findings for the runs in ``frames``, worst first.
+
+    With several runs, each run's findings say which run they are about.
+
+    Args:
+        frames: a ``RunFrames`` (``analysis.run_frames``).
+        scaling: the runs by replica count (``summary.scaling_table``,
+            ``Report.compare()``): adds the scaling finding.
+
+    Returns:
+        A list of ``Finding``, worst first (without the job findings:
+        ``analysis.run_advice.advise_run`` adds them).
 
     Example:
 
     ```python
-    report = kdt.Report.load("runs/sweep")
-    for item in advise(report, scaling=report.compare()):
+    from keras_dp_tools.analysis.advice import advise
+    from keras_dp_tools.analysis.run_frames import load_run_frames
+
+    for item in advise(load_run_frames([("runs/demo/keras_dp/worker-0.jsonl", 0)])):
         print(item)
     ```
     """
-    report = AdvisorFrames.of(frames)
-    runs = list(report.runs["run"].drop_duplicates())
+    runs = list(frames.runs["run"].drop_duplicates())
     if len(runs) <= 1:
-        advice = _run_advice(report)
+        advice = _run_advice(frames)
     else:
         advice = []
         for run in runs:
-            part = report.for_run(run)
+            part = frames.for_run(run)
             replicas = part.runs["replicas"].max()
             where = f"run {run} ({replicas} replicas): "
             advice += [replace(item, evidence=where + item.evidence) for item in _run_advice(part)]
-    advice += _scaling(report, scaling)
+    advice += scaling_findings(frames, scaling)
     return sorted(advice, key=lambda item: -item.severity.level)
 
 
 def advice_markdown(advice: list[Finding]) -> str:
-    """The findings as a markdown list (TensorBoard's Text tab, HTML reports)."""
+    """The findings as a markdown list (TensorBoard's Text tab, HTML reports).
+
+    Args:
+        advice: findings (``run_advice.advise_run``).
+
+    Returns:
+        One line per finding, or a line saying nothing stands out.
+    """
     if not advice:
         return "No findings: nothing stands out in the recorded numbers."
     return "\n".join(item.to_markdown() for item in advice)

@@ -61,7 +61,7 @@ PS_JOB = "/job:ps/"
 _OP_EVENT = re.compile(r"^[^\s:]+:[A-Za-z_]\w*$")
 _PS_PER_MS = 1e9
 
-STEP_COLUMNS = [
+PS_WORKER_STEP_COLUMNS = [
     "start_ps",
     "end_ps",
     "step_ms",
@@ -100,7 +100,7 @@ def _exposed_ps(waits: list[tuple[int, int]], busy: list[tuple[int, int]]) -> in
 
 
 def worker_steps(events: Iterable[TraceEvent]) -> pd.DataFrame:
-    """One row per training step the traced worker ran (``STEP_COLUMNS``), in time
+    """One row per training step the traced worker ran (``PS_WORKER_STEP_COLUMNS``), in time
     order. A worker runs one scheduled function at a time, so an event belongs to the
     step whose span holds its start."""
     events = list(events)
@@ -162,7 +162,7 @@ def worker_steps(events: Iterable[TraceEvent]) -> pd.DataFrame:
                 "pushes": len(step_pushes),
             }
         )
-    return pd.DataFrame(rows, columns=STEP_COLUMNS)
+    return pd.DataFrame(rows, columns=PS_WORKER_STEP_COLUMNS)
 
 
 def worker_steps_from_trace(path) -> pd.DataFrame:

@@ -360,16 +360,14 @@ def _child_env() -> dict:
 
 
 def run_advice_markdown(files: Iterable[tuple[str | os.PathLike, int]], run_id: str) -> str:
-    """The advisor's findings for run ``run_id`` as a markdown list (TensorBoard's Text
-    tab): the records ``files``, each read from a byte offset (``Recorder.run_offset``:
-    this run's lines, not the runs before it), through the analyzers of ``Report``
-    (``Report.from_files(files).for_run(run_id).advice()``)."""
-    from keras_dp_tools.analysis.advice import AdvisorFrames, advice_markdown
-    from keras_dp_tools.analysis.frames import load_frames
-    from keras_dp_tools.analysis.summary import run_advice
+    """``Report.from_files(files).for_run(run_id).advice()`` as a markdown list
+    (TensorBoard's Text tab, ``RunAdvisor``): the records ``files``, each read from a
+    byte offset (``Recorder.run_offset``: this run's lines, not the runs before it)."""
+    from keras_dp_tools.analysis.advice import advice_markdown
+    from keras_dp_tools.analysis.run_advice import advise_run
+    from keras_dp_tools.analysis.run_frames import load_run_frames
 
-    frames = AdvisorFrames.of_mapping(load_frames(files)).for_run(run_id)
-    return advice_markdown(run_advice(frames))
+    return advice_markdown(advise_run(load_run_frames(files).for_run(run_id)))
 
 
 if __name__ == "__main__":

@@ -1,35 +1,50 @@
-"""Runs summarised and compared: ``Report.summary()``, ``Report.compare()`` and
-``Report.advice()`` as pure functions over the report's frames (``AdvisorFrames``, or
-anything with the frames as attributes)."""
+"""Runs summarised and compared: ``Report.summary()`` and ``Report.compare()`` as pure
+functions over a run's frames (``analysis.run_frames.RunFrames``)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from keras_dp_tools.analysis.advice import AdvisorFrames, advise
-from keras_dp_tools.analysis.frames import steps_of
-from keras_dp_tools.analysis.workers import (
+from keras_dp_tools.analysis.advice import advise
+from keras_dp_tools.analysis.measured_steps import (
     multi_worker_runs,
     steps_per_worker,
     workers_per_run,
 )
-from keras_dp_tools.common.findings import Finding
 from keras_dp_tools.records import columns as schema
 
 
 def run_summary(frames, advice: bool = True) -> pd.DataFrame:
-    """One row per run (see ``Report.summary``); ``advice`` adds the titles of each
-    run's findings.
+    """One row per run (see ``Report.summary``).
 
     The step times (``median_step_ms``, ``p90_step_ms``, ``examples_per_s``,
-    ``measured_steps``) are ``analysis.workers.measured_step_times``: in a multi-worker
-    run the job's step time, each step once; ``step_time_from`` names the column of
-    ``Report.steps`` they come from (``job_step_ms`` or ``step_ms``; a multi-worker run
-    where no two consecutive calls were recorded by every worker: the slowest worker's
-    ``step_ms`` per step, ``workers.SLOWEST_WORKER``, a lower bound). ``left_out_steps``
-    are the steps they leave out: those a profiler window or its trace's analysis
-    disturbed, and in a multi-worker run the steps without a job step time."""
-    runs, parts = frames.runs, steps_of(frames)
+    ``measured_steps``) are ``analysis.measured_steps.measured_step_times``: in a
+    multi-worker run the job's step time, each step once; ``step_time_from`` names the
+    column of ``Report.steps`` they come from (``job_step_ms`` or ``step_ms``; a
+    multi-worker run where no two consecutive calls were recorded by every worker: the
+    slowest worker's ``step_ms`` per step, ``measured_steps.SLOWEST_WORKER``, a lower
+    bound). ``left_out_steps`` are the steps they leave out: those a profiler window or
+    its trace's analysis disturbed, and in a multi-worker run the steps without a job
+    step time.
+
+    Args:
+        frames: a ``RunFrames`` (``analysis.run_frames``).
+        advice: add a column ``advice``: the titles of each run's findings.
+
+    Returns:
+        A DataFrame indexed by run, sorted by start.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.analysis.run_frames import load_run_frames
+    from keras_dp_tools.analysis.summary import run_summary
+
+    frames = load_run_frames([("runs/demo/keras_dp/worker-0.jsonl", 0)])
+    print(run_summary(frames, advice=False)["median_step_ms"])
+    ```
+    """
+    runs, parts = frames.runs, frames.step_parts
     steps = parts.all
     if steps.empty:
         return pd.DataFrame(columns=["start", "workers", "replicas", "steps"])
@@ -80,12 +95,11 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
     started = runs.groupby("run")["time"].min()
     summary.insert(0, "start", pd.to_datetime(started.reindex(summary.index), unit="s"))
     # The copy of every step's columns goes before the advice builds the worker view
-    # (~0.6 GB at 64 workers x 100,000 steps).
+    # (most of the summary's memory at cluster scale).
     del steps, grouped, profiled, analysed
     if advice:
-        by_run = AdvisorFrames.of(frames)
         summary["advice"] = [
-            "; ".join(item.title for item in advise(by_run.for_run(run))) for run in summary.index
+            "; ".join(item.title for item in advise(frames.for_run(run))) for run in summary.index
         ]
     return summary.sort_values("start")
 
@@ -100,8 +114,15 @@ def _counted(steps: pd.DataFrame) -> pd.Series:
 
 
 def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
-    """Runs side by side by replica count (see ``Report.compare``), from
-    ``run_summary``: throughput, speed-up and scaling efficiency."""
+    """Runs side by side by replica count (see ``Report.compare``): throughput, speed-up
+    and scaling efficiency.
+
+    Args:
+        summary: ``run_summary``'s frame.
+
+    Returns:
+        A DataFrame, one row per replica count (the latest run of each), by replicas.
+    """
     summary = summary.dropna(subset=["replicas"]).drop_duplicates("replicas", keep="last")
     summary = summary.sort_values("replicas")
     throughput = summary["examples_per_s"].where(
@@ -125,11 +146,3 @@ def scaling_table(summary: pd.DataFrame) -> pd.DataFrame:
         ideal = table["replicas"] / int(base["replicas"])
         table["scaling_efficiency"] = table["speedup"] / ideal
     return table.reset_index(drop=True)
-
-
-def run_advice(frames) -> list[Finding]:
-    """The advisor's findings, worst first, with the scaling finding where the runs
-    differ in replica count (``Report.advice``)."""
-    several = steps_of(frames).all["replicas"].nunique() > 1
-    scaling = scaling_table(run_summary(frames, advice=False)) if several else None
-    return advise(frames, scaling=scaling)

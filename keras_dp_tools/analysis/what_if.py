@@ -20,11 +20,12 @@ Pure pandas over ``Report`` DataFrames: no TensorFlow.
 from __future__ import annotations
 
 import os
-from types import SimpleNamespace
 
 import pandas as pd
 
-from keras_dp_tools.analysis.workers import measured_step_times
+from keras_dp_tools.analysis.job_advice import records_findings
+from keras_dp_tools.analysis.measured_steps import measured_step_times
+from keras_dp_tools.analysis.run_frames import RunFrames, load_run_frames
 from keras_dp_tools.common.validation import require_positive_int, require_positive_number
 from keras_dp_tools.common.warn import warn
 
@@ -243,9 +244,7 @@ def what_if(
     jobs_note = ""  # a log dir's runs merged, or kept apart though they look split
     if isinstance(report, (str, os.PathLike)):
         report, jobs_note = _load_log_dir(report)
-    steps = report.steps  # a Report's, or a log dir's parts (built here: what_if reads
-    if not isinstance(steps, pd.DataFrame):  # the breakdown's columns on its rows)
-        steps = steps.wide()
+    steps = report.steps  # the wide frame: what_if reads the breakdown's columns
     if steps.empty:
         raise ValueError("The report has no steps: load a log dir written by kdt callbacks.")
     runs = getattr(report, "runs", None)
@@ -276,23 +275,23 @@ def what_if(
     return pd.DataFrame(rows, columns=WHAT_IF_COLUMNS)
 
 
-def _load_log_dir(log_dir) -> tuple[SimpleNamespace, str]:
-    """The report's frames of a log dir, and what to tell about its jobs. Runs that look
-    like one job's workers by their cluster fingerprint are merged (``analysis.jobs``):
+def _load_log_dir(log_dir) -> tuple[RunFrames, str]:
+    """The frames of a log dir, and what to tell about its jobs. Runs that look like
+    one job's workers by their cluster fingerprint are merged (``analysis.jobs``):
     predicting a job needs its cross-worker waits. Runs that look so by their worker
     count alone (records without a fingerprint) could be two jobs at once: kept apart,
     with the split finding's advice."""
-    from keras_dp_tools.analysis import jobs
     from keras_dp_tools.records.reader import find_record_files
 
     files = ((path, 0) for path in find_record_files(log_dir))
-    frames = jobs.load_job_frames(files, merge_runs="detected", detected_need_cluster=True)
-    notes = [f"{item.message}." for item in frames["jobs"] if item.code == "merged-runs"]
+    frames = load_run_frames(files, merge_runs="detected", detected_need_cluster=True)
+    found = records_findings(frames.jobs)
+    notes = [f"{item.message}." for item in found if item.code == "merged-runs"]
     notes += [
         f"{item.message}; recorded without a cluster fingerprint, they could be two jobs "
         "at once, so what_if predicts them apart. If they are one job: "
         "kdt.what_if(kdt.Report.load(log_dir, merge_runs='detected')). " + item.fix
-        for item in frames["jobs"]
+        for item in found
         if item.code == "split-runs"
     ]
-    return SimpleNamespace(**frames), " ".join(notes)
+    return frames, " ".join(notes)

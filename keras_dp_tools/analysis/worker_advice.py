@@ -6,7 +6,7 @@ the all-reduce: at 64 workers a few ms per step is a small share of one worker's
 but the same share of every replica's time. So the finding names such a worker even
 when the share is small (``info``), and grades it ``error`` when the share is large.
 
-Its cost is measured two ways on the same aligned clocks (``analysis.workers``):
+Its cost is measured two ways on the same aligned clocks (``analysis.clocks``):
 ``others_wait_ms``, the median time the other workers waited per step for the last
 worker (what every other replica idles), and ``gain_ms``, what the job would gain per
 step without the lateness: in each step that worker entered last, how much later than
@@ -19,7 +19,6 @@ from __future__ import annotations
 import pandas as pd
 
 from keras_dp_tools.analysis import workers as worker_analysis
-from keras_dp_tools.analysis.frames import steps_of
 from keras_dp_tools.analysis.worker_digest import LATE_WORKER_SHARE, shortest_own_steps
 from keras_dp_tools.common.findings import Advice, Finding
 
@@ -94,8 +93,7 @@ def late_worker_findings(frames) -> list[Finding]:
     ``LATE_WORKER_SHARE`` of the steps last, or the wait is within the clocks' residual.
 
     Args:
-        frames: ``AdvisorFrames`` of one run (or a ``Report``): ``runs``, ``steps``,
-            ``workers``.
+        frames: a ``RunFrames`` of one run (``analysis.run_frames``).
 
     Returns:
         A list with the finding (code ``worker-straggler``), or empty.
@@ -109,7 +107,7 @@ def late_worker_findings(frames) -> list[Finding]:
     """
     if "median_worker_wait_ms" not in frames.workers:
         return []
-    parts = steps_of(frames)  # a Report's parts: its wide steps frame is not built
+    parts = frames.step_parts  # the wide steps frame is not built
     # The straggler's profiled input and compute: on the rows with a breakdown.
     found = worker_analysis.straggler(frames.workers, parts.profiled)
     if found is None or found["last_share"] < LATE_WORKER_SHARE:

@@ -1,67 +1,90 @@
 """Report: the records of one or many runs as pandas DataFrames.
 
-A facade: the frames are built by ``keras_dp_tools.analysis.frames``, summarised and
-advised on by the analysis (``summary``, ``advice``, ``utilization``), and rendered by
-the presenters (``report.text``, ``report.export``); each method delegates to one of
-them. Needs no TensorFlow, so it works in a notebook on a machine that never trained
-anything.
+A facade over one ``RunFrames`` (``keras_dp_tools.analysis.run_frames``, built by its
+``load_run_frames``): each method is one line into an analyzer that takes the frames
+(``summary``, ``run_advice``, ``job_advice``, ``utilization``) or a presenter
+(``report.text``, ``report.export``). Needs no TensorFlow, so it works in a notebook on
+a machine that never trained anything.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import pandas as pd
 
-from keras_dp_tools.analysis import frames as report_frames
-from keras_dp_tools.analysis import jobs as job_analysis
 from keras_dp_tools.analysis import summary as run_summaries
 from keras_dp_tools.analysis import utilization
-from keras_dp_tools.analysis.workers import RESTART_COLUMNS, WORKER_COLUMNS, WORKER_STEP_COLUMNS
+from keras_dp_tools.analysis.attempts import RESTART_COLUMNS
+from keras_dp_tools.analysis.frame_columns import (
+    BREAKDOWN_COLUMNS,
+    MONITOR_COLUMNS,
+    PLAN_COLUMNS,
+    REPLICA_FRAME_COLUMNS,
+    RUN_COLUMNS,
+    TIMED_STEP_COLUMNS,
+    WINDOW_COLUMNS,
+)
+from keras_dp_tools.analysis.job_advice import job_findings, records_findings
+from keras_dp_tools.analysis.run_advice import advise_run
+from keras_dp_tools.analysis.run_frames import RunFrames, load_run_frames
+from keras_dp_tools.analysis.step_parts import StepParts
+from keras_dp_tools.analysis.workers import WORKER_COLUMNS, WORKER_STEP_COLUMNS
 from keras_dp_tools.common.findings import Finding
-from keras_dp_tools.records import columns as schema
+from keras_dp_tools.records.columns import (
+    BATCHING_FINDING_COLUMNS,
+    CPU_SAMPLE_COLUMNS,
+    GPU_SAMPLE_COLUMNS,
+    GPU_STATUS_COLUMNS,
+)
 from keras_dp_tools.records.reader import find_record_files
 from keras_dp_tools.report.export import write_frames
 from keras_dp_tools.report.text import report_text
 
-# The frames' columns, by the names this module always gave them.
-GPU_STATUS_COLUMNS = schema.GPU_STATUS_COLUMNS
-GPU_COLUMNS = schema.GPU_SAMPLE_COLUMNS
-CPU_COLUMNS = schema.CPU_SAMPLE_COLUMNS
-BATCHING_COLUMNS = schema.BATCHING_FINDING_COLUMNS
-PLAN_COLUMNS = report_frames.PLAN_COLUMNS
-RUN_COLUMNS = report_frames.RUN_COLUMNS
-STEP_COLUMNS = report_frames.TIMED_STEP_COLUMNS
-BREAKDOWN_COLUMNS = report_frames.BREAKDOWN_COLUMNS
-MONITOR_COLUMNS = report_frames.MONITOR_COLUMNS
-REPLICA_COLUMNS = report_frames.REPLICA_FRAME_COLUMNS
-WINDOW_COLUMNS = report_frames.WINDOW_COLUMNS
+# The frames' columns, each list named after the frame it describes (Report's Attributes).
 __all__ = [
-    "BATCHING_COLUMNS",
+    "BATCHING_FINDING_COLUMNS",
     "BREAKDOWN_COLUMNS",
-    "CPU_COLUMNS",
-    "GPU_COLUMNS",
+    "CPU_SAMPLE_COLUMNS",
+    "GPU_SAMPLE_COLUMNS",
     "GPU_STATUS_COLUMNS",
     "MONITOR_COLUMNS",
     "PLAN_COLUMNS",
-    "REPLICA_COLUMNS",
+    "REPLICA_FRAME_COLUMNS",
+    "RESTART_COLUMNS",
     "RUN_COLUMNS",
-    "STEP_COLUMNS",
+    "TIMED_STEP_COLUMNS",
     "WINDOW_COLUMNS",
+    "WORKER_COLUMNS",
     "WORKER_STEP_COLUMNS",
     "Report",
 ]
+
+
+class _FrameOf:
+    """A ``Report`` attribute that is the frame of the same name of its ``RunFrames``."""
+
+    def __set_name__(self, owner, name: str) -> None:
+        self.name = name
+
+    def __get__(self, report, owner=None):
+        return self if report is None else getattr(report.frames, self.name)
+
+    def __set__(self, report, frame: pd.DataFrame) -> None:
+        setattr(report.frames, self.name, frame)
 
 
 class Report:
     """Records of one or more runs, loaded with ``Report.load``.
 
     Attributes:
-        runs: one row per run and worker, from the run headers (strategy, replicas,
-            devices, global batch, versions, host, start ``time`` in Unix seconds).
-        steps: one row per worker and recorded train-function call; ``step`` is the
+        runs: one row per run and worker (``RUN_COLUMNS``), from the run headers
+            (strategy, replicas, devices, global batch, versions, host, start
+            ``time`` in Unix seconds).
+        steps: one row per worker and recorded train-function call
+            (``TIMED_STEP_COLUMNS``, then the breakdown's); ``step`` is the
             global step (``optimizer.iterations``) it started at and ``steps`` how
             many steps it covers (more than 1 with ``steps_per_execution``);
             ``step_ms`` is wall time per step. ``warmup`` rows include tracing and
@@ -71,26 +94,26 @@ class Report:
             (``BREAKDOWN_COLUMNS``: compute, all-reduce, sync wait, shares, averaged
             over replicas); other steps leave those columns empty. With GpuMonitor,
             ``gpu_util_mean`` is the GPUs' mean utilization over the step.
-        replicas: one row per profiled step and replica (``REPLICA_COLUMNS``): the
-            breakdown of each replica, for finding stragglers.
+        replicas: one row per profiled step and replica (``REPLICA_FRAME_COLUMNS``):
+            the breakdown of each replica, for finding stragglers.
         windows: one row per profiler window: its steps, ``status`` (``analysed``,
             ``skipped``, ``failed`` with a ``reason``), and the capture's name in
             TensorBoard's Profile tab (``profile_run``) and file (``trace``).
-        gpu: GpuMonitor's readings (``GPU_COLUMNS``), one row per GPU and reading;
-            ``sampling`` is ``poll`` (every field) or ``buffer`` (the driver's
+        gpu: GpuMonitor's readings (``GPU_SAMPLE_COLUMNS``), one row per GPU and
+            reading; ``sampling`` is ``poll`` (every field) or ``buffer`` (the driver's
             utilization buffer). ``runs.gpu_available`` / ``gpu_reason`` say why it
             is empty.
-        cpu: host CPU usage readings (``CPU_COLUMNS``; 100% = one core).
+        cpu: host CPU usage readings (``CPU_SAMPLE_COLUMNS``; 100% = one core).
         batching: findings of the batching check before the first step (severity,
             code, message, fix), from ``BatchScalingCheck``.
-        workers: one row per run, worker and attempt (``WORKER_COLUMNS`` of
-            ``keras_dp_tools.analysis.workers``): steps recorded, how its fit ended
-            (``finished``, ``exited``, or empty: killed or still running), clock offset
-            and alignment residual, median wait for other workers, and how often it
-            entered a step last (the straggler view).
-        restarts: one row per restart of a worker under the same run id (e.g. after
-            ``BackupAndRestore``): where it resumed and how many steps it ran again.
-        jobs: findings about the log dir's jobs (``keras_dp_tools.analysis.jobs``):
+        workers: one row per run, worker and attempt (``WORKER_COLUMNS``): steps
+            recorded, how its fit ended (``finished``, ``exited``, or empty: killed
+            or still running), clock offset and alignment residual, median wait for
+            other workers, and how often it entered a step last (the straggler view).
+        restarts: one row per restart of a worker under the same run id
+            (``RESTART_COLUMNS``; e.g. after ``BackupAndRestore``): where it resumed
+            and how many steps it ran again.
+        jobs: findings about the log dir's jobs (``keras_dp_tools.analysis.job_advice``):
             runs that look like one job's workers recorded under separate ids (see
             ``load``'s ``merge_runs``), runs merged, workers missing or from another
             job. ``job_findings()`` adds the workers' clocks; ``advice()`` and
@@ -109,68 +132,43 @@ class Report:
     ```
     """
 
-    def __init__(
-        self,
-        runs: pd.DataFrame,
-        steps: pd.DataFrame,
-        replicas: pd.DataFrame | None = None,
-        windows: pd.DataFrame | None = None,
-        gpu: pd.DataFrame | None = None,
-        cpu: pd.DataFrame | None = None,
-        batching: pd.DataFrame | None = None,
-        workers: pd.DataFrame | Callable[[], pd.DataFrame] | None = None,
-        restarts: pd.DataFrame | None = None,
-    ):
-        def frame(given, columns):
-            return pd.DataFrame(columns=columns) if given is None else given
-
-        self.runs = runs
-        # load passes the steps in parts (StepParts): the wide frame is built on first
-        # access, and from then on it is what the analysis reads.
-        self._steps = steps
-        self.replicas = frame(replicas, REPLICA_COLUMNS)
-        self.windows = frame(windows, WINDOW_COLUMNS)
-        self.gpu = frame(gpu, GPU_COLUMNS)
-        self.cpu = frame(cpu, CPU_COLUMNS)
-        self.batching = frame(batching, BATCHING_COLUMNS)
-        # load passes a function: the worker view is computed on first access.
-        self._workers = workers if callable(workers) else frame(workers, WORKER_COLUMNS)
-        self.restarts = frame(restarts, RESTART_COLUMNS)
-        self.jobs: list[Finding] = []  # load sets them (analysis.jobs)
+    def __init__(self, runs: pd.DataFrame, steps: pd.DataFrame, **frames):
+        # The other frames by name, as RunFrames takes them (replicas, windows, gpu,
+        # cpu, batching, workers, restarts); a frame not given is empty.
+        self.frames = RunFrames(runs, steps, **frames)
         # The folders load searched: where the HTML report looks for strategy comparisons.
         self.log_dirs: list[Path] = []
 
-    @property
-    def steps(self) -> pd.DataFrame:
-        """One row per worker and recorded train-function call (see the class's
-        Attributes); ``load`` builds it on first access, with the breakdown's columns
-        (empty on every step without one)."""
-        if not isinstance(self._steps, pd.DataFrame):
-            self._steps = self._steps.wide()  # a user's edits of it count from now on
-        return self._steps
+    @classmethod
+    def of_frames(cls, frames: RunFrames) -> Report:
+        """A Report of a run's frames (``keras_dp_tools.analysis.run_frames``)."""
+        report = cls.__new__(cls)
+        report.frames, report.log_dirs = frames, []
+        return report
 
-    @steps.setter
-    def steps(self, frame: pd.DataFrame) -> None:
-        self._steps = frame
+    # Each frame is the RunFrames' own: reading and setting it read and set that.
+    runs = _FrameOf()
+    steps = _FrameOf()  # the wide frame, built from the parts on first access
+    replicas = _FrameOf()
+    windows = _FrameOf()
+    gpu = _FrameOf()
+    cpu = _FrameOf()
+    batching = _FrameOf()
+    workers = _FrameOf()  # computed on first access (a median per attempt over every step)
+    restarts = _FrameOf()
 
     @property
-    def step_parts(self) -> report_frames.StepParts:
-        """The steps as the analysis reads them (``keras_dp_tools.analysis.frames.
+    def step_parts(self) -> StepParts:
+        """The steps as the analysis reads them (``keras_dp_tools.analysis.step_parts.
         StepParts``): every step's own columns, and the rows with a breakdown, without
         building the wide ``steps``."""
-        return report_frames.step_parts(self._steps)
+        return self.frames.step_parts
 
     @property
-    def workers(self) -> pd.DataFrame:
-        """One row per run, worker and attempt (see the class's Attributes); ``load``
-        computes it on first access (a median per attempt over every step)."""
-        if callable(self._workers):
-            self._workers = self._workers()
-        return self._workers
-
-    @workers.setter
-    def workers(self, frame: pd.DataFrame) -> None:
-        self._workers = frame
+    def jobs(self) -> list[Finding]:
+        """The findings of the log dir's records about its jobs (see the class's
+        Attributes; ``keras_dp_tools.analysis.job_advice.records_findings``)."""
+        return records_findings(self.frames.jobs)
 
     def __repr__(self) -> str:
         return (
@@ -229,11 +227,7 @@ class Report:
         """A Report of the given records files, each read from a byte offset (the first
         line of a run, ``Recorder.run_offset``: ``RunAdvisor`` reads its run's records
         without the runs before it); ``merge_runs`` as in ``load``."""
-        frames = job_analysis.load_job_frames(files, merge_runs)
-        jobs = frames.pop("jobs")
-        report = cls(**frames)
-        report.jobs = jobs
-        return report
+        return cls.of_frames(load_run_frames(files, merge_runs))
 
     def gpu_by_epoch(self) -> pd.DataFrame:
         """Per run, worker, epoch and GPU: mean utilization over the epoch's steps, mean
@@ -256,40 +250,18 @@ class Report:
         profiler window analysed. ``advice`` lists the titles of ``advice()`` for the
         run (``advice=False`` leaves it out).
         """
-        return run_summaries.run_summary(self, advice=advice)
+        return run_summaries.run_summary(self.frames, advice=advice)
 
     def text(self) -> str:
         """The labelled summary (a line per field: label, the value of each run, unit,
         ``summary()`` column; shares in %) and how to read it, the scaling table when
         the runs differ in replicas, and the advice, as plain text for terminals and
         logs."""
-        return report_text(self)
+        return report_text(self.frames)
 
     def for_run(self, run: str) -> Report:
-        """The part of this report that belongs to one run id."""
-        frames = {
-            name: frame[frame["run"] == run].reset_index(drop=True)
-            for name, frame in self._frames(steps=False).items()
-        }
-        steps = self._steps
-        if isinstance(steps, pd.DataFrame):
-            steps = steps[steps["run"] == run].reset_index(drop=True)
-        else:
-            steps = steps.for_run(run)
-        return Report(steps=steps, **frames)
-
-    def _frames(self, steps: bool = True) -> dict[str, pd.DataFrame]:
-        return {
-            "runs": self.runs,
-            **({"steps": self.steps} if steps else {}),
-            "replicas": self.replicas,
-            "windows": self.windows,
-            "gpu": self.gpu,
-            "cpu": self.cpu,
-            "batching": self.batching,
-            "workers": self.workers,
-            "restarts": self.restarts,
-        }
+        """The part of this report that belongs to one run id (and its job's findings)."""
+        return Report.of_frames(self.frames.for_run(run))
 
     def compare(self) -> pd.DataFrame:
         """Runs side by side by replica count: throughput, speed-up and scaling efficiency.
@@ -304,15 +276,15 @@ class Report:
 
     def advice(self) -> list[Finding]:
         """Findings with their evidence and a concrete fix, worst first
-        (``keras_dp_tools.analysis.advice``, and the jobs' of ``job_findings()``; each a
-        ``kdt.Finding``)."""
-        return job_analysis.advice_with_jobs(self)
+        (``keras_dp_tools.analysis.run_advice.advise_run``: the advisor's, and the jobs'
+        of ``job_findings()``; each a ``kdt.Finding``)."""
+        return advise_run(self.frames)
 
     def job_findings(self) -> list[Finding]:
         """What does not fit in the log dir's jobs: runs that look split or were
         merged, workers missing or from another job, clocks far apart
-        (``keras_dp_tools.analysis.jobs``)."""
-        return job_analysis.job_findings(self)
+        (``keras_dp_tools.analysis.job_advice``)."""
+        return job_findings(self.frames)
 
     def to_csv(self, directory: str | os.PathLike) -> list[Path]:
         """Writes every frame (and the summary) as ``<directory>/<name>.csv``."""
@@ -324,4 +296,4 @@ class Report:
         return write_frames(self._export_frames(), directory, "parquet")
 
     def _export_frames(self) -> dict[str, pd.DataFrame]:
-        return {**self._frames(), "summary": self.summary(advice=False).reset_index()}
+        return {**self.frames.frames(), "summary": self.summary(advice=False).reset_index()}

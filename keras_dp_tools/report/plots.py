@@ -40,7 +40,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from keras_dp_tools.analysis.frames import steps_of
 from keras_dp_tools.analysis.worker_digest import late_worker, shortest_own_steps
 from keras_dp_tools.report import summary_fields
 from keras_dp_tools.report.step_lines import (
@@ -298,7 +297,7 @@ def sync_wait(report, run: str | None = None) -> Figure | Omitted:
     every = max(1, math.ceil(len(names) / MAX_LEGEND))  # labels that fit under the bars
     right.set_xticks(positions[::every], names[::every], rotation=90 if every > 1 else 0)
     right.set(title="Mean", xlabel="replica", ylabel="ms (mean over profiled steps)")
-    steps = steps_of(report).all
+    steps = report.step_parts.all
     mine = steps["run"] == profiled.run
     if "worker_wait_ms" in steps and steps.loc[mine, "worker_wait_ms"].notna().any():
         profiled.figure.suptitle(
@@ -388,7 +387,7 @@ def step_time(report, run: str | None = None) -> Figure | Omitted:
     title = "Wall time per step"
     run, part = run_part(report, run)
     # The steps' own columns: the wide frame (breakdown columns) is not built for this.
-    steps = steps_of(part).all.dropna(subset=["step_ms"])
+    steps = part.step_parts.all.dropna(subset=["step_ms"])
     if steps.empty:
         return Omitted(title, "no timed steps (add kdt.StepTimer)")
     warmup = steps["warmup"].fillna(False).astype(bool)
@@ -489,7 +488,7 @@ def worker_wait(report, run: str | None = None) -> Figure | Omitted:
     (multi-worker runs; clocks aligned at the step ends, see ``Report.workers``)."""
     run, part = run_part(report, run)
     title = f"Waiting for other workers: run {run}"
-    steps = steps_of(part).all.dropna(subset=["worker_wait_ms"])
+    steps = part.step_parts.all.dropna(subset=["worker_wait_ms"])
     if steps.empty:
         return Omitted(title, "no cross-worker waits (needs 2+ workers with kdt.StepTimer)")
     figure = Figure(figsize=(8, 3), layout="constrained")

@@ -5,25 +5,35 @@ from __future__ import annotations
 import pandas as pd
 
 from keras_dp_tools.analysis import worker_digest
+from keras_dp_tools.analysis.job_advice import job_findings
+from keras_dp_tools.analysis.run_advice import advise_run
+from keras_dp_tools.analysis.summary import run_summary, scaling_table
 from keras_dp_tools.report.summary_fields import summary_table, summary_text
 
 
-def report_text(report) -> str:
+def report_text(frames) -> str:
     """The labelled summary (a column per run) and how to read it, the scaling table
-    when the runs differ in replicas, the workers, and the advice. ``report``: a
-    ``Report``."""
-    if report.steps.empty:
-        return no_steps_text(report.runs)
-    parts = job_text(report.job_findings())
-    summary = report.summary(advice=False)
+    when the runs differ in replicas, the workers, and the advice (``Report.text()``).
+
+    Args:
+        frames: a ``RunFrames`` (``keras_dp_tools.analysis.run_frames``).
+
+    Returns:
+        The text, lines joined by newlines.
+    """
+    if frames.steps.empty:
+        return no_steps_text(frames.runs)
+    parts = job_text(job_findings(frames))
+    summary = run_summary(frames, advice=False)
     runs = ", ".join(map(str, summary.index))
     parts.append(f"Summary of run {runs}:" if len(summary) == 1 else f"Summary of runs {runs}:")
     parts += summary_text(summary_table(summary))
-    if report.steps["replicas"].nunique() > 1:
+    if frames.steps["replicas"].nunique() > 1:
         with pd.option_context("display.width", 160, "display.max_columns", 30):
-            parts += ["", "Scaling:", report.compare().round(3).to_string(index=False)]
-    parts += worker_text(report.workers, report.restarts)
-    advice = report.advice()
+            table = scaling_table(run_summary(frames, advice=False))
+            parts += ["", "Scaling:", table.round(3).to_string(index=False)]
+    parts += worker_text(frames.workers, frames.restarts)
+    advice = advise_run(frames)
     parts += ["", "Advice:" if advice else "Advice: nothing stands out in the numbers."]
     parts += [str(finding) for finding in advice]
     return "\n".join(parts)

@@ -5,7 +5,7 @@ step, and the share of steps it entered last (the late worker waits least and en
 last: its bar of waits is the low one, its share the high one). ``worker_wait_map``: a
 worker x step heat map of those waits, for many workers (steps averaged in bins where a
 run has more than ``MAP_COLUMNS``). Both read ``Report.workers`` and ``Report.steps``
-(``analysis.workers``: clocks aligned at the step ends) and return ``plots.Omitted``
+(``analysis.clocks``: clocks aligned at the step ends) and return ``plots.Omitted``
 on a run of one worker.
 
 Example:
@@ -25,7 +25,6 @@ import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
 
-from keras_dp_tools.analysis.frames import steps_of
 from keras_dp_tools.analysis.worker_digest import late_worker
 from keras_dp_tools.report.plots import Omitted, run_part
 
@@ -123,7 +122,7 @@ def worker_wait_map(report, run: str | None = None) -> Figure | Omitted:
     title = "Wait for the last worker, per worker and step"
     run, part = run_part(report, run)
     # Its own columns only: the wide steps frame of millions of steps is not built.
-    steps = steps_of(part).all[["worker", "step", "worker_wait_ms"]]
+    steps = part.step_parts.all[["worker", "step", "worker_wait_ms"]]
     steps = steps[steps["worker_wait_ms"].notna()]
     if steps["worker"].nunique() < 2:
         return Omitted(title, _NO_WORKERS)

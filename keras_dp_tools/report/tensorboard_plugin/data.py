@@ -11,7 +11,6 @@ shown too (``comparisons``), also when the log dir holds no records.
 
 from __future__ import annotations
 
-import inspect
 import io
 import math
 import threading
@@ -22,7 +21,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from keras_dp_tools.analysis.frames import steps_of
 from keras_dp_tools.report import comparison as comparison_view
 from keras_dp_tools.report.summary_fields import READING_NOTE, READING_TITLE, summary_table
 
@@ -106,7 +104,7 @@ def for_worker(report, worker: int | None):
     """The part of ``report`` recorded by one worker (all of it for None)."""
     if worker is None:
         return report
-    frames = _frames(report)
+    frames = report.frames.frames()
     return _replace(report, **{n: f[f["worker"] == worker] for n, f in frames.items()})
 
 
@@ -284,7 +282,7 @@ class LogDirData:
             }
             for run, row in runs.iterrows()
         ]
-        sweep = steps_of(report).all["replicas"].nunique() > 1  # the wide frame: not built
+        sweep = report.step_parts.all["replicas"].nunique() > 1  # the wide frame: not built
         return {
             "log_dir": str(self.log_dir),
             "runs": listing,
@@ -351,7 +349,7 @@ class LogDirData:
             "gpu_available": not part.gpu.dropna(subset=["util_gpu"]).empty,
             "gpu_reason": json_value(gpu_reason.iloc[-1]) if len(gpu_reason) else None,
             "figures": FIGURES,
-            "steps_recorded": len(steps_of(part).all),  # the wide frame is not built
+            "steps_recorded": len(part.step_parts.all),  # the wide frame is not built
         }
 
     def figure(
@@ -435,7 +433,7 @@ class LogDirData:
             raise LookupError(f"No figure {name!r}; the dashboard draws {known}.")
         per_point = 1
         if name == "step_time":  # warm-up calls are never drawn: leave them out first
-            own = steps_of(part).all  # the steps' own columns: all that step_time reads
+            own = part.step_parts.all  # the steps' own columns: all that step_time reads
             timed = own[~own["warmup"].fillna(False).astype(bool)]
             steps, per_point = thin(timed, ["worker"], "step")
             part = _replace(part, steps=steps)
@@ -455,24 +453,12 @@ class LogDirData:
         return figure
 
 
-def _frames(report, parts: bool = False) -> dict[str, pd.DataFrame]:
-    """Every frame of ``report``, named as ``Report``'s constructor names them (so a
-    frame the report gains is never dropped here); with ``parts``, the steps as its
-    ``step_parts`` (the wide frame, seconds at millions of steps, is not built)."""
-    from keras_dp_tools.report.facade import Report
-
-    return {
-        name: report.step_parts if parts and name == "steps" else getattr(report, name)
-        for name in inspect.signature(Report).parameters
-    }
-
-
 def _replace(report, **frames):
     """A Report with some frames replaced (the others as they are: the steps in parts)."""
     from keras_dp_tools.report.facade import Report
 
-    current = _frames(report, parts=True)
-    return Report(**{**current, **{k: v.reset_index(drop=True) for k, v in frames.items()}})
+    given = {name: frame.reset_index(drop=True) for name, frame in frames.items()}
+    return Report.of_frames(report.frames.replace(**given))
 
 
 def _window_part(part, window_index: int | None):
@@ -515,7 +501,7 @@ def _worker_figure(part, name: str, run):
 
     per_point = 1
     if name == "worker_wait":
-        timed = steps_of(part).all.dropna(subset=["worker_wait_ms"])
+        timed = part.step_parts.all.dropna(subset=["worker_wait_ms"])
         steps, per_point = thin(timed, ["worker"], "step")
         part = _replace(part, steps=steps)
     figure = getattr(importlib.import_module(WORKER_FIGURES[name]), name)(part, run)
