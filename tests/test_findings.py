@@ -16,7 +16,7 @@ from tests.helpers.recorded_runs import BALANCED, COMM_HEAVY, write_run
 
 
 def test_every_producer_gives_the_one_type():
-    advice = kdt.Advice("high", "Title", "The numbers.", "Do this.")
+    advice = kdt.Advice("error", "Title", "The numbers.", "Do this.")
     violation = kdt.LintViolation(3, 24, "KDP001", "batch size 64 is not scaled")
     batching = unknown_batch("a generator")
     # One type: every producer's finding is a Finding with exactly its fields (the old

@@ -21,7 +21,7 @@ from keras_dp_tools.analysis.fit_time import (
     fit_time_frame,
 )
 from keras_dp_tools.analysis.fit_time_advice import OUTSIDE_STEPS_SHARE_HIGH, fit_time_findings
-from keras_dp_tools.analysis.frames import records_by_type
+from keras_dp_tools.analysis.record_tables import records_by_type
 from keras_dp_tools.records.reader import find_record_files
 from keras_dp_tools.records.writer import worker_records_path
 from tests.helpers.doc_blocks import python_block, run_example

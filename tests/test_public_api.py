@@ -51,7 +51,7 @@ def test_users_reach_analysis_plots_findings_and_one_severity_scale():
     assert kdt.plots.__name__ == "keras_dp_tools.report.plots"
     assert kdt.LintViolation is Violation
     # The three kinds of finding speak the same scale.
-    advice = kdt.Advice("high", "t", "e", "f")
+    advice = kdt.Advice("error", "t", "e", "f")
     finding = kdt.Finding("warning", "code", "message", "fix")
     assert isinstance(advice.severity, kdt.Severity) and advice.severity is kdt.Severity.ERROR
     assert isinstance(finding.severity, kdt.Severity)

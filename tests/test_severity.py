@@ -25,15 +25,17 @@ def test_members_are_the_plain_words():
     assert json.dumps({"severity": Severity.WARNING}) == '{"severity": "warning"}'
 
 
-def test_the_advisors_former_words_are_read_and_unknown_words_refused():
-    assert Severity("high") is Severity.ERROR and Severity("Medium") is Severity.WARNING
+def test_words_are_read_in_any_case_and_unknown_words_refused():
+    assert Severity("Error") is Severity.ERROR and Severity("WARNING") is Severity.WARNING
+    with pytest.raises(ValueError, match="received 'high'"):  # the 0.x word is gone
+        Severity("high")
     with pytest.raises(ValueError, match="received 'severe'"):
         Severity("severe")
 
 
 def test_batching_findings_advice_and_lint_share_the_scale():
     finding = Finding("error", "missing-multiply", "m", "f")
-    advice = Advice("high", "t", "e", "f")
+    advice = Advice("error", "t", "e", "f")
     assert finding.severity is advice.severity is Severity.ERROR
     assert str(advice).startswith("[error] t")
     assert set(SEVERITIES) == set(CODES)

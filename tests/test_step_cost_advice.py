@@ -3,7 +3,11 @@ each expected number is worked out here from the rows, not read from the analyze
 
 import pandas as pd
 
-from keras_dp_tools.analysis.step_cost_advice import input_findings, step_costs, work_findings
+from keras_dp_tools.analysis.step_cost_advice import (
+    python_input_findings,
+    step_costs,
+    work_findings,
+)
 
 
 def _profiled(**parts) -> pd.DataFrame:
@@ -85,7 +89,7 @@ def test_python_input_names_the_producer_instead_of_too_little_work():
     costs = step_costs(_profiled(**TINY))
 
     assert work_findings(header, costs) == []
-    (finding,) = input_findings(header, costs)
+    (finding,) = python_input_findings(header, costs)
     assert finding.code == "input-not-scaling"
     assert finding.explains_ms_per_step == 0.5 + 10.5  # input waits + host gaps
     assert "Rows.__getitem__" in finding.evidence and "4 threads" in finding.evidence
@@ -95,7 +99,7 @@ def test_python_input_names_the_producer_instead_of_too_little_work():
 def test_generator_fix_does_not_suggest_prefetch_alone():
     header = _header(input_kind="tf.data", input_python=["Dataset.from_generator"])
 
-    (finding,) = input_findings(header, step_costs(_profiled(**TINY)))
+    (finding,) = python_input_findings(header, step_costs(_profiled(**TINY)))
 
     assert "prefetch after a generator adds no parallelism" in finding.fix
 
@@ -105,8 +109,8 @@ def test_near_miss_python_input_that_keeps_up():
     header = _header(input_kind="tf.data", input_python=["map(tf.py_function)"])
     heavy = {**TINY, "compute_ms": 30.0, "trace_step_ms": 45.5}
 
-    assert input_findings(header, step_costs(_profiled(**heavy))) == []
+    assert python_input_findings(header, step_costs(_profiled(**heavy))) == []
 
 
 def test_no_python_input_no_input_finding():
-    assert input_findings(_header(), step_costs(_profiled(**TINY))) == []
+    assert python_input_findings(_header(), step_costs(_profiled(**TINY))) == []

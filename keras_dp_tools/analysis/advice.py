@@ -3,8 +3,11 @@
 Pure functions over a run's frames (``analysis.run_frames.RunFrames``): ``advise``
 gathers the findings by topic (``breakdown_advice``: the profiled steps;
 ``host_advice``: GPUs, CPU, batching, step times, scaling; ``worker_advice``: the late
-worker). Each finding is a ``keras_dp_tools.common.findings.Finding`` (made with
-``Advice``: severity, title, evidence, fix) with a ``code`` of its own.
+worker; ``step_cost_advice``: too little work per step, input that Python makes;
+``fit_time_advice``: time outside the steps), ranked by ``rank_findings``: severity,
+then the ms of each step a finding explains. Each finding is a
+``keras_dp_tools.common.findings.Finding`` (made with ``Advice``: severity, title,
+evidence, fix) with a ``code`` of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from keras_dp_tools.analysis.breakdown_advice import (
     unsynchronised_findings,
     waiting_findings,
 )
+from keras_dp_tools.analysis.fit_time_advice import fit_time_findings
 from keras_dp_tools.analysis.host_advice import (
     batching_findings,
     cpu_findings,
@@ -29,22 +33,17 @@ from keras_dp_tools.analysis.host_advice import (
     scaling_findings,
     step_time_findings,
 )
+from keras_dp_tools.analysis.step_cost_advice import (
+    python_input_findings,
+    step_costs,
+    work_findings,
+)
 from keras_dp_tools.analysis.worker_advice import late_worker_findings
 from keras_dp_tools.common.findings import Finding
-from keras_dp_tools.common.severity import Severity
 
-# What replicas that share saturated CPU cores show as waits and gaps: contention for
-# the cores, graded as what it is rather than as a problem of balance or of the host.
-_CONTENTION_CODES = ("replica-wait", "replica-straggler", "other-time")
-
-
-def _as_contention(finding: Finding) -> Finding:
-    return replace(
-        finding,
-        severity=Severity.INFO,
-        evidence=f"{finding.evidence} The CPU is saturated on this run, so this measures "
-        "replicas competing for the same cores (see the CPU finding), not imbalance.",
-    )
+# Printed once above the findings, never ranked among them: replicas on logical devices
+# of one CPU share its cores, so every time they measure includes that contention.
+CAVEAT_CODES = ("cpu-saturated",)
 
 
 def _run_advice(frames) -> list[Finding]:
@@ -57,15 +56,49 @@ def _run_advice(frames) -> list[Finding]:
             + input_findings(profiled)
             + other_time_findings(profiled)
         )
+    advice += _step_cost_findings(frames, profiled)
     advice += late_worker_findings(frames)
-    cpu = cpu_findings(frames)
-    if cpu:  # replicas on CPU devices with the cores saturated
-        advice = [
-            _as_contention(item) if item.code in _CONTENTION_CODES else item for item in advice
-        ]
+    advice += fit_time_findings(frames.fits, frames.runs)
     return (
-        advice + gpu_findings(frames) + cpu + batching_findings(frames) + step_time_findings(frames)
+        advice
+        + gpu_findings(frames)
+        + cpu_findings(frames)
+        + batching_findings(frames)
+        + step_time_findings(frames)
     )
+
+
+def _step_cost_findings(frames, profiled: pd.DataFrame) -> list[Finding]:
+    """Too little work per step, or input that Python makes, from one run's header."""
+    if frames.runs.empty:
+        return []
+    header = frames.runs.iloc[0]
+    costs = step_costs(profiled) if not profiled.empty else None
+    return python_input_findings(header, costs) + work_findings(header, costs)
+
+
+def rank_findings(advice: list[Finding]) -> list[Finding]:
+    """The findings in the order to act on them: the caveats first (``CAVEAT_CODES``,
+    printed once above the findings), then by severity, and within a severity by the
+    ms of each step a finding explains (``Finding.explains_ms_per_step``; unmeasured
+    last). Stable: equals keep their order.
+
+    Args:
+        advice: findings of the advisor and of the jobs.
+
+    Returns:
+        A new list; its first finding that is not a caveat is the one to act on.
+    """
+
+    def key(item: Finding) -> tuple:
+        explains = item.explains_ms_per_step
+        return (
+            item.code not in CAVEAT_CODES,
+            -item.severity.level,
+            -(explains if explains is not None and explains == explains else -1.0),
+        )
+
+    return sorted(advice, key=key)
 
 
 def advise(frames, scaling: pd.DataFrame | None = None) -> list[Finding]:
@@ -79,7 +112,7 @@ def advise(frames, scaling: pd.DataFrame | None = None) -> list[Finding]:
             ``Report.compare()``): adds the scaling finding.
 
     Returns:
-        A list of ``Finding``, worst first (without the job findings:
+        A list of ``Finding``, ranked (``rank_findings``; without the job findings:
         ``analysis.run_advice.advise_run`` adds them).
 
     Example:
@@ -103,7 +136,7 @@ def advise(frames, scaling: pd.DataFrame | None = None) -> list[Finding]:
             where = f"run {run} ({replicas} replicas): "
             advice += [replace(item, evidence=where + item.evidence) for item in _run_advice(part)]
     advice += scaling_findings(frames, scaling)
-    return sorted(advice, key=lambda item: -item.severity.level)
+    return rank_findings(advice)
 
 
 def advice_markdown(advice: list[Finding]) -> str:

@@ -9,6 +9,7 @@ Pure functions over a run's frames (``analysis.run_frames.RunFrames``); no Tenso
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 
 import pandas as pd
 
@@ -23,6 +24,12 @@ STRAGGLER_SHARE = 0.6  # one replica last to arrive in this share of profiled st
 GATHER_SHARE_HIGH = 0.10  # all-gather of sparse gradients over step time: medium, else info
 OTHER_SHARE_HIGH = 0.40  # time outside compute, communication and input over step time
 _TABLE_SIZE = re.compile(r"\((\d+)x(\d+)\)")
+
+
+def _median_ms(values: pd.Series) -> float | None:
+    """A median in ms for ``explains_ms_per_step``; None where nothing was measured."""
+    median = values.median()
+    return None if pd.isna(median) else float(median)
 
 
 def profiled_steps(frames) -> pd.DataFrame:
@@ -67,11 +74,12 @@ def communication_findings(profiled: pd.DataFrame) -> list[Finding]:
     )
     advice = [
         Advice(
-            "high",
+            "warning",
             "Communication-bound: gradients take a large share of each step",
             evidence,
             fix,
             code="communication-bound",
+            explains_ms_per_step=_median_ms(profiled["comm_share"] * profiled["trace_step_ms"]),
         )
     ]
     return advice
@@ -102,7 +110,7 @@ def unsynchronised_findings(profiled: pd.DataFrame, frames) -> list[Finding]:
     )
     return [
         Advice(
-            "high",
+            "error",
             "Replicas train apart: no gradient all-reduce",
             bug + seen,
             ALLREDUCE_FIX,
@@ -156,9 +164,11 @@ def embedding_findings(profiled: pd.DataFrame, frames) -> list[Finding]:
         "'Efficient allreduce is not supported for n IndexedSlices' and reduce them on "
         "one device, so the GPUs take turns."
     )
-    severity = "medium" if share >= GATHER_SHARE_HIGH else "info"
+    severity = "warning" if share >= GATHER_SHARE_HIGH else "info"
     title = f"Embedding gradients are all-gathered ({layers})"
-    return [Advice(severity, title, evidence, fix, code="embedding-gather")]
+    explains = _median_ms(gathered["gather_ms"])
+    finding = Advice(severity, title, evidence, fix, code="embedding-gather")
+    return [replace(finding, explains_ms_per_step=explains)]
 
 
 def other_time_findings(profiled: pd.DataFrame) -> list[Finding]:
@@ -194,8 +204,9 @@ def other_time_findings(profiled: pd.DataFrame) -> list[Finding]:
         described, fix = parts[largest]
         split = ", ".join(f"{name[:-3]} {value:.2f} ms" for name, value in medians.items())
         evidence += f"; most of it is {described} ({split} per step)"
-    return [Advice("medium", "Most of the step is outside compute and communication",
-                   evidence + ".", fix[0].upper() + fix[1:] + ".", code="other-time")]  # fmt: skip
+    return [Advice("warning", "Most of the step is outside compute and communication",
+                   evidence + ".", fix[0].upper() + fix[1:] + ".", code="other-time",
+                   explains_ms_per_step=_median_ms(profiled["other_ms"]))]  # fmt: skip
 
 
 def waiting_findings(profiled: pd.DataFrame, frames) -> list[Finding]:
@@ -214,7 +225,7 @@ def waiting_findings(profiled: pd.DataFrame, frames) -> list[Finding]:
     if share >= WAIT_SHARE_HIGH:
         advice.append(
             Advice(
-                "high",
+                "warning",
                 "Replicas wait for each other at the all-reduce",
                 f"exposed sync wait is {share:.0%} of the step (median); the slowest "
                 f"replica kept the others waiting {profiled['max_sync_wait_ms'].median():.2f} "
@@ -223,6 +234,7 @@ def waiting_findings(profiled: pd.DataFrame, frames) -> list[Finding]:
                 "lengths, input prepared ahead (prefetch), no other jobs on the devices; "
                 "see the straggler view (keras_dp_tools.report.plots.sync_wait).",
                 code="replica-wait",
+                explains_ms_per_step=_median_ms(profiled["wait_share"] * profiled["trace_step_ms"]),
             )
         )
     stragglers = profiled["straggler_replica"].dropna()
@@ -232,13 +244,14 @@ def waiting_findings(profiled: pd.DataFrame, frames) -> list[Finding]:
         if times / len(stragglers) >= STRAGGLER_SHARE and frames.runs["replicas"].max() > 2:
             advice.append(
                 Advice(
-                    "medium",
+                    "warning",
                     f"Replica {replica} is a straggler",
                     f"it arrived last at the all-reduce in {times} of {len(stragglers)} "
                     "profiled steps.",
                     f"Check the device of replica {replica}: clocks and temperature "
                     "(Report.gpu), another process on it, or a slower link.",
                     code="replica-straggler",
+                    explains_ms_per_step=_median_ms(profiled["max_sync_wait_ms"]),
                 )
             )
     return advice
@@ -258,12 +271,13 @@ def input_findings(profiled: pd.DataFrame) -> list[Finding]:
         return []
     return [
         Advice(
-            "high",
+            "warning",
             "Input-bound: steps wait for data",
             f"exposed input wait is {share:.0%} of the step (median of profiled steps).",
             "dataset.prefetch(tf.data.AUTOTUNE) last; map(..., num_parallel_calls="
             "tf.data.AUTOTUNE); cache() after expensive, deterministic steps; interleave "
             "file reads; decode and augment on fewer, larger batches.",
             code="input-bound",
+            explains_ms_per_step=_median_ms(profiled["input_ms"]),
         )
     ]

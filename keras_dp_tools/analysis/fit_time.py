@@ -1,6 +1,6 @@
 """Whole-``fit`` time accounting: where a fit's wall time went, in the steps or outside.
 
-Pure functions over the records by type (``analysis.frames.records_by_type``): the
+Pure functions over the records by type (``analysis.record_tables.records_by_type``): the
 ``step`` records and the edges ``StepTimer`` records once per fit, epoch and validation
 (``fit_begin``, ``epoch_begin``, ``epoch_end``, ``validation_begin``,
 ``validation_end``, ``fit_end``), all on one clock (Unix seconds of the worker's host).
@@ -90,7 +90,7 @@ def fit_time_frame(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """Splits each fit's wall time into its steps and what lies outside them.
 
     Args:
-        records: the records by type (``analysis.frames.records_by_type``): the
+        records: the records by type (``analysis.record_tables.records_by_type``): the
             ``step`` frame and the fit-edge frames (``FIT_EDGE_TYPES``) are read; others
             are ignored.
 

@@ -42,7 +42,7 @@ def gpu_findings(frames) -> list[Finding]:
     if utilization is not None and pd.notna(utilization) and utilization < GPU_UTIL_LOW:
         advice.append(
             Advice(
-                "medium",
+                "warning",
                 "GPUs are idle much of the time",
                 f"mean GPU utilization over the steps is {utilization:.0f}% (NVML: share of "
                 "time any kernel ran).",
@@ -166,7 +166,7 @@ def scaling_findings(frames, table: pd.DataFrame | None) -> list[Finding]:
             f"{per_replica.iloc[-1]:g}: keep it constant as you add replicas (weak scaling)."
         )
     # On shared cores alone, poor scaling is expected: a note, not an alarm.
-    severity = "info" if cores is not None and len(causes) == 1 else "high"
+    severity = "info" if cores is not None and len(causes) == 1 else "warning"
     if pd.isna(comm_share):
         causes.append(
             "Profile the largest run (kdt.DataParallelProfiler) to see where its time goes."

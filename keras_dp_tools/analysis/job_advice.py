@@ -108,7 +108,7 @@ def _split_finding(group: list[str], runs: dict) -> Finding:
         "shows as all-reduce transfer, and no straggler can be named."
     )
     return Advice(
-        "high",
+        "error",
         f"Runs {' and '.join(parts)} look like one job's workers recorded as separate "
         "runs (merge_runs='detected' or --merge-runs detected merges them)",
         evidence,
@@ -131,7 +131,7 @@ def _mixed_clusters(spans: pd.DataFrame) -> list[Finding]:
         starts = [rows["start"].min() for _, rows in clusters]
         findings.append(
             Advice(
-                "high",
+                "error",
                 f"Run {run} mixes workers of {clusters.ngroups} different jobs: "
                 + "; ".join(parts),
                 f"one run id was recorded by workers of different clusters, started "
@@ -191,7 +191,7 @@ def _missing_workers(runs: dict, split: list[list[str]]) -> list[Finding]:
         )
         findings.append(
             Advice(
-                "medium",
+                "warning",
                 f"Run {names}: {workers_text(missing)} of {int(workers)} recorded nothing here",
                 evidence,
                 "Check where that worker wrote its records (its log_dir), and that it "

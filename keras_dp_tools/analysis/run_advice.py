@@ -7,7 +7,7 @@ Pure functions over a ``RunFrames``; no TensorFlow.
 
 from __future__ import annotations
 
-from keras_dp_tools.analysis.advice import advise
+from keras_dp_tools.analysis.advice import advise, rank_findings
 from keras_dp_tools.analysis.job_advice import job_findings
 from keras_dp_tools.analysis.summary import run_summary, scaling_table
 from keras_dp_tools.common.findings import Finding
@@ -22,7 +22,8 @@ def advise_run(frames) -> list[Finding]:
     Returns:
         The advisor's findings (``advice.advise``, with the scaling finding where the
         runs differ in replica count) and the jobs' (``job_advice.job_findings``),
-        sorted by severity, worst first (stable: the advisor's first among equals).
+        ranked (``advice.rank_findings``: caveats, then severity, then the ms per
+        step each explains).
 
     Example:
 
@@ -37,4 +38,4 @@ def advise_run(frames) -> list[Finding]:
     several = frames.step_parts.all["replicas"].nunique() > 1
     scaling = scaling_table(run_summary(frames, advice=False)) if several else None
     advice = advise(frames, scaling=scaling) + job_findings(frames)
-    return sorted(advice, key=lambda item: -item.severity.level)
+    return rank_findings(advice)

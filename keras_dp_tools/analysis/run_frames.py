@@ -17,6 +17,7 @@ import pandas as pd
 
 from keras_dp_tools.analysis.attempts import RESTART_COLUMNS, assign_attempts, attempts, restarts
 from keras_dp_tools.analysis.clocks import clock_tables, cross_worker_sync_of, with_job_step_ms
+from keras_dp_tools.analysis.fit_time import FIT_TIME_COLUMNS, fit_time_frame
 from keras_dp_tools.analysis.frame_columns import REPLICA_FRAME_COLUMNS, WINDOW_COLUMNS
 from keras_dp_tools.analysis.frames import (
     mark_profiled,
@@ -34,7 +35,7 @@ from keras_dp_tools.records import columns as schema
 
 # The frames of a run, in the order Report lists them.
 FRAME_NAMES = ("runs", "steps", "replicas", "windows", "gpu", "cpu", "batching", "workers")
-FRAME_NAMES += ("restarts",)
+FRAME_NAMES += ("restarts", "fits")
 # What worker_view reads of the steps.
 _WORKER_VIEW_INPUT = ["run", "worker", "attempt", "step", "steps", "time", "step_ms", "warmup"]
 
@@ -48,6 +49,7 @@ class RunFrames:
             ``load_run_frames`` gives: the wide frame is built on first access).
         replicas, windows, gpu, cpu, batching, restarts: the other frames; None:
             empty, with their columns.
+        fits: where each fit's wall time went (``analysis.fit_time.fit_time_frame``).
         workers: the worker view, or a function that computes it on first access.
         jobs: what the loader found and merged of the log dir's jobs (``JobMerge``).
 
@@ -72,6 +74,7 @@ class RunFrames:
         batching: pd.DataFrame | None = None,
         workers: pd.DataFrame | Callable[[], pd.DataFrame] | None = None,
         restarts: pd.DataFrame | None = None,
+        fits: pd.DataFrame | None = None,
         jobs: JobMerge | None = None,
     ):
         def frame(given, columns):
@@ -86,6 +89,7 @@ class RunFrames:
         self.batching = frame(batching, schema.BATCHING_FINDING_COLUMNS)
         self._workers = workers if callable(workers) else frame(workers, WORKER_COLUMNS)
         self.restarts = frame(restarts, RESTART_COLUMNS)
+        self.fits = frame(fits, FIT_TIME_COLUMNS)
         self.jobs = JobMerge() if jobs is None else jobs
 
     @property
@@ -179,6 +183,7 @@ def load_run_frames(
     # Every step-wide pass below runs on the step records' dozen columns; the
     # breakdown's ~35 columns join last, on the rows that have one.
     steps, breakdown = timed_steps(records, runs)
+    fits = fit_time_frame(records)
     records.pop("step", None)  # the step records: most of the memory, no longer read
     steps = with_gpu_utilization(mark_profiled(steps, windows), gpu)
     steps = assign_attempts(steps, starts)
@@ -203,5 +208,6 @@ def load_run_frames(
         # Its own view of the steps: later edits of .steps do not leak into it.
         workers=partial(worker_view, parts.all[_WORKER_VIEW_INPUT], starts, fit_ends, sync, exits),
         restarts=restarts(parts.all, starts),
+        fits=fits,
         jobs=jobs,
     )

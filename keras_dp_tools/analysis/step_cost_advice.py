@@ -71,7 +71,7 @@ def python_input(header: pd.Series) -> list[str]:
     return [str(part) for part in parts]
 
 
-def input_findings(header: pd.Series, costs: dict[str, float] | None) -> list[Finding]:
+def python_input_findings(header: pd.Series, costs: dict[str, float] | None) -> list[Finding]:
     """``input-not-scaling`` when Python makes the run's batches and the host's time
     (input waits and gaps) is a large part of its steps.
 
@@ -141,7 +141,7 @@ def work_findings(header: pd.Series, costs: dict[str, float] | None) -> list[Fin
     """``too-little-work`` when each replica computes for less than half of the step and
     the step's fixed costs (all-reduce latency, dispatch, idle and scheduling gaps) are
     the largest part of the rest; not when Python makes the batches (a larger batch
-    would ask more of it: ``input_findings`` speaks then).
+    would ask more of it: ``python_input_findings`` speaks then).
 
     Args:
         header: the run's header row (``replicas``, ``global_batch``,

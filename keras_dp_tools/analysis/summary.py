@@ -6,6 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from keras_dp_tools.analysis.advice import advise
+from keras_dp_tools.analysis.fit_time import fit_time_by_run
 from keras_dp_tools.analysis.measured_steps import (
     multi_worker_runs,
     steps_per_worker,
@@ -92,6 +93,9 @@ def run_summary(frames, advice: bool = True) -> pd.DataFrame:
             "gpu_util": grouped["gpu_util_mean"].mean(),
         }
     )
+    fit_time = fit_time_by_run(frames.fits).reindex(summary.index)
+    summary["fit_s"] = fit_time["fit_s"]
+    summary["outside_steps_share"] = fit_time["outside_steps_share"]
     started = runs.groupby("run")["time"].min()
     summary.insert(0, "start", pd.to_datetime(started.reindex(summary.index), unit="s"))
     # The copy of every step's columns goes before the advice builds the worker view

@@ -124,9 +124,20 @@ def late_worker_findings(frames) -> list[Finding]:
     if not (share >= WORKER_WAIT_NOTE_SHARE and clear and cost["timed_steps"] >= WORKER_MIN_STEPS):
         return []
     evidence = _evidence(frames, found, job_step_ms, cost)
-    severity = "error" if share >= WORKER_WAIT_SHARE else "info"
+    severity = "warning" if share >= WORKER_WAIT_SHARE else "info"
     title = f"Worker {found['worker']} is a straggler"
-    return [Advice(severity, title, evidence, _FIXES[found["why"]], code="worker-straggler")]
+    gain = cost["gain_ms"]  # what the job's steps lose to its lateness
+    explains = float(gain) if pd.notna(gain) and gain > 0 else float(waited)
+    return [
+        Advice(
+            severity,
+            title,
+            evidence,
+            _FIXES[found["why"]],
+            code="worker-straggler",
+            explains_ms_per_step=explains,
+        )
+    ]
 
 
 def _evidence(frames, found, job_step_ms, cost) -> str:

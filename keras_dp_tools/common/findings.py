@@ -19,8 +19,7 @@ class Finding:
     """A problem (or remark) with its severity and what to do.
 
     Args:
-        severity: a ``Severity`` (``error``, ``warning``, ``info``; the advisor's former
-            words ``high`` and ``medium`` are read as error and warning).
+        severity: a ``Severity`` (``error``, ``warning``, ``info``).
         code: a stable identifier (``missing-multiply``, ``KDP001``, ...).
         message: what is wrong, in a sentence (the advisor's title).
         fix: what to change; empty where the producer has none (the lint's message

@@ -11,9 +11,6 @@ from __future__ import annotations
 
 import enum
 
-# The advisor's former words, still accepted on input.
-_ALIASES = {"high": "error", "medium": "warning"}
-
 
 class Severity(enum.StrEnum):
     """How much a finding matters: ``error`` > ``warning`` > ``info``.
@@ -41,13 +38,11 @@ class Severity(enum.StrEnum):
     @classmethod
     def _missing_(cls, value):
         if isinstance(value, str):
-            word = _ALIASES.get(value.lower(), value.lower())
+            word = value.lower()
             for member in cls:
                 if member.value == word:
                     return member
-        raise ValueError(
-            f"severity must be one of error, warning, info (or high, medium), received {value!r}"
-        )
+        raise ValueError(f"severity must be one of error, warning, info, received {value!r}")
 
     @property
     def level(self) -> int:

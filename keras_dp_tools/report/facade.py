@@ -113,6 +113,9 @@ class Report:
         restarts: one row per restart of a worker under the same run id
             (``RESTART_COLUMNS``; e.g. after ``BackupAndRestore``): where it resumed
             and how many steps it ran again.
+        fits: one row per run, worker and ``fit`` call: where its wall time went, in
+            the steps or outside them (validation, epoch set-up, between steps, the
+            first step's tracing; ``keras_dp_tools.analysis.fit_time``).
         jobs: findings about the log dir's jobs (``keras_dp_tools.analysis.job_advice``):
             runs that look like one job's workers recorded under separate ids (see
             ``load``'s ``merge_runs``), runs merged, workers missing or from another
@@ -156,6 +159,7 @@ class Report:
     batching = _FrameOf()
     workers = _FrameOf()  # computed on first access (a median per attempt over every step)
     restarts = _FrameOf()
+    fits = _FrameOf()
 
     @property
     def step_parts(self) -> StepParts:

@@ -168,6 +168,8 @@ SUMMARY_FIELDS = {
     "wait_share": SummaryField("Wait share", "%", percent_text),
     "busbw_gbps": SummaryField("All-reduce bus bandwidth", "GB/s", number_text),
     "gpu_util": SummaryField("GPU utilization", "%", number_text),
+    "fit_s": SummaryField("Wall time in fit (slowest worker)", "s", number_text),
+    "outside_steps_share": SummaryField("Share of fit outside the steps", "%", percent_text),
 }
 
 
