@@ -48,7 +48,7 @@ def replica_step(x, y):
         per_example = keras.losses.mean_squared_error(y, model(x, training=True))
         loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
     gradients = tape.gradient(loss, model.trainable_variables)
-    optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+    optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
     return loss
 
 

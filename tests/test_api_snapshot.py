@@ -34,6 +34,7 @@ PUBLIC_NAMES = {
     "StepTimer": "class",
     "StrategyComparison": "class",
     "StrategyWarning": "class",
+    "TrainingLoop": "class",
     "analyze_trace": "function",
     "callbacks": "function",
     "check_batching": "function",
@@ -65,6 +66,7 @@ RECORD_TYPES = (
     "scaling_plan",
     "fit_end",
     "worker_exit",
+    "training_loop",
 )
 
 # Every record field -> its Arrow type, as the reader types it (records.fields.FIELDS).

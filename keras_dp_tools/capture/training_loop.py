@@ -78,7 +78,7 @@ class TrainingLoop:
             per_example = keras.losses.mean_squared_error(y, model(x, training=True))
             loss = tf.nn.compute_average_loss(per_example, global_batch_size=global_batch)
         gradients = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(gradients, model.trainable_variables))
+        optimizer.apply_gradients(zip(gradients, model.trainable_variables, strict=True))
         return loss
 
     @tf.function  # without it, the replicas run one after another
@@ -169,12 +169,12 @@ class TrainingLoop:
         self._running = True
         self._steps_run = self._eager_steps = self._unseen_steps = 0
         self._first_step = self._first_eager_step = None
-        with self._measuring("begin"):
-            with self.strategy.scope():  # model.distribute_strategy of an uncompiled model
-                self._hooks = _callback_list(self.callbacks, self.model)
-                self._hooks.on_train_begin()
-                self._steps.start(self.model)
-                self._recorder = Recorder.for_fit(self.log_dir, self.model, self.global_batch)
+        # In the scope: the model.distribute_strategy of an uncompiled model.
+        with self._measuring("begin"), self.strategy.scope():
+            self._hooks = _callback_list(self.callbacks, self.model)
+            self._hooks.on_train_begin()
+            self._steps.start(self.model)
+            self._recorder = Recorder.for_fit(self.log_dir, self.model, self.global_batch)
         with self._measuring("follow strategy.run"):
             self._watch.install(self.strategy)
         with self._measuring("waiting for the devices"):
@@ -235,6 +235,7 @@ class TrainingLoop:
             yield self
         except BaseException:
             self._step_open = False  # as fit: a step that raised ends no batch
+            self._watch.end_step()
             raise
         self._end_step(steps)
 
@@ -383,12 +384,16 @@ class TrainingLoop:
 
 
 class RunWatch:
-    """Follows the calls of one strategy's ``run``: eager ones (outside any
-    ``tf.function``: the replicas run one after another) and traced ones.
+    """Follows the calls of one strategy's ``run`` during a loop's steps: eager ones
+    (outside any ``tf.function``: the replicas run one after another) and traced ones.
 
     ``install`` sets ``run`` on the strategy object (its class's method stays as it
-    is); ``remove`` deletes it. A ``tf.function`` calls ``run`` only while it is traced.
+    is); ``remove`` puts back what was there. Only calls inside a step of this loop
+    count (``start_step`` / ``end_step``), so two loops on one strategy count their own.
+    A ``tf.function`` calls ``run`` only while it is traced.
     """
+
+    _MISSING = object()
 
     def __init__(self):
         self.eager_calls = 0
@@ -396,6 +401,8 @@ class RunWatch:
         self.functions_run_eagerly = False
         self._strategy = None
         self._run = None
+        self._previous = self._MISSING  # the strategy's own ``run`` attribute, if any
+        self._in_step = False
         self._step_eager = self._step_traced = 0
 
     def install(self, strategy) -> None:
@@ -407,18 +414,24 @@ class RunWatch:
 
         @tf.autograph.experimental.do_not_convert
         def run(fn, args=(), kwargs=None, options=None):
-            self._seen(tf)
+            if self._in_step:
+                self._seen(tf)
             return original(fn, args=args, kwargs=kwargs, options=options)
 
         run.__doc__ = original.__doc__
+        self._previous = vars(strategy).get("run", self._MISSING)
         strategy.run = run
         self._strategy, self._run = strategy, run
 
     def remove(self) -> None:
         strategy, self._strategy = self._strategy, None
+        # Another loop's watch set on top of ours stays: ours is then a quiet link.
         if strategy is not None and vars(strategy).get("run") is self._run:
-            del strategy.run
-        self._run = None
+            if self._previous is self._MISSING:
+                del strategy.run
+            else:
+                strategy.run = self._previous
+        self._run, self._previous = None, self._MISSING
 
     def _seen(self, tf) -> None:
         if tf.inside_function():
@@ -431,9 +444,11 @@ class RunWatch:
 
     def start_step(self) -> None:
         self._step_eager = self._step_traced = 0
+        self._in_step = True
 
     def end_step(self) -> tuple[str, bool]:
         """(how this step ran strategy.run, whether tf.config.run_functions_eagerly was on)."""
+        self._in_step = False
         if self._step_eager:
             mode = FUNCTIONS_RUN_EAGERLY if self.functions_run_eagerly else EAGER
         elif self._step_traced or self.traced_calls:
