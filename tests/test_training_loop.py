@@ -23,7 +23,8 @@ PER_REPLICA = 8
 
 
 def training_loop_records(log_dir) -> pd.DataFrame:
-    return records_by_type(find_record_files(log_dir)).get("training_loop")
+    files = [(path, 0) for path in find_record_files(log_dir)]
+    return records_by_type(files).get("training_loop")
 
 
 def custom_loop(tf, keras, strategy, eager=False):
@@ -122,7 +123,7 @@ def test_one_replica_eager_loop_is_a_warning_not_serial_replicas():
 
 @pytest.fixture(scope="module")
 def function_loop(tmp_path_factory, tf, keras, strategy4):
-    """A tf.function loop of 12 steps, a profiler window over steps 3-6."""
+    """A tf.function loop of 12 steps, a profiler window over steps 3-7."""
     log_dir = tmp_path_factory.mktemp("loop")
     model, batches, train_step, global_batch = custom_loop(tf, keras, strategy4)
     with kdt.TrainingLoop(
@@ -154,11 +155,11 @@ def test_profiled_window_breaks_loop_steps_into_compute_and_allreduce(function_l
     log_dir, _, report = function_loop
     assert report.windows["status"].tolist()[-1] == "analysed"
     replicas = report.replicas
-    assert replicas["step"].unique().tolist() == [3, 4, 5, 6]
+    assert replicas["step"].unique().tolist() == [3, 4, 5, 6, 7]
     assert sorted(replicas["replica"].unique()) == [0, 1, 2, 3]
     assert (replicas["compute_ms"] > 0).all() and (replicas["allreduce_ms"] > 0).all()
-    # The step markers as XProf reads them, on the same capture: the same four steps.
-    assert xprof_step_table(find_traces(log_dir)[0])["step"].tolist() == [3, 4, 5, 6]
+    # The step markers as XProf reads them, on the same capture: the same five steps.
+    assert xprof_step_table(find_traces(log_dir)[0])["step"].tolist() == [3, 4, 5, 6, 7]
 
 
 def test_function_loop_records_no_eager_run(function_loop):
@@ -244,7 +245,7 @@ def test_step_function_of_a_loop_that_raised_keeps_the_error(tmp_path, tf, keras
         with loop.step():
             train_step(*next(batches))
         with loop.step():
-            train_step(*next(batches)) / 0
+            float(train_step(*next(batches))) / 0
     assert "run" not in vars(strategy4)
     statuses = training_loop_records(tmp_path).sort_values("time")["status"].tolist()
     assert statuses == ["running", "exited"]

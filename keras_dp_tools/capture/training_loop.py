@@ -387,51 +387,37 @@ class RunWatch:
     """Follows the calls of one strategy's ``run`` during a loop's steps: eager ones
     (outside any ``tf.function``: the replicas run one after another) and traced ones.
 
-    ``install`` sets ``run`` on the strategy object (its class's method stays as it
-    is); ``remove`` puts back what was there. Only calls inside a step of this loop
-    count (``start_step`` / ``end_step``), so two loops on one strategy count their own.
-    A ``tf.function`` calls ``run`` only while it is traced.
+    ``install`` follows the strategy's ``run`` (``_followed_run``); ``remove`` stops,
+    and the last loop to stop gives the strategy back its own. Only calls inside a step
+    of this loop count (``start_step`` / ``end_step``), so two loops on one strategy
+    count their own. A ``tf.function`` calls ``run`` only while it is traced.
     """
-
-    _MISSING = object()
 
     def __init__(self):
         self.eager_calls = 0
         self.traced_calls = 0
         self.functions_run_eagerly = False
-        self._strategy = None
-        self._run = None
-        self._previous = self._MISSING  # the strategy's own ``run`` attribute, if any
+        self._run = None  # the strategy's followed run while installed
         self._in_step = False
         self._step_eager = self._step_traced = 0
 
     def install(self, strategy) -> None:
-        import tensorflow as tf
-
-        if self._strategy is not None:
-            return
-        original = strategy.run
-
-        @tf.autograph.experimental.do_not_convert
-        def run(fn, args=(), kwargs=None, options=None):
-            if self._in_step:
-                self._seen(tf)
-            return original(fn, args=args, kwargs=kwargs, options=options)
-
-        run.__doc__ = original.__doc__
-        self._previous = vars(strategy).get("run", self._MISSING)
-        strategy.run = run
-        self._strategy, self._run = strategy, run
+        if self._run is None:
+            self._run = _followed_run(strategy)
+            self._run.watches.append(self)
 
     def remove(self) -> None:
-        strategy, self._strategy = self._strategy, None
-        # Another loop's watch set on top of ours stays: ours is then a quiet link.
-        if strategy is not None and vars(strategy).get("run") is self._run:
-            if self._previous is self._MISSING:
-                del strategy.run
-            else:
-                strategy.run = self._previous
-        self._run, self._previous = None, self._MISSING
+        run, self._run = self._run, None
+        if run is None:
+            return
+        run.watches.remove(self)
+        if not run.watches:
+            run.restore()
+
+    def called(self, tf) -> None:
+        """A call of the strategy's run (counted inside this loop's steps)."""
+        if self._in_step:
+            self._seen(tf)
 
     def _seen(self, tf) -> None:
         if tf.inside_function():
@@ -457,6 +443,38 @@ class RunWatch:
         else:
             mode = UNSEEN
         return mode, self.functions_run_eagerly
+
+
+def _followed_run(strategy):
+    """The strategy's ``run`` with the loops that follow it (``watches``): one per
+    strategy object, set as its attribute (the class's method stays as it is), so two
+    loops on one strategy each count the calls of their own steps. ``restore()`` puts
+    back what the attribute was."""
+    import tensorflow as tf
+
+    current = vars(strategy).get("run")
+    if getattr(current, "watches", None) is not None:
+        return current
+    original = strategy.run
+
+    @tf.autograph.experimental.do_not_convert
+    def run(fn, args=(), kwargs=None, options=None):
+        for watch in tuple(run.watches):
+            watch.called(tf)
+        return original(fn, args=args, kwargs=kwargs, options=options)
+
+    def restore():
+        if vars(strategy).get("run") is not run:
+            return  # replaced since: leave what is there
+        if current is None:
+            del strategy.run
+        else:
+            strategy.run = current
+
+    run.__doc__ = original.__doc__
+    run.watches, run.restore = [], restore
+    strategy.run = run
+    return run
 
 
 def _callback_list(callbacks: list, model):
