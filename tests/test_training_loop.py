@@ -18,6 +18,8 @@ from keras_dp_tools.analysis.frames import records_by_type
 from keras_dp_tools.analysis.loop_advice import FIX, FIX_RUN_EAGERLY, eager_loop_findings
 from keras_dp_tools.records.reader import find_record_files
 from tests.helpers import REPO
+from tests.helpers.doc_blocks import python_block, run_example
+from tests.helpers.processes import run_cli
 
 PER_REPLICA = 8
 
@@ -270,3 +272,25 @@ def test_tf_keras_example_trains_and_reports_a_profiled_window(tmp_path):
     assert report.replicas["step"].unique().tolist() == [10, 11, 12, 13, 14]
     assert (report.replicas["allreduce_ms"] > 0).all()
     assert eager_loop_findings(training_loop_records(log_dir)) == []
+
+
+def test_keras_dp_analyze_reads_the_loops_window(function_loop):
+    log_dir, _, _ = function_loop
+    done = run_cli("analyze", str(log_dir))
+    assert done.returncode == 0, done.stderr[-3000:]
+    rows = [line.split() for line in done.stdout.splitlines() if line.split()[:1] != ["step"]]
+    steps = [int(row[0]) for row in rows if row and row[0].isdigit()]
+    assert steps == [3, 4, 5, 6, 7]  # the loop's step markers, read from the capture
+
+
+@pytest.mark.slow
+def test_getting_started_loop_example_runs_and_reports(tmp_path):
+    out = run_example(
+        python_block("docs/getting-started.md", "## Measure a custom training loop"), tmp_path
+    )
+    assert out.splitlines()[0] == "tf.function"
+    report = kdt.Report.load(tmp_path / "runs" / "loop1")
+    # 2 replicas x 32 = 64 examples a step, 20 batches; a window from step 5.
+    assert report.runs["global_batch"].tolist() == [64]
+    assert report.steps["step"].tolist() == list(range(20))
+    assert report.replicas["step"].unique().tolist() == [5, 6, 7, 8, 9]
