@@ -98,6 +98,20 @@ def test_eager_loop_is_an_error_with_the_tf_function_fix_and_the_step_time():
     assert "median step 20.0 ms over 3 timed steps" in finding.evidence
 
 
+def test_a_short_eager_run_of_profiled_steps_says_its_times_are_profiled():
+    steps = pd.DataFrame(
+        {
+            "run": ["r1"] * 3,
+            "worker": [0] * 3,
+            "step_ms": [900.0, 400.0, 420.0],
+            "warmup": [True, False, False],
+            "profiled": [False, True, True],
+        }
+    )
+    [finding] = eager_loop_findings(pd.DataFrame([loop_record("eager")]), steps)
+    assert "median step 410.0 ms over 2 timed steps, all profiled" in finding.evidence
+
+
 def test_loop_in_a_tf_function_or_no_loop_has_no_finding():
     assert eager_loop_findings(pd.DataFrame([loop_record("tf.function")])) == []
     assert eager_loop_findings(pd.DataFrame([loop_record("unknown")])) == []

@@ -98,9 +98,9 @@ def _finding(run, records: pd.DataFrame, steps: pd.DataFrame | None) -> Advice:
         parts.append(
             f"MirroredStrategy then runs its {replicas} replicas one after another, not in parallel"
         )
-    median, timed = _median_step_ms(steps, run, records)
+    median, timed, note = _median_step_ms(steps, run, records)
     if median is not None:
-        parts.append(f"median step {median:.1f} ms over {timed} timed steps")
+        parts.append(f"median step {median:.1f} ms over {timed} timed steps{note}")
     if len(records) > 1:
         workers = ", ".join(str(_int(w)) for w in records["worker"])
         parts.append(f"workers {workers}")
@@ -116,20 +116,27 @@ def _finding(run, records: pd.DataFrame, steps: pd.DataFrame | None) -> Advice:
 
 
 def _median_step_ms(steps: pd.DataFrame | None, run, records: pd.DataFrame):
-    """(median step_ms, steps timed) of the run's workers in ``records``: steady steps
-    (no warm-up, not profiled); (None, 0) when there are none."""
+    """(median step_ms, steps timed, note) of the run's workers in ``records``: steady
+    steps (no warm-up, not profiled), else, in a short run, the profiled ones with a
+    note that says so; (None, 0, "") when there are none."""
     if steps is None or steps.empty or "step_ms" not in steps or "run" not in steps:
-        return None, 0
+        return None, 0, ""
     mine = steps[steps["run"] == run]
     if "worker" in mine and "worker" in records:
         mine = mine[mine["worker"].isin(records["worker"].tolist())]
-    for flag in ("warmup", "profiled"):
-        if flag in mine:
-            mine = mine[~mine[flag].fillna(False).astype(bool)]
+    if "warmup" in mine:
+        mine = mine[~mine["warmup"].fillna(False).astype(bool)]
+    note = ""
+    if "profiled" in mine:
+        profiled = mine["profiled"].fillna(False).astype(bool)
+        if (~profiled & mine["step_ms"].notna()).any():
+            mine = mine[~profiled]
+        else:
+            note = ", all profiled (the profiler slows them)"
     times = mine["step_ms"].dropna()
     if times.empty:
-        return None, 0
-    return float(times.median()), int(times.size)
+        return None, 0, ""
+    return float(times.median()), int(times.size), note
 
 
 def _int(value) -> int | None:
