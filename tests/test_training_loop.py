@@ -230,6 +230,40 @@ def test_eager_loop_is_found_and_is_not_faster_than_the_same_loop_in_a_function(
     assert "run" not in vars(strategy4)  # the strategy is given back its own run
 
 
+def test_wrapped_step_and_epochs_number_steps_as_fit_does(tmp_path, tf, keras, strategy4):
+    model, batches, train_step, global_batch = custom_loop(tf, keras, strategy4)
+    with kdt.TrainingLoop(
+        tmp_path, strategy4, model, global_batch=global_batch, profile=False, monitor=False
+    ) as loop:
+        measured_step = loop.wrap(train_step)
+        for epoch in range(2):
+            with loop.epoch(epoch):
+                for _ in range(3):
+                    measured_step(*next(batches))
+    report = kdt.Report.load(tmp_path)
+    steps = report.steps
+    assert steps["epoch"].tolist() == [0, 0, 0, 1, 1, 1]
+    assert steps["step"].tolist() == list(range(6))
+    # A loop's data is not read: the throughput counts the global batch it was given.
+    assert report.runs["global_batch_source"].tolist() == ["argument"]
+    assert steps["examples_per_s"].notna().all()
+    assert int(model.test_optimizer.iterations.numpy()) == 6
+
+
+def test_step_inside_a_tf_function_warns_and_measures_nothing(tmp_path, tf, keras, strategy4):
+    model = custom_loop(tf, keras, strategy4)[0]
+    with kdt.TrainingLoop(tmp_path, strategy4, model, callbacks=[]) as loop:
+
+        @tf.function
+        def traced():
+            with loop.step():
+                return tf.constant(1.0)
+
+        with pytest.warns(kdt.MeasurementWarning, match="inside a tf.function"):
+            traced()
+    assert loop.step_function() == "unknown"
+
+
 def test_a_failing_measurement_warns_once_and_the_loop_trains_on(
     tmp_path, tf, keras, strategy4, monkeypatch
 ):
