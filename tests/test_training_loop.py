@@ -317,7 +317,10 @@ def test_tf_keras_example_trains_and_reports_a_profiled_window(tmp_path):
     assert "tf.function steps" in done.stdout
     report = kdt.Report.load(log_dir)
     assert str(report.runs["keras_package"].iloc[0]) == "tf_keras"
+    # Two logical CPU devices: both replicas of every profiled step, compute and all-reduce.
     assert report.replicas["step"].unique().tolist() == [10, 11, 12, 13, 14]
+    assert sorted(report.replicas["replica"].unique()) == [0, 1]
+    assert (report.replicas["compute_ms"] > 0).all()
     assert (report.replicas["allreduce_ms"] > 0).all()
     assert eager_loop_findings(training_loop_records(log_dir)) == []
 
@@ -342,3 +345,15 @@ def test_getting_started_loop_example_runs_and_reports(tmp_path):
     assert report.runs["global_batch"].tolist() == [64]
     assert report.steps["step"].tolist() == list(range(20))
     assert report.replicas["step"].unique().tolist() == [5, 6, 7, 8, 9]
+
+
+def test_dashboard_data_layer_shows_the_loops_run(function_loop):
+    from keras_dp_tools.report.tensorboard_plugin.data import LogDirData
+
+    log_dir, _, report = function_loop
+    data = LogDirData(log_dir)
+    [listed] = data.runs()["runs"]
+    assert listed["run"] == report.runs["run"].iloc[0] and listed["replicas"] == 4
+    shown = data.run(listed["run"], None)
+    assert shown.get("error") is None
+    assert {"summary", "advice"} <= set(shown)
