@@ -35,7 +35,8 @@ strategy = tf.distribute.MirroredStrategy(devices)
 global_batch = kdt.scale_batch_size(32, strategy)  # 32 examples per replica
 with strategy.scope():  # variables mirrored on every replica
     model = keras.Sequential([keras.Input((20,)), keras.layers.Dense(64), keras.layers.Dense(1)])
-    optimizer = keras.optimizers.SGD(0.01)
+    # 0.01 suits one replica's 32 examples: scaled with the global batch.
+    optimizer = keras.optimizers.SGD(kdt.scale_learning_rate(0.01, global_batch, base_batch=32))
 
 features = tf.random.stateless_normal((global_batch * options.steps, 20), seed=(0, 1))
 targets = tf.reduce_sum(features, axis=1, keepdims=True)

@@ -17,6 +17,7 @@ devices do not make a step faster. The ``training_loop`` record says so and
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import time
 
@@ -171,9 +172,11 @@ class TrainingLoop:
         self._first_step = self._first_eager_step = None
         # In the scope: the model.distribute_strategy of an uncompiled model.
         with self._measuring("begin"), self.strategy.scope():
+            self._steps.start(self.model)  # the callbacks' numbering: the same source
             self._hooks = _callback_list(self.callbacks, self.model)
             self._hooks.on_train_begin()
-            self._steps.start(self.model)
+        # Apart: without its own record the loop still calls the callbacks.
+        with self._measuring("the training_loop record"), self.strategy.scope():
             self._recorder = Recorder.for_fit(self.log_dir, self.model, self.global_batch)
         with self._measuring("follow strategy.run"):
             self._watch.install(self.strategy)
@@ -194,14 +197,14 @@ class TrainingLoop:
             self._watch.remove()
         if finished:
             self._end_epoch()
-        with self._measuring("end"):
+        with self._measuring("the training_loop record"):
             self._write_record("finished" if finished else "exited")
         if finished and self._hooks is not None:
             with self._measuring("end"), self.strategy.scope():
                 self._hooks.on_train_end()
         recorder, self._recorder = self._recorder, None
         if recorder is not None:
-            with self._measuring("end"):
+            with self._measuring("the training_loop record"):
                 recorder.release()
         self._hooks = None
 
@@ -245,11 +248,11 @@ class TrainingLoop:
         Example: ``train_step = loop.wrap(train_step)``.
         """
 
+        @functools.wraps(step_function)
         def measured_step(*args, **kwargs):
             with self.step():
                 return step_function(*args, **kwargs)
 
-        measured_step.__wrapped__ = step_function
         return measured_step
 
     # -- steps and epochs ------------------------------------------------------
@@ -290,9 +293,9 @@ class TrainingLoop:
             self._begin_epoch(self._next_epoch)
         self._step_open = True
         self._watch.start_step()
+        self._steps.begin_call(self._batch)
         if self._hooks is not None:
             with self._measuring("on_train_batch_begin"):
-                self._steps.begin_call(self._batch)
                 self._hooks.on_train_batch_begin(self._batch)
         return True
 
@@ -303,10 +306,9 @@ class TrainingLoop:
                 _sync_devices()
         last = self._batch + steps - 1
         mode, functions_eagerly = self._watch.end_step()
-        step = self._steps.next_step
+        step = self._steps.end_call(last)[0]
         if self._hooks is not None:
             with self._measuring("on_train_batch_end"):
-                self._steps.end_call(last)
                 self._hooks.on_train_batch_end(last)
         self._batch = last + 1
         self._count(step, mode, functions_eagerly, steps)
@@ -323,7 +325,7 @@ class TrainingLoop:
         elif mode == UNSEEN:
             self._unseen_steps += steps
         if self._steps_run == steps:  # the first step: what is known now, if it dies
-            with self._measuring("training_loop record"):
+            with self._measuring("the training_loop record"):
                 self._write_record("running")
 
     # -- the record ------------------------------------------------------------
@@ -362,9 +364,6 @@ class TrainingLoop:
     def _measuring(self, what: str):
         """Runs a measurement; one that raises warns once and is skipped from then on
         (the callbacks are no longer called), training goes on."""
-        if what.startswith("on_") and self._hooks is None:
-            yield
-            return
         try:
             yield
         except Exception as error:  # a measurement must never stop training
