@@ -34,6 +34,7 @@ PUBLIC_NAMES = {
     "StepTimer": "class",
     "StrategyComparison": "class",
     "StrategyWarning": "class",
+    "TrainingLoop": "class",
     "analyze_trace": "function",
     "callbacks": "function",
     "check_batching": "function",
@@ -70,6 +71,7 @@ RECORD_TYPES = (
     "validation_begin",
     "validation_end",
     "worker_exit",
+    "training_loop",
 )
 
 # Every record field -> its Arrow type, as the reader types it (records.fields.FIELDS).

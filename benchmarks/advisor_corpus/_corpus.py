@@ -18,6 +18,7 @@ class Run:
     strategy: object
     log_dir: str
     replicas: int
+    training_loop: bool = False  # --training-loop: measure a custom loop (kdt.TrainingLoop)
 
 
 def start(description):
@@ -37,12 +38,22 @@ def start(description):
         default=int(os.environ.get("KERAS_DP_REPLICAS", "4")),
         help="logical CPU devices (replicas); default 4 or $KERAS_DP_REPLICAS",
     )
+    parser.add_argument(
+        "--training-loop",
+        action="store_true",
+        help="a custom loop's steps are measured with kdt.TrainingLoop (no advice)",
+    )
     args = parser.parse_args()
     import keras_dp_tools as kdt
 
     strategy = kdt.mirrored_strategy(args.replicas)
     os.makedirs(args.log_dir, exist_ok=True)
-    return Run(strategy=strategy, log_dir=args.log_dir, replicas=args.replicas)
+    return Run(
+        strategy=strategy,
+        log_dir=args.log_dir,
+        replicas=args.replicas,
+        training_loop=args.training_loop,
+    )
 
 
 def fit_callbacks(run, **kwargs):
@@ -53,12 +64,40 @@ def fit_callbacks(run, **kwargs):
     return kdt.callbacks(run.log_dir, advise=False, **kwargs)
 
 
+def training_loop(run, model, **kwargs):
+    """A custom loop's ``kdt.TrainingLoop`` without the advisor when the script runs
+    with ``--training-loop``, else a stand-in that measures nothing: ``with
+    training_loop(run, model) as loop:`` and ``with loop.step():`` either way."""
+    if not run.training_loop:
+        return _Unmeasured()
+    import keras_dp_tools as kdt
+
+    kwargs.setdefault("profile_start_step", 5)
+    return kdt.TrainingLoop(run.log_dir, run.strategy, model, advise=False, **kwargs)
+
+
+class _Unmeasured:
+    """``kdt.TrainingLoop``'s shape, measuring nothing (the scripts' default)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        return None
+
+    def step(self):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+
 def save_loop_times(run, step_seconds):
     """Writes a custom loop's step times (not keras_dp records) beside the run.
 
     ``kdt.callbacks`` cannot see a ``strategy.run`` loop, so these scripts write no
-    ``keras_dp/`` records today; the wall time per step, measured here with
-    ``time.perf_counter`` around each call, is kept for comparison.
+    ``keras_dp/`` records unless run with ``--training-loop`` (``kdt.TrainingLoop``);
+    the wall time per step, measured here with ``time.perf_counter`` around each call,
+    is kept for comparison.
     """
     import json
 

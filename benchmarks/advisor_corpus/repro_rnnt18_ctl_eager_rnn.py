@@ -9,9 +9,10 @@ Mechanism (cause 5, a custom training loop, run eagerly): the distributed step o
 recurrent model is called without ``tf.function``; MirroredStrategy then runs the
 replicas' Python one after another and every op is dispatched eagerly, per time step of
 the GRU. Our ``fit`` callbacks cannot see this loop: the script writes NO ``keras_dp/``
-records today, only its step times.
+records today, only its step times (``--training-loop`` measures it with
+``kdt.TrainingLoop``).
 
-Usage: python repro_rnnt18_ctl_eager_rnn.py --log-dir runs/rnnt18
+Usage: python repro_rnnt18_ctl_eager_rnn.py --log-dir runs/rnnt18 [--training-loop]
 """
 
 import time
@@ -52,10 +53,13 @@ def replica_step(x, y):
 
 step_seconds = []
 iterator = iter(dist_dataset)
-for _step in range(6):
-    began = time.perf_counter()
-    losses = strategy.run(replica_step, args=next(iterator))  # eager: no tf.function
-    loss = float(strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None))
-    step_seconds.append(time.perf_counter() - began)
+# --training-loop: kdt.TrainingLoop measures the steps (a window over steps 1-5).
+with _corpus.training_loop(run, encoder, global_batch=global_batch, profile_start_step=1) as loop:
+    for _step in range(6):
+        began = time.perf_counter()
+        with loop.step():
+            losses = strategy.run(replica_step, args=next(iterator))  # eager: no tf.function
+            loss = float(strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None))
+        step_seconds.append(time.perf_counter() - began)
 print("median step ms:", 1000 * float(np.median(step_seconds[1:])), "loss", loss)
 _corpus.save_loop_times(run, step_seconds)

@@ -9,9 +9,10 @@ guide and the profiler, without a stated cause ("unresolved"; cause class 5).
 Mechanism (cause 5, a custom training loop): a tutorial-style loop — a ``tf.function``
 around ``strategy.run``, a ``map`` that resizes images in the input pipeline, the loss
 and an accuracy metric read on the host every step. Our ``fit`` callbacks cannot see this
-loop: the script writes NO ``keras_dp/`` records today, only its step times.
+loop: the script writes NO ``keras_dp/`` records today, only its step times
+(``--training-loop`` measures it with ``kdt.TrainingLoop``).
 
-Usage: python repro_tf36530_ctl_vs_fit.py --log-dir runs/tf36530
+Usage: python repro_tf36530_ctl_vs_fit.py --log-dir runs/tf36530 [--training-loop]
 """
 
 import time
@@ -74,10 +75,13 @@ def train_step(batch):
 
 step_seconds = []
 iterator = iter(dist_dataset)
-for _step in range(40):
-    began = time.perf_counter()
-    loss = float(train_step(next(iterator)))
-    acc = float(accuracy.result())  # read on the host every step, as the tutorial prints
-    step_seconds.append(time.perf_counter() - began)
+# --training-loop: kdt.TrainingLoop measures the steps (a window over steps 5-9).
+with _corpus.training_loop(run, model, global_batch=global_batch) as loop:
+    for _step in range(40):
+        began = time.perf_counter()
+        with loop.step():
+            loss = float(train_step(next(iterator)))
+            acc = float(accuracy.result())  # read on the host every step, as the tutorial
+        step_seconds.append(time.perf_counter() - began)
 print("median step ms:", 1000 * float(np.median(step_seconds[5:])), "loss", loss, "acc", acc)
 _corpus.save_loop_times(run, step_seconds)

@@ -22,6 +22,7 @@ EXPORTS = {
     "GpuMonitor": "keras_dp_tools.capture.gpu_monitor",
     "RunAdvisor": "keras_dp_tools.capture.run_advisor",
     "StepTimer": "keras_dp_tools.capture.step_timer",
+    "TrainingLoop": "keras_dp_tools.capture.training_loop",
 }
 __getattr__, __dir__ = lazy_exports(__name__, globals(), EXPORTS)
 

@@ -26,6 +26,7 @@ RECORD_TYPES = (
     "validation_begin",
     "validation_end",
     "worker_exit",  # keras-dp launch: how each worker process ended (launcher.jsonl)
+    "training_loop",  # kdt.TrainingLoop: how a custom loop's steps ran strategy.run
 )
 
 # Field name -> Arrow type, per record type. Unknown fields (written by a newer
@@ -136,6 +137,15 @@ SCALING_FIELDS: dict[str, pa.DataType] = {
     "plan_target_lr": pa.float64(),
     "plan_warmup_steps": pa.int64(),
     "plan_explanation": pa.string(),
+}
+# kdt.TrainingLoop's training_loop record, besides time, status, step, steps and
+# replicas. Not in FIELDS yet: no Report frame shows them (the reader infers their
+# types); analysis.loop_advice reads them from records_by_type(...)["training_loop"].
+TRAINING_LOOP_FIELDS: dict[str, pa.DataType] = {
+    "step_function": pa.string(),  # tf.function, eager, run_functions_eagerly, unknown
+    "eager_steps": pa.int64(),  # steps whose strategy.run ran outside any tf.function
+    "first_eager_step": pa.int64(),
+    "traced_run_calls": pa.int64(),  # strategy.run calls while a tf.function was traced
 }
 FIELDS = {
     **COMMON_FIELDS,
