@@ -94,6 +94,7 @@ def dataset_batch_products(
     >>> from keras_dp_tools.checks.literal_batch import dataset_batch_products
     >>> [p.text for p in dataset_batch_products("ds = ds.batch(32 * 4)", 128)]
     ['32 * 4']
+
     ```
     """
     found = []
@@ -117,6 +118,7 @@ def fit_batch_product(source: str, line: int, size: int) -> LiteralProduct | Non
     >>> from keras_dp_tools.checks.literal_batch import fit_batch_product
     >>> fit_batch_product("model.fit(x, y, batch_size=16 * 2)", 1, 32).factors
     (16, 2)
+
     ```
     """
     for call in _calls(source):
