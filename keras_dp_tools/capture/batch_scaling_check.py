@@ -93,7 +93,9 @@ class BatchScalingCheck(DataParallelCallback):
             batching = [f for f in batching if f.code not in REPLICA_SPLIT_CODES]
         self.findings = parallelism + batching
         warn_findings(self.findings)
-        if self.log_dir is not None:
+        # Checking only parallelism (kdt.callbacks' default), a data-parallel fit leaves
+        # nothing to record: no recorder is opened.
+        if self.log_dir is not None and (self.check_batch or self.findings):
             self._record()
 
     def _batching_findings(self) -> list[Finding]:
