@@ -101,6 +101,20 @@ def test_a_model_built_outside_the_scope_is_an_error_without_batch_advice(
     )
 
 
+def test_without_data_parallelism_a_literal_product_gets_no_batch_fix(keras, tf):
+    """.batch(32 * 2) outside any scope: the one finding is the missing scope; the
+    product is not read as a replica count of a run that has none."""
+    model, seen = _seen_batch_model(keras)
+    x, y = _data()
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(32 * 2, drop_remainder=True)
+    check = kdt.BatchScalingCheck(dataset)
+
+    _fit(model, dataset, check)
+
+    assert _trained_per_replica(seen) == 64
+    assert [f.code for f in check.findings] == ["no-data-parallelism"]
+
+
 def test_a_strategy_over_one_of_several_devices_is_named_as_the_cause(keras, tf, strategy1):
     model, seen = _seen_batch_model(keras, strategy1)
     x, y = _data()
