@@ -71,9 +71,9 @@ bench: $(STAMP)
 OUT ?= gpu-check
 GPU_CHECK_ARGS ?=
 gpu-check:
-	@if $(PYTHON) -m keras_dp_tools.tools.gpu_check.machine; then \
+	@if $(PYTHON) -m dev.gpu_check.machine; then \
 		test -x $(BIN)/python || $(PYTHON) -m venv --system-site-packages $(VENV); \
-		$(BIN)/python -m keras_dp_tools.tools.gpu_check --out $(OUT) $(GPU_CHECK_ARGS); \
+		$(BIN)/python -m dev.gpu_check --out $(OUT) $(GPU_CHECK_ARGS); \
 	fi
 
 format: $(STAMP)

@@ -387,7 +387,7 @@ _JOB_WINDOW_CHILD = """
 import json, os, resource, sys, time
 sys.path.insert(0, sys.argv[1])
 from pathlib import Path
-from keras_dp_tools.analysis.job_steps import merge_worker_steps
+import pandas as pd
 from keras_dp_tools.analysis.runner import analyze_windows
 from keras_dp_tools.records.facts import RunFacts
 
@@ -398,15 +398,19 @@ before = os.times()
 start = time.perf_counter()
 done = analyze_windows([(trace, facts) for trace in traces], jobs, xprof=False,
                        progress=lambda n, total, w: print(f"{n}/{total}", file=sys.stderr))
-job = merge_worker_steps({int(w.trace.parent.name[7:]): w.breakdown.steps
-                          for w in done if w.breakdown is not None})
+# Side by side: per step, the worker with the most work of its own (compute and input).
+rows = pd.concat({int(w.trace.parent.name[7:]): w.breakdown.steps
+                  for w in done if w.breakdown is not None}, names=["worker", None])
+rows = rows.reset_index(level="worker").reset_index(drop=True)
+own_ms = rows["compute_ms"] + rows["input_ms"]
+slowest_rows = own_ms.groupby(rows["step"]).idxmax()
 seconds = time.perf_counter() - start
 after = os.times()
 cpu = sum(after[:4]) - sum(before[:4])  # this process and its children (the analyses)
-slowest = job.steps["slowest_worker"].value_counts()
+slowest = rows.loc[slowest_rows, "worker"].value_counts()
 print(json.dumps({
     "seconds": seconds, "cpu_s": cpu, "failed": sum(w.error is not None for w in done),
-    "steps": len(job.steps), "worker_rows": len(job.workers),
+    "steps": len(slowest_rows), "worker_rows": len(rows),
     "slowest_worker": int(slowest.index[0]), "slowest_steps": int(slowest.iloc[0]),
     "parent_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
     "child_rss_mb": resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024,
@@ -417,8 +421,9 @@ print(json.dumps({
 def bench_job_window(folder: Path, workers: int, events: int, jobs: int = 2) -> dict:
     """One profiler window of a ``workers`` x 8-GPU job: every worker's synthetic trace
     (built first, in parallel, untimed), then analysed in ``jobs`` processes
-    (``analysis.runner.analyze_windows``) and merged (``job_steps.merge_worker_steps``)
-    in a fresh process: wall time, CPU time of it and its children, peak RSS."""
+    (``analysis.runner.analyze_windows``) and the workers' rows put side by side (the
+    slowest worker of each step) in a fresh process: wall time, CPU time of it and its
+    children, peak RSS."""
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
 
@@ -461,7 +466,8 @@ def job_window_markdown(c: dict) -> list[str]:
         f"kernels 1.3x), ~{c['events']:,} device events each, {c['trace_mb']:.1f} MB "
         f"each, {c['total_gb']:.2f} GB in all; built first, untimed. Timed in a fresh "
         f"process: `analyze_windows(..., jobs={c['jobs']}, xprof=False)` (each trace in "
-        "one of the child processes, with its worker's facts) and `merge_worker_steps`.",
+        "one of the child processes, with its worker's facts) and the workers' rows side "
+        "by side (the slowest worker of each step: the most compute and input).",
         "",
         "| workers | wall time | CPU time (all processes) | CPU / wall | peak RSS: "
         "an analysis process / the parent | failed | job steps | slowest worker |",
@@ -746,7 +752,7 @@ def bench_training(keras, strategy, folder: Path, models: dict, steps: int, roun
     and thread CPU) over the bare step of the same round, and the profiler's cost in
     parts (see ``profiler_parts``), amortised over ``RUN_STEPS``."""
     import keras_dp_tools as kdt
-    from keras_dp_tools.capture.hook_timing import HookTimer
+    from benchmarks.hook_timing import HookTimer
 
     class EmptyBatchEnd(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):

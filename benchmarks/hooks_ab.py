@@ -16,12 +16,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 # One fit of a small model on 4 logical CPUs; the hooks' time per step, after warm-up.
+# HookTimer comes from this checkout's benchmarks/ (argv[1], after the tree's package on the
+# path), so both trees are timed by the same instrument.
 CHILD = r"""
-import json, statistics, tempfile
+import json, statistics, sys, tempfile
 import keras_dp_tools as kdt
 kdt.configure_devices(4)
 import keras, numpy as np, tensorflow as tf
-from keras_dp_tools.capture.hook_timing import HookTimer
+sys.path.append(sys.argv[1])
+from benchmarks.hook_timing import HookTimer
 strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(4)])
 with strategy.scope():
     model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(64), keras.layers.Dense(1)])
@@ -50,7 +53,11 @@ def export_tree(revision: str, folder: Path) -> Path:
 def measure(tree: Path, scratch: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(tree), "TF_CPP_MIN_LOG_LEVEL": "3"}
     done = subprocess.run(
-        [sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, cwd=scratch
+        [sys.executable, "-c", CHILD, str(ROOT)],
+        env=env,
+        capture_output=True,
+        text=True,
+        cwd=scratch,
     )
     if done.returncode != 0:
         raise RuntimeError(f"the fit under {tree} failed: {done.stderr[-2000:]}")

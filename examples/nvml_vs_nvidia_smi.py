@@ -18,15 +18,16 @@ import sys
 import time
 from pathlib import Path
 
+# The checkout's own package, and the GPU check's tolerances (dev/gpu_check/, a developer
+# tool the package does not ship) next to it.
 CHECKOUT = Path(__file__).resolve().parent.parent
-if (CHECKOUT / "keras_dp_tools").is_dir():  # run from a checkout: use its own package
-    sys.path.insert(0, str(CHECKOUT))
+sys.path.insert(0, str(CHECKOUT))
 
-from keras_dp_tools.capture.monitor.nvml_reader import NvmlReader, NvmlUnavailable  # noqa: E402
-from keras_dp_tools.tools.doctor import bus_key, nvidia_smi_readings  # noqa: E402
-from keras_dp_tools.tools.gpu_check.tolerances import (  # noqa: E402
+from dev.gpu_check.tolerances import (  # noqa: E402
     NVML_VS_SMI as TOLERANCES,  # the same tolerances make gpu-check holds them to
 )
+from keras_dp_tools.capture.monitor.nvml_reader import NvmlReader, NvmlUnavailable  # noqa: E402
+from keras_dp_tools.tools.doctor import bus_key, nvidia_smi_readings  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -212,18 +212,16 @@ def test_analyze_cli_shows_xprof_beside_ours_for_gpu_traces(builder, tmp_path):
     assert float(values["exposed_allreduce_ms"]) == 2.25
 
 
-def test_the_older_fact_keywords_name_the_same_facts(builder):
-    # group_size is the collective's ranks (the bus bandwidth's n), replicas this trace's
+def test_the_fact_keywords_are_the_run_facts_names(builder):
+    # replicas_in_sync is the collective's ranks (the bus bandwidth's n), not this trace's
     # replicas: read the other way round, the two-replica trace would split into four.
+    # The 0.x names (group_size, replicas) are refused like any other unknown name.
     bytes_ = 2**20
     two = analyze_xspace(cpu_trace(builder).space, allreduce_bytes=bytes_).steps
-    old = analyze_xspace(cpu_trace(builder).space, allreduce_bytes=bytes_, group_size=4).steps
-    new = analyze_xspace(cpu_trace(builder).space, allreduce_bytes=bytes_, replicas_in_sync=4).steps
+    four = analyze_xspace(cpu_trace(builder).space, allreduce_bytes=bytes_, replicas_in_sync=4)
     assert two["busbw_gbps"].notna().all()
     # nccl-tests: busbw = algbw * 2(n-1)/n, so n=4 over n=2 is 1.5.
-    assert (old["busbw_gbps"] / two["busbw_gbps"]).tolist() == pytest.approx([1.5])
-    assert old["busbw_gbps"].tolist() == new["busbw_gbps"].tolist()
-    with pytest.raises(TypeError, match="no run fact is called 'replica_count'"):
-        analyze_xspace(cpu_trace(builder).space, replica_count=2)
-    with pytest.raises(TypeError, match="group_size and replicas_in_sync name the same fact"):
-        analyze_xspace(cpu_trace(builder).space, group_size=4, replicas_in_sync=2)
+    assert (four.steps["busbw_gbps"] / two["busbw_gbps"]).tolist() == pytest.approx([1.5])
+    for name in ("replica_count", "group_size", "replicas"):
+        with pytest.raises(TypeError, match=f"no run fact is called '{name}'.*replicas_in_sync"):
+            analyze_xspace(cpu_trace(builder).space, **{name: 2})

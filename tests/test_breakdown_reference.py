@@ -239,7 +239,7 @@ def test_collectives_clipped_to_one_start_pair_up_by_real_start():
     second (9.5-11.0, clipped to 10-11) is the peer of 13-14: it waits 10-11. The union
     is 1.0 ms (trace order would pair 9.5-11 first and give 0.5 + 2.0 -> 2.0 ms)."""
     replicas, steps, events = TIE
-    breakdown = analyze_xspace(build(replicas, steps, events), replicas=replicas)
+    breakdown = analyze_xspace(build(replicas, steps, events), local_replicas=replicas)
     waits = breakdown.replicas.set_index(["step", "replica"])["sync_wait_ms"]
     assert waits[(2, 0)] == pytest.approx(1.0)
     assert waits[(2, 1)] == 0
@@ -268,7 +268,7 @@ def test_tiny_batches_and_index_blocks_lose_no_span(trace):
 
 def _check_against_reference(replicas, steps, events):
     space = build(replicas, steps, events)
-    breakdown = analyze_xspace(space, replicas=replicas, allreduce_bytes=4_000_000)
+    breakdown = analyze_xspace(space, local_replicas=replicas, allreduce_bytes=4_000_000)
     expected = reference_rows(steps, events, replicas, 4_000_000)
     got = breakdown.replicas.set_index(["step", "replica"])
     assert sorted(got.index) == sorted(expected)

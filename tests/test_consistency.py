@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.analysis.consistency import breakdown_problems
 from tests.helpers import recorded_runs
+from tests.helpers.consistency import breakdown_problems
 
 
 def report_problems(report) -> list[str]:

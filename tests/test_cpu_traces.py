@@ -6,14 +6,14 @@ hand in the comments; every result also passes the shared consistency validator.
 import pytest
 
 from keras_dp_tools.analysis import analyze_xspace
-from keras_dp_tools.analysis.consistency import breakdown_problems
+from tests.helpers.consistency import breakdown_problems
 
 CALL = "StatefulPartitionedCall"
 
 
 def analyze(space, **kwargs):
     breakdown = analyze_xspace(space.space, **kwargs)
-    assert breakdown_problems(breakdown.replicas, ranks=kwargs.get("group_size")) == []
+    assert breakdown_problems(breakdown.replicas, ranks=kwargs.get("replicas_in_sync")) == []
     assert breakdown_problems(breakdown.steps) == []
     return breakdown
 
@@ -191,7 +191,7 @@ def test_ambiguous_attribution_is_said_not_guessed_silently(builder):
         collective(host, f"c/{copy}", f"{CALL}/adam/CollectiveReduceV2_{copy}", start, 5.0, 9)
     collective(host, "c/9", f"{CALL}/adam/CollectiveReduceV2_7", 1.0, 2.0, 10)
     collective(host, "c/9", f"{CALL}/adam/CollectiveReduceV2_8", 1.0, 2.0, 10)
-    breakdown = analyze_xspace(space.space, replicas=2)
+    breakdown = analyze_xspace(space.space, local_replicas=2)
     assert "a collective had 3 copies for 2 replicas" in breakdown.attribution
 
 
@@ -204,7 +204,7 @@ def test_reduction_to_one_device_counts_as_communication_of_every_replica(builde
     host.event("tf_Compute/2", "replica_1/sequential/dense/MatMul:_MklMatMul", 0.0, 1.0)
     host.event("tf_Compute/1", "AddN_2:AddN", 2.0, 3.0)
     host.event("tf_Compute/1", "Adam/sub_3:Sub", 3.0, 4.0)
-    rows = analyze(space, replicas=2, allreduce_bytes=1000).replicas.set_index("replica")
+    rows = analyze(space, local_replicas=2, allreduce_bytes=1000).replicas.set_index("replica")
     assert rows["allreduce_ms"].tolist() == pytest.approx([1.0, 1.0])
     assert rows["sync_wait_ms"].tolist() == [0, 0]
     assert rows["allreduce_bytes"].tolist() == [1000, 1000]

@@ -8,7 +8,7 @@ grouping on the same file is the second opinion."""
 import pytest
 
 from keras_dp_tools.analysis import analyze_trace, analyze_xspace
-from keras_dp_tools.analysis.consistency import breakdown_problems
+from tests.helpers.consistency import breakdown_problems
 from tests.helpers.xplane_builder import Uint
 
 
@@ -233,7 +233,7 @@ def test_run_facts_nobody_gave_are_named_not_guessed(gpu_trace):
     assert "devices" in breakdown.unknown
     assert breakdown.replicas["bandwidth_note"].notna().all()
     given = analyze_xspace(
-        trace.space, allreduce_bytes=1000, group_size=2, devices=["/gpu:0", "/gpu:1"]
+        trace.space, allreduce_bytes=1000, replicas_in_sync=2, devices=["/gpu:0", "/gpu:1"]
     )
     assert given.unknown is None
     assert given.replicas["device"].tolist() == ["/gpu:0", "/gpu:1"]

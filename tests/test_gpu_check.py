@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from dev.gpu_check.machine import HIDE_GPUS_ENV
+from dev.gpu_check.report import render, step_status, write_report
+from dev.gpu_check.results import read_result, verdict
+from dev.gpu_check.runner import run_all
+from dev.gpu_check.steps import STEPS, Step
 from keras_dp_tools.tools import doctor
-from keras_dp_tools.tools.gpu_check.machine import HIDE_GPUS_ENV
-from keras_dp_tools.tools.gpu_check.report import render, step_status, write_report
-from keras_dp_tools.tools.gpu_check.results import read_result, verdict
-from keras_dp_tools.tools.gpu_check.runner import run_all
-from keras_dp_tools.tools.gpu_check.steps import STEPS, Step
 from tests.helpers import REPO
 from tests.helpers.processes import run_module
 
@@ -26,7 +26,7 @@ MACHINE = {"host": "test", "GPUs": "NVIDIA H200 (recorded)"}
 
 def _check(*args: str, timeout: float = 300) -> subprocess.CompletedProcess:
     env = {HIDE_GPUS_ENV: "1", "PYTHONPATH": str(REPO)}
-    return run_module("keras_dp_tools.tools.gpu_check", *args, env=env, timeout=timeout)
+    return run_module("dev.gpu_check", *args, env=env, timeout=timeout)
 
 
 def test_without_a_gpu_it_says_so_in_one_line_and_exits_0(tmp_path):
@@ -231,7 +231,7 @@ def test_training_comparison_fails_a_step_whose_kernels_moved():
     pd = pytest.importorskip("pandas")
     from types import SimpleNamespace
 
-    from keras_dp_tools.tools.gpu_check.train_check import compare
+    from dev.gpu_check.train_check import compare
 
     # Hand-made: XProf puts 10 ms of device compute in every step; ours moved 2 ms of
     # step 12's kernels into step 13 (same total, so the medians alone would not see it).
@@ -259,7 +259,7 @@ def test_training_comparison_fails_a_step_whose_kernels_moved():
 def test_nvml_comparison_pairs_readings_per_gpu():
     from types import SimpleNamespace
 
-    from keras_dp_tools.tools.gpu_check.nvml_vs_smi import compare
+    from dev.gpu_check.nvml_vs_smi import compare
 
     rows = [
         {"gpu": 0, "nvml_power_w": 100.0, "smi_power_w": 60.0, "nvml_util_gpu": 50.0},
@@ -281,7 +281,7 @@ def test_nvml_comparison_pairs_readings_per_gpu():
 
 
 def test_install_never_touches_an_environment_other_than_the_checkouts_venv(tmp_path, monkeypatch):
-    from keras_dp_tools.tools.gpu_check import install
+    from dev.gpu_check import install
 
     # A checkout whose .venv this interpreter is, then one whose .venv it is not.
     monkeypatch.setattr(install.sys, "prefix", str(tmp_path / "checkout" / ".venv"))

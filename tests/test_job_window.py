@@ -1,14 +1,11 @@
 """One window of a multi-worker job: every worker's trace analysed in parallel
-(``runner.analyze_windows``) and the workers' step rows merged into the job's view of
-each step (``job_steps.merge_worker_steps``)."""
+(``runner.analyze_windows``), each worker's step rows its own."""
 
 import io
 
-import numpy as np
 import pandas as pd
 import pytest
 
-from keras_dp_tools.analysis.job_steps import merge_worker_steps
 from keras_dp_tools.analysis.runner import analyze_windows
 from keras_dp_tools.records.facts import RunFacts
 
@@ -89,58 +86,6 @@ def test_a_process_that_dies_fails_only_its_trace(worker_traces, monkeypatch):
     assert all(len(w.breakdown.steps) == 2 for w in done[1:])
 
 
-def worker_rows(steps, step_ms, compute_ms, input_ms, sync_wait_ms):
-    return pd.DataFrame(
-        {
-            "step": steps,
-            "step_ms": step_ms,
-            "compute_ms": compute_ms,
-            "input_ms": input_ms,
-            "sync_wait_ms": sync_wait_ms,
-            "transfer_ms": [1.0] * len(steps),
-        }
-    )
-
-
-def test_worker_rows_merge_into_the_jobs_steps():
-    """Made-up rows of three workers. Step 10: worker 2 computes most (70 + 5 input =
-    75 ms own work), the job's step is the longest (102 ms); the others were behind it
-    by 75 - 62 = 13 and 75 - 40 = 35 ms. Step 11: worker 1 alone has no row, worker 0
-    is unmeasured (NaN): worker 2 is the slowest of the one measured. Step 12: a tie
-    (50 ms each): the lowest index."""
-    job = merge_worker_steps(
-        {
-            0: worker_rows(
-                [10, 11, 12],
-                [100.0, np.nan, 90.0],
-                [60.0, np.nan, 50.0],
-                [2.0, np.nan, 0.0],
-                [20.0, np.nan, 5.0],
-            ),
-            1: worker_rows([10, 12], [101.0, 90.0], [40.0, 50.0], [0.0, 0.0], [30.0, 5.0]),
-            2: worker_rows(
-                [10, 11, 12],
-                [102.0, 80.0, 88.0],
-                [70.0, 30.0, 45.0],
-                [5.0, 1.0, 0.0],
-                [0.0, 0.0, 9.0],
-            ),
-        }
-    )
-    steps = job.steps.set_index("step")
-    assert steps["workers"].to_dict() == {10: 3, 11: 2, 12: 3}
-    assert steps["step_ms"].to_dict() == {10: 102.0, 11: 80.0, 12: 90.0}
-    assert steps["slowest_worker"].to_dict() == {10: 2, 11: 2, 12: 0}
-    assert steps["own_ms"].to_dict() == {10: 75.0, 11: 31.0, 12: 50.0}
-    assert steps["spread_ms"].to_dict() == {10: 35.0, 11: 0.0, 12: 5.0}
-    assert steps.loc[10, ["compute_ms", "sync_wait_ms", "input_ms"]].tolist() == [70.0, 0.0, 5.0]
-    assert steps["max_sync_wait_ms"].to_dict() == {10: 30.0, 11: 0.0, 12: 9.0}
-    workers = job.workers.set_index(["step", "worker"])
-    assert workers.loc[10, "behind_ms"].tolist() == [13.0, 35.0, 0.0]
-    assert workers["slowest"].sum() == 3
-    assert np.isnan(workers.loc[(11, 0), "behind_ms"]) and not workers.loc[(11, 0), "slowest"]
-
-
 def test_the_summary_counts_a_step_once_however_many_workers_profiled_it(tmp_path):
     """Worker 0 profiled steps 10-12 (compute 8 ms of 10), workers 1-3 step 10 alone
     (compute 2 ms). Per step, the mean of its rows: step 10 (8 + 3 x 2) / 4 = 3.5,
@@ -157,9 +102,10 @@ def test_the_summary_counts_a_step_once_however_many_workers_profiled_it(tmp_pat
     assert summary["compute_ms"].tolist() == pytest.approx([8.0])
 
 
-def test_the_docs_example_merges_a_jobs_window(tmp_path):
+def test_the_docs_example_puts_the_workers_rows_side_by_side(tmp_path):
     """docs/breakdown.md's example, on three workers' two_gpu_run traces, worker 1's with
-    a kernel more on GPU 0 in step 2 (0.8 ms: 0.4 ms more compute on average)."""
+    a kernel more on GPU 0 in step 2 (0.8 ms: 0.4 ms more compute on average over its
+    two GPUs); steps 1 and 2 otherwise alike on every worker."""
     from tests.helpers.doc_blocks import python_block, run_example
     from tests.helpers.gpu_traces import GpuTrace, two_gpu_run
 
@@ -172,9 +118,13 @@ def test_the_docs_example_merges_a_jobs_window(tmp_path):
         path.parent.mkdir(parents=True)
         path.write_bytes(trace.space.SerializeToString())
     code = python_block("docs/breakdown.md", "### Every worker's trace of a window")
-    rows = [line.split() for line in run_example(code, tmp_path).strip().splitlines()[1:]]
-    # step, step_ms, slowest_worker, spread_ms: step 1 alike (worker 0 first of a tie).
-    assert rows == [["1", "11.0", "0", "0.0"], ["2", "10.0", "1", "0.4"]]
+    lines = [line.split() for line in run_example(code, tmp_path).strip().splitlines()]
+    assert lines[0] == ["worker", "0", "1", "2"]
+    compute = {int(row[0]): [float(value) for value in row[1:]] for row in lines[2:]}
+    assert sorted(compute) == [1, 2]
+    step_1, step_2 = compute[1], compute[2]
+    assert step_1[0] == step_1[1] == step_1[2]
+    assert step_2[0] == step_2[2] and step_2[1] - step_2[0] == pytest.approx(0.4)
 
 
 def test_keras_dp_analyze_with_jobs_skips_a_torn_trace_and_prints_the_others(

@@ -293,6 +293,25 @@ INTENT_37 = {
     + "BATCH_SIZE = 64\nds = raw.batch(BATCH_SIZE)\n"
     + DIST
     + "def step(x):\n    return tf.reduce_sum(loss(x)) / BATCH_SIZE\n",
+    "a comment naming the cores it spans": MIRRORED
+    + "BATCH = 128  # for all 8 TPU cores\nds = raw.batch(BATCH)\n"
+    + DIST,
+    "a comment writing it as a product over cores": MIRRORED
+    + "# 16 x 8 cores\nBATCH = 128\nds = raw.batch(BATCH)\n"
+    + DIST,
+    "a name that says effective": MIRRORED
+    + "EFFECTIVE_BATCH_SIZE = 512\nds = raw.batch(EFFECTIVE_BATCH_SIZE)\n"
+    + DIST,
+    "a command-line size the code checks divides over the GPUs": MIRRORED
+    + "flags.DEFINE_integer('batch_size', 64, 'training batch size')\n"
+    + "if FLAGS.batch_size % len(gpus):\n    raise ValueError('not divisible')\n"
+    + "ds = raw.batch(FLAGS.batch_size)\n"
+    + DIST,
+    "an attribute divided by the replica count": MIRRORED
+    + "class Config:\n    batch_size = 256\ncfg = Config()\n"
+    + "ds = raw.batch(cfg.batch_size)\n"
+    + "per_replica = cfg.batch_size // strategy.num_replicas_in_sync\n"
+    + DIST,
     "an assert that it divides": MIRRORED
     + "batch_size = 256\nassert batch_size % 8 == 0\n"
     + "ds = raw.batch(batch_size)\n"
@@ -302,6 +321,17 @@ INTENT_37_REPORTED = {
     "a per-core size whose comment mentions the global batch": MIRRORED
     + "# This is the per-core batch size. The global batch size is 8x this.\n"
     + "BATCH = 128\nds = raw.batch(BATCH)  # REPORT\n"
+    + DIST,
+    "a comment that says it is for each of the cores": MIRRORED
+    + "BATCH = 128  # for each of the 8 TPU cores\nds = raw.batch(BATCH)  # REPORT\n"
+    + DIST,
+    "a comment with a core count that states no product": MIRRORED
+    + "BATCH = 128  # max 8 cores on this machine\nds = raw.batch(BATCH)  # REPORT\n"
+    + DIST,
+    "another object's batch size divided, not this one": MIRRORED
+    + "class Config:\n    batch_size = 256\ncfg = Config()\n"
+    + "ds = raw.batch(cfg.batch_size)  # REPORT\n"
+    + "eval_share = eval_cfg.batch_size // strategy.num_replicas_in_sync\n"
     + DIST,
     "a name that says per worker": MIRRORED
     + "PER_WORKER_BATCH = 64\nds = raw.batch(PER_WORKER_BATCH)  # REPORT\n"
@@ -327,6 +357,16 @@ NOT_SYNCHRONOUS = {
     + "def train(dist, ds):\n    with dist.scope():\n        model = build()\n"
     + "    model.fit(ds.batch(64))\n"
     + "train(tf.distribute.experimental.ParameterServerStrategy(resolver), raw)\n",
+    "ParameterServerStrategy given to a parameter named strategy": TF
+    + "def train(ds, strategy=None):\n    with strategy.scope():\n        model = build()\n"
+    + "    model.fit(ds.batch(64))\n"
+    + "ps = tf.distribute.experimental.ParameterServerStrategy(resolver)\n"
+    + "train(raw, strategy=ps)\ntrain(raw)\n",
+    "ParameterServerStrategy given to a constructor, kept on self": TF
+    + "class Trainer:\n    def __init__(self, strategy):\n        self.strategy = strategy\n"
+    + "    def train(self):\n        with self.strategy.scope():\n"
+    + "            self.model = build()\n        self.model.fit(raw.batch(64))\n"
+    + "Trainer(tf.distribute.experimental.ParameterServerStrategy(resolver)).train()\n",
     "a DTensor layout map held on self": TF
     + "from tensorflow.experimental import dtensor\n"
     + "class Trainer:\n    def __init__(self, mesh):\n"
@@ -347,6 +387,14 @@ SYNCHRONOUS_REPORTED = {
     + "    strategy = tf.distribute.get_strategy()\n"
     + "with strategy.scope():\n    model = build()\n"
     + "model.fit(raw.batch(128))  # REPORT\n",
+    "a parameter named strategy that one caller gives a synchronous one": TF
+    + "def train(ds, strategy=None):\n    with strategy.scope():\n        model = build()\n"
+    + "    model.fit(ds.batch(64))  # REPORT\n"
+    + "train(raw, tf.distribute.experimental.ParameterServerStrategy(resolver))\n"
+    + "train(raw, tf.distribute.MirroredStrategy())\n",
+    "a parameter named strategy of a function no call here reaches": TF
+    + "def train(ds, strategy):\n    with strategy.scope():\n        model = build()\n"
+    + "    model.fit(ds.batch(64))  # REPORT\n",
     "a strategy from a function of this file that returns one": TF
     + "def get_strategy():\n    try:\n"
     + "        return tf.distribute.TPUStrategy(resolver)\n    except ValueError:\n"
@@ -361,9 +409,26 @@ WINDOWS = {
     + "ds = raw.window(20, shift=1).flat_map(lambda w: w.batch(20))\n"
     + "ds = ds.map(split).batch(64 * strategy.num_replicas_in_sync)\n"
     + DIST,
+    "sequences of one plus a length": MIRRORED
+    + "seq_len = 100\nchunks = chars.batch(1 + seq_len, drop_remainder=True)\n"
+    + "dist = strategy.experimental_distribute_dataset(chunks.map(split))\n",
     "a window function given to flat_map": MIRRORED
     + "def windows(w):\n    return w.batch(21)\n"
     + "ds = raw.window(21).flat_map(windows).batch(16 * strategy.num_replicas_in_sync)\n"
+    + DIST,
+}
+WINDOWS_REPORTED_37 = {
+    "sequences of a constant length through names, then the training batch": TF
+    + "strategy = tf.distribute.TPUStrategy(resolver)\n"
+    + "SEQ_LEN = 100\nsequences = chars.batch(SEQ_LEN, drop_remainder=True)\n"
+    + "pairs = sequences.map(split_input_target)\n"
+    + "ds = pairs.shuffle(10000)\nds = ds.batch(64, drop_remainder=True)  # REPORT\n"
+    + DIST,
+    "batched, unbatched and batched again": MIRRORED
+    + "ds = raw.batch(256).map(decode).unbatch()\nds = ds.batch(32)  # REPORT\n"
+    + DIST,
+    "batched then mapped, with no second batch: the training batch": MIRRORED
+    + "ds = raw.batch(64)  # REPORT\nds = ds.map(augment).prefetch(2)\n"
     + DIST,
 }
 WINDOWS_REPORTED = {
@@ -377,6 +442,131 @@ WINDOWS_REPORTED = {
     + DIST,
 }
 
+# 11. A strategy name rebound to the one-replica default on a straight line is the default
+# from then on; in another branch (a TPU probe's except or else) it is a fallback.
+PROBE = "    resolver = tf.distribute.cluster_resolver.TPUClusterResolver()\n"
+REBOUND = {
+    "get_strategy() on the next line": TF
+    + "strategy = tf.distribute.MirroredStrategy()\n"
+    + "strategy = tf.distribute.get_strategy()\n"
+    + "with strategy.scope():\n    model = build()\n"
+    + "model.fit(raw.batch(32))\nmodel.predict(x, batch_size=5)\n",
+    "rebound after the probe, in the same block": TF
+    + "def main():\n    try:\n"
+    + "    "
+    + PROBE
+    + "        dist = tf.distribute.TPUStrategy(resolver)\n"
+    + "    except ValueError:\n        dist = None\n"
+    + "    dist = tf.distribute.get_strategy()\n"
+    + "    ds = raw.batch(64)\n"
+    + "    dist.experimental_distribute_dataset(ds)\n",
+    "a module strategy rebound to ParameterServerStrategy, read by a function": TF
+    + "strategy = tf.distribute.MirroredStrategy()\n"
+    + "strategy = tf.distribute.experimental.ParameterServerStrategy(resolver)\n"
+    + "def train(ds):\n    return strategy.experimental_distribute_dataset(ds.batch(64))\n",
+    "an attribute rebound to the default on the next line": TF
+    + "class Trainer:\n    def __init__(self):\n"
+    + "        self.strategy = tf.distribute.MirroredStrategy()\n"
+    + "        self.strategy = tf.distribute.get_strategy()\n"
+    + "    def train(self):\n        with self.strategy.scope():\n"
+    + "            self.model = build()\n        self.model.fit(raw.batch(64))\n",
+    "a module strategy rebound before a function reads it": TF
+    + "strategy = tf.distribute.MirroredStrategy()\n"
+    + "strategy = tf.distribute.get_strategy()\n"
+    + "def train(ds):\n    with strategy.scope():\n        model = build()\n"
+    + "    model.fit(ds.batch(64))\n",
+}
+REBOUND_REPORTED = {
+    "the default strategy in the except branch of a TPU probe": TF
+    + "try:\n"
+    + PROBE
+    + "    strategy = tf.distribute.TPUStrategy(resolver)\n"
+    + "except ValueError:\n    strategy = tf.distribute.get_strategy()\n"
+    + "with strategy.scope():\n    model = build()\n"
+    + "model.fit(raw.batch(32))  # REPORT\n",
+    "the default strategy in the else branch of an if": TF
+    + "if tpu:\n    strategy = tf.distribute.TPUStrategy(tpu)\n"
+    + "else:\n    strategy = tf.distribute.get_strategy()\n"
+    + "ds = raw.batch(128)  # REPORT\n"
+    + "dist = strategy.experimental_distribute_dataset(ds)\n",
+    "TPU or the default in one expression": TF
+    + "strategy = tf.distribute.TPUStrategy(tpu) if tpu else tf.distribute.get_strategy()\n"
+    + "ds = raw.batch(128)  # REPORT\n"
+    + "dist = strategy.experimental_distribute_dataset(ds)\n",
+    "mirrored on several GPUs, one device otherwise": TF
+    + "if len(gpus) > 1:\n    strategy = tf.distribute.MirroredStrategy()\n"
+    + "else:\n    strategy = tf.distribute.OneDeviceStrategy('/gpu:0')\n"
+    + "ds = raw.batch(64)  # REPORT\n"
+    + DIST,
+    "a rebinding that may not run": MIRRORED
+    + "if args.cpu:\n    strategy = tf.distribute.get_strategy()\n"
+    + "ds = raw.batch(64)  # REPORT\n"
+    + DIST,
+    "an attribute given the default only in the except branch": TF
+    + "class Trainer:\n    def __init__(self):\n        self.model = None\n"
+    + "        try:\n            self.strategy = tf.distribute.TPUStrategy(resolver)\n"
+    + "        except ValueError:\n            self.strategy = tf.distribute.get_strategy()\n"
+    + "    def train(self):\n        with self.strategy.scope():\n"
+    + "            self.model = build()\n"
+    + "        self.model.fit(raw.batch(64))  # REPORT\n",
+    "get_strategy() under the strategy's scope is that strategy": MIRRORED
+    + "with strategy.scope():\n    strategy = tf.distribute.get_strategy()\n"
+    + "ds = raw.batch(64)  # REPORT\n"
+    + DIST,
+    "a module strategy rebound only after the function reading it": TF
+    + "strategy = tf.distribute.MirroredStrategy()\n"
+    + "def train(ds):\n    with strategy.scope():\n        model = build()\n"
+    + "    model.fit(ds.batch(64))  # REPORT\n"
+    + "    return strategy.experimental_distribute_dataset(ds.batch(32))  # REPORT\n"
+    + "train(raw)\nstrategy = tf.distribute.OneDeviceStrategy('/gpu:0')\ntrain(raw)\n",
+    "a strategy parameter's default filled in": TF
+    + "def main(strategy=None):\n"
+    + "    strategy = strategy or tf.distribute.MirroredStrategy()\n"
+    + "    ds = raw.batch(64)  # REPORT\n"
+    + "    return strategy.experimental_distribute_dataset(ds)\n"
+    + "main()\n",
+    "rebound to the default, then to a strategy again": TF
+    + "strategy = tf.distribute.MirroredStrategy()\n"
+    + "strategy = tf.distribute.get_strategy()\n"
+    + "strategy = tf.distribute.MirroredStrategy()\n"
+    + "ds = raw.batch(64)  # REPORT\n"
+    + DIST,
+}
+
+# 12. A launcher that runs the training function under a strategy it makes itself:
+# spark-tensorflow-distributor's MirroredStrategyRunner (a MultiWorkerMirroredStrategy).
+SPARK = "from spark_tensorflow_distributor import MirroredStrategyRunner\n"
+TRAIN_FN = (
+    "def train():\n    import tensorflow as tf\n"
+    "    def make():\n        return raw.shuffle(100).batch({size}){mark}\n"
+    "    model = build()\n    model.compile('adam')\n"
+    "    model.fit(make(), epochs=2)\n"
+)
+CONSTANT_TRAIN = SPARK + TRAIN_FN.format(size="64", mark="")
+RUNNER_REPORTED = {
+    name: SPARK + TRAIN_FN.format(size="64", mark="  # REPORT") + launch
+    for name, launch in {
+        "MirroredStrategyRunner(...).run(train)": (
+            "MirroredStrategyRunner(num_slots=8).run(train)\n"
+        ),
+        "a runner held by a name, the function by keyword": (
+            "runner = MirroredStrategyRunner(num_slots=4, local_mode=True)\n"
+            "runner.run(train_fn=train)\n"
+        ),
+    }.items()
+}
+RUNNER = {
+    "scaled by the replica count of the runner's strategy": SPARK
+    + TRAIN_FN.format(size="64 * tf.distribute.get_strategy().num_replicas_in_sync", mark="")
+    + "MirroredStrategyRunner(num_slots=8).run(train)\n",
+    "the function makes its own strategy": CONSTANT_TRAIN
+    + "MirroredStrategyRunner(num_slots=8, use_custom_strategy=True).run(train)\n",
+    "one slot: one replica": CONSTANT_TRAIN
+    + "MirroredStrategyRunner(num_slots=1, local_mode=True).run(train)\n",
+    "the function is called, not given to the runner": CONSTANT_TRAIN
+    + "runner = MirroredStrategyRunner(num_slots=8)\ntrain()\n",
+}
+
 
 MUST_REPORT = {
     **{f"scope: {k}": v for k, v in SCOPE.items() if "# REPORT" in v},
@@ -388,7 +578,9 @@ MUST_REPORT = {
     **{f"proven flow: {k}": v for k, v in PROVEN_REPORTED.items()},
     **{f"intent read both ways: {k}": v for k, v in INTENT_37_REPORTED.items()},
     **{f"synchronous: {k}": v for k, v in SYNCHRONOUS_REPORTED.items()},
-    **{f"windows: {k}": v for k, v in WINDOWS_REPORTED.items()},
+    **{f"windows: {k}": v for k, v in {**WINDOWS_REPORTED, **WINDOWS_REPORTED_37}.items()},
+    **{f"rebound strategy: {k}": v for k, v in REBOUND_REPORTED.items()},
+    **{f"strategy runner: {k}": v for k, v in RUNNER_REPORTED.items()},
 }
 MUST_NOT_REPORT = {
     **{f"scope: {k}": v for k, v in SCOPE.items() if "# REPORT" not in v},
@@ -401,6 +593,8 @@ MUST_NOT_REPORT = {
     **{f"intent read both ways: {k}": v for k, v in INTENT_37.items()},
     **{f"not synchronous: {k}": v for k, v in NOT_SYNCHRONOUS.items()},
     **{f"windows: {k}": v for k, v in WINDOWS.items()},
+    **{f"rebound strategy: {k}": v for k, v in REBOUND.items()},
+    **{f"strategy runner: {k}": v for k, v in RUNNER.items()},
 }
 
 
@@ -500,7 +694,7 @@ def test_data_reaches_the_strategy_by_its_own_name_not_a_namesake_in_another_fun
     assert reported(source) == marked(source)
 
 
-# 11. Notebooks: magics and shell lines anywhere in a cell are blanked, blocks kept.
+# 13. Notebooks: magics and shell lines anywhere in a cell are blanked, blocks kept.
 def notebook_findings(tmp_path, *cells) -> list[tuple]:
     import nbformat
 
@@ -534,6 +728,17 @@ def test_magics_alone_are_no_finding_and_no_syntax_error(tmp_path):
     )
 
 
+def test_a_timed_statement_is_checked_as_the_program(tmp_path):
+    assert notebook_findings(
+        tmp_path,
+        BUILT,
+        "ds = raw.batch(64)\n%time history = model.fit(ds, epochs=2)\n",
+        "for _ in range(2):\n    %timeit -n 1 -r 1 model.fit(raw.batch(32))\n",
+        "ds = raw.batch(16)\nhistory = %time model.fit(ds)\n",
+        "%time model.fit(raw.batch(16 * strategy.num_replicas_in_sync))\n%time\n",
+    ) == [(2, 1, "KDP001"), (3, 2, "KDP001"), (4, 1, "KDP001")]
+
+
 def test_a_broken_cell_is_left_out_and_a_written_python_file_is_checked_alone(tmp_path):
     assert notebook_findings(
         tmp_path,
@@ -552,7 +757,7 @@ def test_a_python_file_exported_from_a_notebook_keeps_its_magics_out(tmp_path):
     assert [(f["line"], f["code"]) for f in findings] == [(7, "KDP001")]
 
 
-# 12. Each message gives the value, the line defining it and the line reaching the strategy.
+# 14. Each message gives the value, the line defining it and the line reaching the strategy.
 def test_the_message_names_value_definition_and_where_the_strategy_is_reached():
     source = BUILT + "BATCH_SIZE = 30 + 2\nds = raw.batch(BATCH_SIZE)\nmodel.fit(ds)\n"
     (violation,) = check_source(source)
@@ -563,6 +768,19 @@ def test_the_message_names_value_definition_and_where_the_strategy_is_reached():
     assert [(r.line, r.note) for r in violation.related] == [
         (5, "the value is defined here"),
         (7, "the data reaches the strategy here"),
+    ]
+
+
+def test_a_launcher_finding_names_the_call_that_enters_the_strategy():
+    source = RUNNER_REPORTED["MirroredStrategyRunner(...).run(train)"]
+    launch = len(source.splitlines())  # the launcher is the last line
+    (violation,) = check_source(source)
+    assert violation.line == 5
+    assert "model.fit() at line 8" in violation.message
+    assert f"MirroredStrategyRunner(num_slots=8).run() at line {launch}" in violation.message
+    assert [(r.line, r.note) for r in violation.related] == [
+        (8, "the data reaches the strategy here"),
+        (launch, "the launcher enters the strategy's scope here"),
     ]
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import keras_dp_tools as kdt
-from keras_dp_tools.capture.hook_timing import HookTimer
+from benchmarks.hook_timing import HookTimer
 from keras_dp_tools.capture.recorder import Recorder, flush_seconds
 from keras_dp_tools.records.contract import FLUSH_SECONDS_ENV
 from keras_dp_tools.records.writer import worker_records_path

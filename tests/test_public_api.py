@@ -56,3 +56,27 @@ def test_users_reach_analysis_plots_findings_and_one_severity_scale():
     assert isinstance(advice.severity, kdt.Severity) and advice.severity is kdt.Severity.ERROR
     assert isinstance(finding.severity, kdt.Severity)
     assert all(isinstance(level, kdt.Severity) for level in SEVERITIES.values())
+
+
+def test_the_package_imports_no_developer_code():
+    """dev/ (the GPU check), benchmarks/ (HookTimer) and tests/ (the consistency oracle)
+    sit beside the package: a wheel has none of them, so no module of the package may
+    import them, even inside a function."""
+    import ast
+
+    from tests.helpers.package_source import MODULES
+
+    reached = {}
+    for name, path in MODULES.items():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                tops = [alias.name.split(".")[0] for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                tops = [node.module.split(".")[0]]
+            else:
+                continue
+            for top in tops:
+                if top in ("dev", "benchmarks", "tests"):
+                    reached.setdefault(name, set()).add(top)
+    assert reached == {}
+    assert "keras_dp_tools.tools.doctor" in MODULES  # the walk sees the package

@@ -16,7 +16,6 @@ import pytest
 
 import keras_dp_tools as kdt
 from keras_dp_tools.analysis import find_traces
-from keras_dp_tools.analysis.consistency import breakdown_problems
 from keras_dp_tools.analysis.trace.xspace import (
     host_planes,
     load_xspace,
@@ -24,6 +23,7 @@ from keras_dp_tools.analysis.trace.xspace import (
     step_markers,
 )
 from tests.helpers import REPO
+from tests.helpers.consistency import breakdown_problems
 
 WIDTH = 128
 EXAMPLES = 32 * 24

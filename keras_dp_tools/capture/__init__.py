@@ -1,7 +1,6 @@
 """Layer 5, capture: Keras callbacks that record data-parallel training (Keras 3 and tf_keras).
 
-``kdt.callbacks(log_dir)`` (defined here) is the one-line entry; the package was
-``keras_dp_tools.callbacks`` in 0.1, a name the function shadowed.
+``kdt.callbacks(log_dir)`` (defined here) is the one-line entry.
 
 The callback classes load on first use (``keras_dp_tools.capture.StepTimer``), so
 importing this package stays light.

@@ -49,12 +49,33 @@ HOOKS = tuple(
 
 
 class MeasurementWarning(UserWarning):
-    """A keras_dp_tools callback could not measure and stopped; training went on."""
+    """A keras_dp_tools callback could not measure and stopped; training went on.
+
+    Example:
+
+    ```python
+    import warnings
+    import keras_dp_tools as kdt
+
+    # Fail the run instead of training on without measurements:
+    warnings.simplefilter("error", kdt.MeasurementWarning)
+    ```
+    """
 
 
 class StrategyWarning(UserWarning):
     """The strategy trains in a way the per-step breakdown does not measure; the
-    callbacks record what they still can."""
+    callbacks record what they still can.
+
+    Example:
+
+    ```python
+    import warnings
+    import keras_dp_tools as kdt
+
+    warnings.simplefilter("ignore", kdt.StrategyWarning)  # said once per strategy anyway
+    ```
+    """
 
 
 PARAMETER_SERVER_NOTE = (
@@ -72,10 +93,28 @@ PARAMETER_SERVER_NOTE = (
 _noted_strategies: weakref.WeakSet = weakref.WeakSet()
 
 
-def parameter_server_training(model) -> bool:
-    """Whether ``model`` is fit under a parameter-server strategy (V1 or V2)."""
-    strategy = getattr(model, "distribute_strategy", None)
+def parameter_server_strategy(strategy) -> bool:
+    """Whether ``strategy`` is a parameter-server strategy (V1 or V2).
+
+    Args:
+        strategy: a ``tf.distribute`` strategy, or None.
+
+    Returns:
+        True for ``ParameterServerStrategy`` (either version, or a subclass).
+    """
     return any("ParameterServerStrategy" in cls.__name__ for cls in type(strategy).__mro__)
+
+
+def parameter_server_training(model) -> bool:
+    """Whether ``model`` is fit under a parameter-server strategy (V1 or V2).
+
+    Args:
+        model: the Keras model being fit.
+
+    Returns:
+        ``parameter_server_strategy`` of the model's strategy.
+    """
+    return parameter_server_strategy(getattr(model, "distribute_strategy", None))
 
 
 def _note_parameter_servers(strategy) -> None:
@@ -89,8 +128,16 @@ def _note_parameter_servers(strategy) -> None:
 
 
 def keras_package(model) -> str:
-    """``"keras"`` (Keras 3) or ``"tf_keras"`` (legacy), from the model's classes: a
-    subclass of ``keras.Model`` lives in the user's module, its base in Keras's."""
+    """Which Keras the model is built with, from its classes: a subclass of
+    ``keras.Model`` lives in the user's module, its base in Keras's.
+
+    Args:
+        model: a Keras model (Keras 3 or tf_keras).
+
+    Returns:
+        ``"keras"`` (Keras 3) or ``"tf_keras"`` (legacy); the first class's package when
+        neither is among its bases.
+    """
     packages = [cls.__module__.split(".", 1)[0] for cls in type(model).__mro__]
     return next((name for name in packages if name in ("keras", "tf_keras")), packages[0])
 
@@ -139,6 +186,22 @@ class DataParallelCallback:
     Subclasses override ``on_*`` hooks as with ``keras.callbacks.Callback``. A hook
     that raises is reported once as a ``MeasurementWarning``; the callback then goes
     quiet (``failed`` becomes True) and ``_on_failure`` releases its resources.
+
+    Example:
+
+    ```python
+    import time
+    import keras_dp_tools as kdt
+
+    class EpochClock(kdt.DataParallelCallback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.started = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            print(f"epoch {epoch}: {time.perf_counter() - self.started:.1f} s")
+
+    model.fit(x, y, epochs=2, callbacks=[EpochClock()])  # Keras 3 or tf_keras
+    ```
     """
 
     # tf_keras: hand us numpy logs, so a batch-end hook runs after the step finished.
@@ -229,6 +292,13 @@ def find_in_fit(match, depth: int = 12):
     Keras and tf_keras give callbacks no handle on ``fit``'s data or on the other
     callbacks of the fit; ``fit`` and its ``CallbackList`` hold them as locals a few
     frames up from a hook.
+
+    Args:
+        match: called with each frame's locals; returns what it looks for, or None.
+        depth: the most frames to look at.
+
+    Returns:
+        The first value found, or None.
     """
     frame = sys._getframe(1)
     for _ in range(depth):

@@ -46,8 +46,22 @@ SCALAR_TAGS = WINDOW_SCALARS
 
 
 def profile_dir(log_dir, worker: int) -> Path:
-    """Where a worker's captures go: ``<log_dir>/train`` (TensorBoard's Profile tab lists
-    it as run ``train``), ``<log_dir>/train/worker-<i>`` for further workers."""
+    """Where a worker's captures go.
+
+    Args:
+        log_dir: the run folder given to the callbacks.
+        worker: the worker's index in its job.
+
+    Returns:
+        ``<log_dir>/train`` for worker 0 (TensorBoard's Profile tab lists it as run
+        ``train``), ``<log_dir>/train/worker-<i>`` for the others.
+
+    Example:
+
+    >>> from keras_dp_tools.capture.data_parallel_profiler import profile_dir
+    >>> profile_dir("runs/exp1", 0).as_posix(), profile_dir("runs/exp1", 2).as_posix()
+    ('runs/exp1/train', 'runs/exp1/train/worker-2')
+    """
     base = Path(log_dir) / PROFILE_RUN
     return base if worker == 0 else base / f"worker-{worker}"
 

@@ -15,5 +15,9 @@ _SET_ASIDE: list = []
 def set_aside(*objects) -> None:
     """Keeps ``objects`` (and all they reference) alive while the process runs (until
     the interpreter finalizes, which multiprocessing's children, leaving through
-    ``os._exit``, never do)."""
+    ``os._exit``, never do).
+
+    Args:
+        *objects: what must not be freed (and finalized) in this process.
+    """
     _SET_ASIDE.extend(objects)

@@ -35,7 +35,20 @@ HEARTBEAT_SHARE = 0.25
 
 
 def gpu_ordinals(devices: list[str]) -> list[int]:
-    """TF GPU ordinals among a strategy's devices, in replica order."""
+    """TF GPU ordinals among a strategy's devices, in replica order.
+
+    Args:
+        devices: the strategy's device names (``/gpu:1``, ``.../device:GPU:1``, ...).
+
+    Returns:
+        The GPUs' ordinals; devices that are no GPU are left out.
+
+    Example:
+
+    >>> from keras_dp_tools.capture.gpu_monitor import gpu_ordinals
+    >>> gpu_ordinals(["/job:localhost/replica:0/task:0/device:GPU:1", "/gpu:0", "/cpu:0"])
+    [1, 0]
+    """
     return [ordinal for ordinal in map(gpu_ordinal, devices) if ordinal is not None]
 
 
@@ -55,7 +68,17 @@ def _pci_bus_ids(ordinals: list[int]) -> list[str] | None:
 
 class NoGpuWarning(UserWarning):
     """GpuMonitor found no GPU to read (none visible, no NVML, or a strategy on CPU
-    devices); it records the CPU usage only."""
+    devices); it records the CPU usage only.
+
+    Example:
+
+    ```python
+    import warnings
+    import keras_dp_tools as kdt
+
+    warnings.simplefilter("ignore", kdt.NoGpuWarning)  # a CPU-only run, on purpose
+    ```
+    """
 
 
 class GpuMonitor(DataParallelCallback):

@@ -27,8 +27,8 @@ match wins (``run_id_source`` in the run header):
    it back. No collective op runs, so a worker that never asks (e.g. one without our
    callbacks) cannot shift the instance keys of the training's all-reduces or leave the
    others blocked: they ask the store, not each other. It runs once per process, in a
-   thread bounded by ``AGREEMENT_TIMEOUT_S``; measured 5-34 ms per worker on loopback
-   on a loaded 2-core machine (``run_id_agreement_ms`` in the header).
+   thread bounded by ``AGREEMENT_TIMEOUT_S``; the header's ``run_id_agreement_ms``
+   says what it took.
 5. ``local``: single-worker runs, and a multi-worker run whose agreement failed (one
    ``MeasurementWarning``): a fresh id per run. The header's ``cluster`` fingerprint
    still lets ``kdt.Report`` find such workers of one job and merge them.
@@ -50,7 +50,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar
 
-from keras_dp_tools.capture.base import MeasurementWarning
+from keras_dp_tools.capture.base import MeasurementWarning, parameter_server_strategy
 from keras_dp_tools.common.warn import warn
 from keras_dp_tools.records.contract import RUN_ID_ENV
 
@@ -73,6 +73,12 @@ class JobId:
         source: one of ``RUN_ID_SOURCES``.
         cluster: the cluster's fingerprint (``cluster_fingerprint``), None for one worker.
         agreement_ms: how long the agreement took on this worker (``agreed`` only).
+
+    Example:
+
+    >>> from keras_dp_tools.capture.job_identity import JobId
+    >>> JobId("slurm-4242.0", "slurm").header_fields()["run_id_source"]
+    'slurm'
     """
 
     job_id: str | None
@@ -90,7 +96,11 @@ class JobId:
 
 
 def local_run_id() -> str:
-    """A fresh id: ``<YYYYmmdd-HHMMSS>-<6 hex digits>``."""
+    """A fresh id for a run of its own.
+
+    Returns:
+        ``<YYYYmmdd-HHMMSS>-<6 hex digits>``.
+    """
     return f"{time.strftime('%Y%m%d-%H%M%S')}-{uuid.uuid4().hex[:6]}"
 
 
@@ -113,12 +123,14 @@ def given_job_id(
             where every address is a pod of this Job (``<job name>-<index>``), not of a
             sibling Job (a JobSet's).
 
+    Returns:
+        ``(id, source)``, or None where the environment does not name the job.
+
     Example:
 
-    ```python
-    given_job_id({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}, "node7", workers=2)
-    # ("slurm-4242.0", "slurm")
-    ```
+    >>> from keras_dp_tools.capture.job_identity import given_job_id
+    >>> given_job_id({"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0"}, "node7", workers=2)
+    ('slurm-4242.0', 'slurm')
     """
     given = (environ.get(RUN_ID_ENV) or "").strip()
     if given:
@@ -157,14 +169,42 @@ def _pods_of(job_name: str, cluster: Mapping[str, list[str]] | None) -> bool:
 
 
 def environment_job_id(environ: Mapping[str, str] = os.environ) -> JobId:
-    """A single process's runs: ``KERAS_DP_RUN_ID`` if set, else a fresh id per run."""
+    """Where a single process's runs get their ids.
+
+    Args:
+        environ: the process's environment.
+
+    Returns:
+        ``KERAS_DP_RUN_ID``'s id (source ``env``) if set, else ``local`` (a fresh id
+        per run).
+
+    Example:
+
+    >>> from keras_dp_tools.capture.job_identity import environment_job_id
+    >>> environment_job_id({"KERAS_DP_RUN_ID": "exp7"})
+    JobId(job_id='exp7', source='env', cluster=None, agreement_ms=None)
+    """
     given = given_job_id(environ, hostname="", workers=1)
     return JobId(*given) if given else JobId(None, "local")
 
 
 def cluster_fingerprint(cluster: Mapping[str, list[str]] | None) -> str | None:
-    """A short hash of the cluster's sorted ``job:address`` entries; None for a single
-    worker (no cluster, or one task)."""
+    """A short hash of the cluster's sorted ``job:address`` entries: the same on every
+    worker of one job.
+
+    Args:
+        cluster: ``{job: [address, ...]}`` (``strategy_cluster``), or None.
+
+    Returns:
+        12 hex digits; None for a single worker (no cluster, or one task).
+
+    Example:
+
+    >>> from keras_dp_tools.capture.job_identity import cluster_fingerprint
+    >>> a = cluster_fingerprint({"worker": ["h0:2222", "h1:2222"]})
+    >>> a == cluster_fingerprint({"worker": ["h1:2222", "h0:2222"]}), len(a)
+    (True, 12)
+    """
     if not cluster:
         return None
     addresses = sorted(f"{job}:{address}" for job, tasks in cluster.items() for address in tasks)
@@ -174,7 +214,15 @@ def cluster_fingerprint(cluster: Mapping[str, list[str]] | None) -> str | None:
 
 
 def strategy_cluster(strategy) -> dict[str, list[str]] | None:
-    """The cluster spec of a multi-worker strategy as ``{job: [address, ...]}``."""
+    """The cluster spec of a multi-worker strategy.
+
+    Args:
+        strategy: a ``tf.distribute`` strategy.
+
+    Returns:
+        ``{job: [address, ...]}``; None for a single-process strategy or a resolver
+        that cannot say.
+    """
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not getattr(resolver, "task_type", None):
         return None
@@ -189,11 +237,6 @@ def strategy_cluster(strategy) -> dict[str, list[str]] | None:
         return None
 
 
-def parameter_server_strategy(strategy) -> bool:
-    """Whether ``strategy`` is a parameter-server strategy (V1 or V2)."""
-    return any("ParameterServerStrategy" in cls.__name__ for cls in type(strategy).__mro__)
-
-
 class _Agreement:
     """The outcome of this process's agreement, per cluster: asked once."""
 
@@ -206,7 +249,16 @@ def job_id_for(strategy, workers: int, environ: Mapping[str, str] = os.environ) 
     """Where this process's runs under ``strategy`` get their ids (see the module
     docstring). The environment is read every time (cheap); the agreement runs once
     per process and cluster, and never raises: a failure warns once and gives
-    ``local``."""
+    ``local``.
+
+    Args:
+        strategy: the strategy being fit under.
+        workers: the job's worker count.
+        environ: the process's environment.
+
+    Returns:
+        The ``JobId``.
+    """
     import socket
 
     spec = strategy_cluster(strategy) if workers > 1 else None
@@ -257,7 +309,17 @@ def _agree(cluster: str) -> JobId:
 def agree_through_coordination_service(key: str) -> str:
     """Offers a fresh id under ``key`` in the coordination service's key-value store
     and returns the id stored there: the first worker's offer wins (an insert of a key
-    that exists fails), every worker reads the same value back."""
+    that exists fails), every worker reads the same value back.
+
+    Args:
+        key: the store's key for this job's cluster.
+
+    Returns:
+        The id stored under ``key``.
+
+    Raises:
+        Exception: whatever TensorFlow raises when the service is off or unreachable.
+    """
     from tensorflow.python.eager import context
 
     service = context.context()
@@ -272,6 +334,21 @@ def next_run_id(job: JobId, started: int, previous: str | None = None) -> str:
     """The id of a recorder's next run of ``job``, after it ``started`` runs: the shared
     id first, then ``<id>.2``, ``<id>.3``, ... (the same on every worker, as they run the
     same fits in the same order); a fresh id per run for ``local``. Never ``previous``.
+
+    Args:
+        job: where the process's runs get their ids.
+        started: runs the recorder started before this one.
+        previous: the id of its last run, if any.
+
+    Returns:
+        The new run's id.
+
+    Example:
+
+    >>> from keras_dp_tools.capture.job_identity import JobId, next_run_id
+    >>> job = JobId("exp7", "env")
+    >>> next_run_id(job, 0), next_run_id(job, 1, previous="exp7")
+    ('exp7', 'exp7.2')
     """
     if job.job_id is None:
         run_id = local_run_id()

@@ -34,13 +34,25 @@ os.register_at_fork(after_in_child=_profilers.clear)
 
 
 def register(profiler: LiveProfiler) -> None:
-    """Adds ``profiler`` to the ones ``profiling_disturbs`` asks."""
+    """Adds ``profiler`` to the ones ``profiling_disturbs`` asks (held weakly).
+
+    Args:
+        profiler: a live profiler of this process (``DataParallelProfiler``).
+    """
     _profilers.add(profiler)
 
 
 def profiling_disturbs(log_dir, started: float) -> bool:
     """Whether a profiler of this process on ``log_dir`` disturbs a step that started at
-    ``started`` (the steps it overlaps are the ``profiled`` ones of ``kdt.Report``)."""
+    ``started`` (the steps it overlaps are the ``profiled`` ones of ``kdt.Report``).
+
+    Args:
+        log_dir: the run folder of the step's timer.
+        started: when the step started (``time.time()``).
+
+    Returns:
+        True when a busy profiler on the same folder overlaps the step.
+    """
     # StepTimer asks twice a step: the weak references themselves, not the WeakSet's
     # iterator (Python code), and a profiler with no window and no analysis is idle.
     busy = []

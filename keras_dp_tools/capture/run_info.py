@@ -12,6 +12,7 @@ import weakref
 import numpy as np
 
 from keras_dp_tools.capture.base import DataParallelCallback, find_in_fit, keras_package
+from keras_dp_tools.capture.input_pipeline import describe_adapter
 from keras_dp_tools.checks.batching import walk_batch
 from keras_dp_tools.common.warn import warn
 
@@ -23,6 +24,12 @@ def worker_index(strategy) -> tuple[int, int]:
 
     Single-process strategies are worker 0 of 1. Under a multi-worker strategy the
     chief, if the cluster has one, is worker 0 and the workers follow it.
+
+    Args:
+        strategy: a ``tf.distribute`` strategy.
+
+    Returns:
+        ``(index, workers)``.
     """
     resolver = getattr(strategy, "cluster_resolver", None)
     if resolver is None or not resolver.task_type:
@@ -36,6 +43,14 @@ def worker_index(strategy) -> tuple[int, int]:
 
 
 def strategy_devices(strategy) -> list[str]:
+    """This worker's devices of a strategy, as names.
+
+    Args:
+        strategy: a ``tf.distribute`` strategy.
+
+    Returns:
+        Its worker devices in replica order; [] where the strategy does not say.
+    """
     try:
         return [str(device) for device in strategy.extended.worker_devices]
     except (AttributeError, RuntimeError, ValueError):
@@ -45,8 +60,7 @@ def strategy_devices(strategy) -> list[str]:
 def _integer(value) -> int | None:
     """An int from a Python number or a (mirrored) variable. Inside ``fit`` under a
     strategy, ``np.asarray`` of a MirroredVariable fails ("__array__ method not
-    producing an array"), which once made every tf_keras run report
-    ``steps_per_execution: 1``; ``.numpy()`` reads it."""
+    producing an array"); ``.numpy()`` reads it."""
     if value is None:
         return None
     read = getattr(value, "numpy", None)
@@ -57,6 +71,14 @@ def _integer(value) -> int | None:
 
 
 def steps_per_execution(model) -> int:
+    """Steps each train-function call runs.
+
+    Args:
+        model: the Keras model being fit (Keras 3 or tf_keras).
+
+    Returns:
+        ``steps_per_execution`` as an int; 1 where it cannot be read.
+    """
     value = getattr(model, "steps_per_execution", None)
     if value is None:
         value = getattr(model, "_steps_per_execution", None)  # tf_keras keeps a variable
@@ -64,7 +86,14 @@ def steps_per_execution(model) -> int:
 
 
 def global_step(model) -> int | None:
-    """``optimizer.iterations``: steps the optimizer has applied, or None if unreadable."""
+    """Steps the optimizer has applied (``optimizer.iterations``).
+
+    Args:
+        model: the Keras model being fit.
+
+    Returns:
+        The count, or None where it cannot be read (we then count from 0).
+    """
     try:
         return int(np.asarray(model.optimizer.iterations))
     except Exception as error:  # a model without optimizer state; we count from 0
@@ -83,7 +112,14 @@ def _embeddings(model) -> list:
 
 def embedding_layers(model) -> int:
     """Embedding layers in the model: their gradients are IndexedSlices, which
-    TF 2.21 all-gathers instead of all-reducing (see the advisor)."""
+    TF 2.21 all-gathers instead of all-reducing (see the advisor).
+
+    Args:
+        model: a Keras model.
+
+    Returns:
+        How many layers of the model are embeddings.
+    """
     return len(_embeddings(model))
 
 
@@ -122,7 +158,14 @@ def embedding_tables(model) -> list[dict]:
     each replica looks up per step whatever the batch, for an input without a batch
     dimension such as position ids; else 0), both None if unknown, and
     ``index_bytes`` (bytes per index: 8 for int64 ids, else 4, as both Keras flavours
-    cast other ids to int32)."""
+    cast other ids to int32).
+
+    Args:
+        model: a built Keras model (an unbuilt layer is left out).
+
+    Returns:
+        One dict per embedding layer, as above.
+    """
     tables = []
     for layer in _embeddings(model):
         try:
@@ -161,8 +204,25 @@ def gathered_bytes(
 ) -> int | None:
     """Bytes one step all-gathers for the embeddings' sparse gradients: one row of
     values (``dim`` floats) and one index per lookup, for the whole global batch (and
-    each replica's ``step_lookups``). None when the batch, the replicas (if needed) or a
-    layer's lookups are unknown."""
+    each replica's ``step_lookups``).
+
+    Args:
+        tables: ``embedding_tables`` of the model.
+        global_batch: examples per step over all replicas.
+        replicas: replicas in sync (needed only for ``step_lookups``).
+
+    Returns:
+        The bytes; None when the batch, the replicas (if needed) or a layer's lookups
+        are unknown.
+
+    Example:
+
+    >>> from keras_dp_tools.capture.run_info import gathered_bytes
+    >>> table = {"lookups": 20, "step_lookups": 0, "dim": 64, "value_bytes": 4,
+    ...          "index_bytes": 4}
+    >>> gathered_bytes([table], global_batch=128)  # 128 x 20 rows of (256 + 4) bytes
+    665600
+    """
     if not tables or not global_batch or any(t["lookups"] is None for t in tables):
         return None
     if any(t.get("step_lookups") for t in tables) and not replicas:
@@ -200,6 +260,13 @@ def _adapter(fit_locals):
     if adapter is None:
         adapter = getattr(fit_locals.get("data_handler"), "_adapter", None)  # tf_keras
     return adapter
+
+
+def fit_data_adapter():
+    """The data adapter of the ``fit`` calling us (Keras 3's or tf_keras's); None when
+    not called from inside ``fit`` or the adapter is not where these versions keep it."""
+    fit_locals = find_in_fit(_fit_data, depth=25)
+    return _adapter(fit_locals) if fit_locals is not None else None
 
 
 def _dataset_global_batch(dataset) -> tuple[int | None, str]:
@@ -275,7 +342,11 @@ def fit_global_batch() -> tuple[int | None, str]:
     (``fit_batch_size``); for a ``tf.data.Dataset`` (also distributed) its static
     leading dimension (``dataset_shape``) or the size of its batch op
     (``dataset_batch_op``); for ``distribute_datasets_from_function`` the per-replica
-    batch times the replicas. ``(None, "unknown: <why>")`` otherwise."""
+    batch times the replicas.
+
+    Returns:
+        ``(batch, source)``; ``(None, "unknown: <why>")`` where it cannot be read.
+    """
     global _last_read
     fit_locals = find_in_fit(_fit_data, depth=25)
     if fit_locals is None:
@@ -346,7 +417,12 @@ def fit_last_batch() -> tuple[int | None, int | None, int | None]:
     batches; ``n`` is None when a smaller batch may come and cannot be placed (a
     generator of unknown length, ``batch().shuffle()``, a parallel map or batch with
     ``deterministic=False``, tf_keras's ``fit(shuffle="batch")``,
-    ``distribute_datasets_from_function``, ...)."""
+    ``distribute_datasets_from_function``, ...).
+
+    Returns:
+        ``(batch, n, r)`` as above; ``(None, None, None)`` outside ``fit`` or where
+        the input cannot be read.
+    """
     fit_locals = find_in_fit(_fit_data, depth=25)
     if fit_locals is None:
         return None, None, None
@@ -360,8 +436,11 @@ def fit_last_batch() -> tuple[int | None, int | None, int | None]:
 def fit_epoch_steps() -> int | None:
     """Steps per epoch of the ``fit`` calling us, when known as it begins: Keras 3's
     ``epoch_iterator.num_batches`` (``steps_per_epoch``, else the data's batches),
-    tf_keras's ``data_handler.inferred_steps``; None otherwise (a dataset of unknown
-    length without ``steps_per_epoch``)."""
+    tf_keras's ``data_handler.inferred_steps``.
+
+    Returns:
+        The steps, or None (a dataset of unknown length without ``steps_per_epoch``).
+    """
     fit_locals = find_in_fit(_fit_data, depth=25)
     if fit_locals is None:
         return None
@@ -396,7 +475,14 @@ def _given_in_fit() -> int | None:
 def run_global_batch(given: int | None = None) -> tuple[int | None, str]:
     """(global batch, source) of the fit calling us: fit's own batch when it can be
     read (a ``global_batch`` that disagrees with it is ignored, with a warning), else
-    ``given`` or a StepTimer's ``global_batch`` (source ``argument``)."""
+    ``given`` or a StepTimer's ``global_batch`` (source ``argument``).
+
+    Args:
+        given: the ``global_batch`` the user gave, if any.
+
+    Returns:
+        ``(batch, source)``; the batch is None when neither tells it.
+    """
     batch, source = fit_global_batch()
     given = given or _given_in_fit()
     if batch is None:
@@ -423,7 +509,15 @@ def _warn_mismatch(given: int, batch: int, source: str) -> None:
 
 def describe_run(model, global_batch: int | None) -> dict:
     """Header fields for a run training ``model`` (see docs/records.md); the recorder adds
-    ``run``, ``worker`` and ``time``."""
+    ``run``, ``worker`` and ``time``.
+
+    Args:
+        model: the Keras model being fit, under its strategy.
+        global_batch: the ``global_batch`` the user gave, if any (``run_global_batch``).
+
+    Returns:
+        The fields, by name.
+    """
     import tensorflow as tf
 
     import keras_dp_tools
@@ -450,11 +544,29 @@ def describe_run(model, global_batch: int | None) -> dict:
         "embedding_names": [
             f"{t['name']} ({t['vocabulary']}x{t['dim']})" for t in embedding_tables(model)
         ],
+        **_input_fields(),
     }
 
 
+def _input_fields() -> dict:
+    """What feeds ``fit`` (``capture.input_pipeline``); every field empty when it cannot
+    be read: a header is never lost to it."""
+    try:
+        return describe_adapter(fit_data_adapter())
+    except Exception as error:  # an adapter of another Keras version: say so, train on
+        logger.info("could not read fit's input pipeline (%s)", error)
+        return describe_adapter(None)
+
+
 def gradient_bytes(model) -> int | None:
-    """Bytes of the trainable variables: what each replica all-reduces per step."""
+    """Bytes of the trainable variables: what each replica all-reduces per step.
+
+    Args:
+        model: a built Keras model.
+
+    Returns:
+        The bytes, or None where a variable cannot be sized.
+    """
     try:
         total = 0
         for variable in model.trainable_variables:
@@ -467,7 +579,14 @@ def gradient_bytes(model) -> int | None:
 
 def keras3_multiworker_problem(model) -> str | None:
     """Why this fit is expected to fail, when a Keras 3 model trains under
-    MultiWorkerMirroredStrategy (keras-team/keras#20585), else None."""
+    MultiWorkerMirroredStrategy (keras-team/keras#20585).
+
+    Args:
+        model: the Keras model being fit.
+
+    Returns:
+        The reason, with what to do instead; None for any other fit.
+    """
     import tensorflow as tf
 
     strategy = getattr(model, "distribute_strategy", None)

@@ -1,11 +1,11 @@
 """TensorBoard scalars written in batches, to keep them off the step's critical path.
 
-An eager ``tf.summary.scalar`` costs about 0.3 ms of the training thread per point, a
-few percent of a short step, and a compiled writing loop costs a trace (about 0.25 s)
-in every ``fit``. Points are buffered instead, and written as TensorBoard ``Event``
-protos (the format ``tf.summary`` writes) through TensorFlow's record writer: about
-15 µs a point, no graph, no tracing, in a thread of the writer's own (the training
-thread only appends points to a list).
+An eager ``tf.summary.scalar`` costs the training thread a few percent of a short step
+per point, and a compiled writing loop costs a trace in every ``fit``. Points are
+buffered instead, and written as TensorBoard ``Event`` protos (the format
+``tf.summary`` writes) through TensorFlow's record writer: no graph, no tracing, in a
+thread of the writer's own (the training thread only appends points to a list).
+benchmarks/NOTES.md has the figures.
 
 Tags are grouped by their first path part, which TensorBoard shows as one section
 each: ``dp/`` (the headline step time and throughput), ``dp_window/`` (the breakdown of
@@ -51,7 +51,14 @@ TAG_DESCRIPTIONS = {
 
 
 def tag_description(tag: str) -> str:
-    """The description of ``tag`` (its own, else its group's) with the step axis."""
+    """What TensorBoard shows under a tag's chart.
+
+    Args:
+        tag: a scalar tag (``dp/step_time_ms``).
+
+    Returns:
+        The tag's own description, else its group's, with the step axis.
+    """
     group = tag.split("/", 1)[0] + "/"
     text = TAG_DESCRIPTIONS.get(tag) or TAG_DESCRIPTIONS.get(group, "")
     return f"{text} {STEP_AXIS}".strip()
@@ -132,8 +139,7 @@ class ScalarWriter:
     (None values, which are not written, do not count) and when a point arrives
     ``flush_seconds`` or more after the last hand-over (so TensorBoard follows a live
     run); ``flush`` and ``close`` return once every point added is in the file.
-    Building the event protos costs ~15 µs a point: on the training thread that is
-    ~30 µs a step of a ``StepTimer``, the thread keeps it off. Each point keeps the
+    Building the event protos is kept off the training thread. Each point keeps the
     wall time it was added at.
 
     An error of the writing thread (a full disk, a lost mount) stops the writer, as
@@ -157,6 +163,16 @@ class ScalarWriter:
         flush_points: buffered values (not None) that trigger a write.
         flush_seconds: time since the last write after which a new point is written
             at once.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.capture.scalar_writer import ScalarWriter
+
+    writer = ScalarWriter("runs/exp1/keras_dp/worker-0", flush_points=256, flush_seconds=5.0)
+    writer.add(1, {"dp/step_time_ms": 12.5, "dp/examples_per_s": 5120.0})
+    writer.close()  # every point added is in the event file
+    ```
     """
 
     YIELD_POINTS = 32  # the writing thread lets the training thread run this often

@@ -44,6 +44,12 @@ class StepTimer(DataParallelCallback):
     does not say its batch. A multi-worker job counts a step's examples only where its
     workers' records agree (each reads its own dataset; see docs/records.md).
 
+    It also records where the time between the steps goes: ``fit_begin``, each epoch's
+    ``epoch_begin`` and ``epoch_end``, each validation inside ``fit``'s
+    ``validation_begin`` and ``validation_end``, and ``fit_end``, on the step records'
+    clock (``keras_dp_tools.analysis.fit_time`` splits a fit's wall time with them).
+    These hooks run once per epoch or validation, never per step.
+
     Records go to ``<log_dir>/keras_dp/worker-<i>.jsonl``; TensorBoard scalars
     ``dp/step_ms`` and ``dp/examples_per_s`` to the run ``keras_dp/worker-<i>``, against
     the global step (batches; Keras's ``train`` run counts epochs). Warm-up calls and
@@ -105,6 +111,9 @@ class StepTimer(DataParallelCallback):
 
     def on_train_begin(self, logs=None):
         self._end_fit("exited")  # a previous fit that raised never reached on_train_end
+        # After that fit's end (the records keep time order), before our own set-up
+        # (the fit's wall time includes it).
+        began_at = time.time()
         # fit's own batch when it can be read, else the one we were given.
         self._run_batch = run_global_batch(self.global_batch)[0]
         self._recorder = Recorder.for_fit(self.log_dir, self.model, self._run_batch)
@@ -114,9 +123,25 @@ class StepTimer(DataParallelCallback):
             self._pass_batches = self._last_batch = None
         self._fit_first_step = self._steps.next_step
         _open_fits.add(self)
+        self._write_fit_event("fit_begin", began_at, epoch=None)  # initial_epoch comes next
 
     def on_epoch_begin(self, epoch, logs=None):
         self._epoch = epoch
+        self._write_fit_event("epoch_begin", time.time(), self._epoch)
+
+    def on_test_begin(self, logs=None):
+        # Also called by evaluate() outside fit: then no recorder is held, nothing is written.
+        self._write_fit_event("validation_begin", time.time(), self._epoch)
+
+    def on_test_end(self, logs=None):
+        self._write_fit_event("validation_end", time.time(), self._epoch)
+
+    def _write_fit_event(self, record_type: str, at: float, epoch: int | None) -> None:
+        """Writes one of the records that time a fit's parts (``fit_begin``,
+        ``epoch_begin``, ``epoch_end``, ``validation_begin``, ``validation_end``) while
+        a fit is open: once per epoch or validation, never per step."""
+        if self._recorder is not None:
+            self._recorder.write(record_type, time=at, epoch=epoch, step=self._steps.next_step)
 
     def on_train_batch_begin(self, batch, logs=None):
         self._steps.begin_call(batch)
@@ -171,8 +196,10 @@ class StepTimer(DataParallelCallback):
             self._recorder.scalar_points(points)
 
     def on_epoch_end(self, epoch, logs=None):
+        ended_at = time.time()
         self._write_points()
         self._recorder.flush()
+        self._write_fit_event("epoch_end", ended_at, epoch)
 
     def on_train_end(self, logs=None):
         self._end_fit("finished")

@@ -16,8 +16,14 @@ import os
 
 def usable_cores() -> int:
     """The cores this process may run on (its CPU affinity: ``taskset``, a container's
-    cpuset), which can be fewer than the machine's ``os.cpu_count()``; the machine's
-    count where affinity is not known (not Linux)."""
+    cpuset), which can be fewer than the machine's ``os.cpu_count()``.
+
+    Returns:
+        The number of usable cores; the machine's count where affinity is not known
+        (not Linux).
+
+    Example: see the module's.
+    """
     try:
         return len(os.sched_getaffinity(0))
     except AttributeError:  # not Linux

@@ -30,6 +30,22 @@ class Finding:
         path, line, col: where it is, for findings about source code: 1-based ``line``,
             0-based ``col`` (as ``ast`` and flake8 count them); None elsewhere.
         related: the other places it involves (the lint's ``Related`` entries).
+        explains_ms_per_step: how many ms of each training step the finding's cause
+            costs, for ranking the advisor's findings by what acting on them gains;
+            None where a producer does not measure it.
+
+    Raises:
+        ValueError: ``severity`` names no level of ``Severity``.
+
+    Example:
+
+    >>> from keras_dp_tools.common.findings import Finding
+    >>> finding = Finding("warning", "slow-input", "Input takes 40% of the step.",
+    ...                   fix="Add .prefetch() to the dataset.")
+    >>> print(finding)
+    Input takes 40% of the step. Fix: Add .prefetch() to the dataset.
+    >>> finding.severity > "info", finding.to_dict()["severity"]
+    (True, 'warning')
     """
 
     severity: Severity
@@ -41,6 +57,7 @@ class Finding:
     line: int | None = None
     col: int | None = None
     related: tuple = field(default=(), compare=False)
+    explains_ms_per_step: float | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "severity", Severity(self.severity))
@@ -92,13 +109,30 @@ class Finding:
         }
         if self.line is not None:
             data.update(path=self.path, line=self.line, col=self.col)
+        if self.explains_ms_per_step is not None:
+            data["explains_ms_per_step"] = self.explains_ms_per_step
         return data
 
 
 class Advice(Finding):
-    """An advisor finding (``kdt.Advice``): a ``Finding`` built in the argument order that
-    name always had: severity, title, evidence, fix (and a ``code``). Keyword fields of
-    ``Finding`` are accepted too, so ``dataclasses.replace`` works on it."""
+    """An advisor finding (``kdt.Advice``): a ``Finding`` made from the advisor's words.
+
+    Args:
+        severity: a ``Severity`` or its word.
+        title: what is wrong, in a sentence (the ``message``).
+        evidence: the measured numbers behind it.
+        fix: what to change.
+        code: a stable identifier of the finding.
+        **fields: other fields of ``Finding`` (so ``dataclasses.replace`` works on it).
+
+    Example:
+
+    >>> from keras_dp_tools.common.findings import Advice, Finding
+    >>> advice = Advice("error", "Scaling is poor", "1.2x on 4 replicas.", "Grow the batch.",
+    ...                 code="poor-scaling")
+    >>> isinstance(advice, Finding), advice.message
+    (True, 'Scaling is poor')
+    """
 
     def __init__(self, severity, title="", evidence="", fix="", code="", **fields):
         fields.setdefault("message", title)

@@ -23,6 +23,13 @@ def drops_gradient_allreduce(keras_package: str | None, keras_version: str | Non
     """Whether ``keras_package`` (``"keras"`` or ``"tf_keras"``) at ``keras_version`` is a
     Keras 3 known not to all-reduce gradients under MirroredStrategy.
 
+    Args:
+        keras_package: ``"keras"`` or ``"tf_keras"`` (None: unknown).
+        keras_version: its version string (None: unknown).
+
+    Returns:
+        True for Keras 3 before the fix (3.5); False otherwise or when unknown.
+
     Example:
 
     ```python

@@ -13,6 +13,23 @@ def lazy_exports(package: str, namespace: dict, exports: dict[str, str | tuple[s
     ``exports`` maps a public name to its defining module (the attribute of the same
     name), to ``(module, attribute)`` when the public name differs, or to
     ``(module, None)`` for the module itself (``kdt.plots``).
+
+    Args:
+        package: the package's name, for the error message.
+        namespace: the package's ``globals()``, where loaded names are cached.
+        exports: public name -> where it is defined (as above).
+
+    Returns:
+        ``(__getattr__, __dir__)``, to assign in the package's ``__init__``.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.common.lazy import lazy_exports
+
+    _EXPORTS = {"Report": "keras_dp_tools.report.facade"}
+    __getattr__, __dir__ = lazy_exports(__name__, globals(), _EXPORTS)
+    ```
     """
 
     def __getattr__(name: str):

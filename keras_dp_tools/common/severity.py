@@ -16,7 +16,23 @@ _ALIASES = {"high": "error", "medium": "warning"}
 
 
 class Severity(enum.StrEnum):
-    """``error`` > ``warning`` > ``info``; ``Severity("high")`` is ``ERROR`` (old advisor word)."""
+    """How much a finding matters: ``error`` > ``warning`` > ``info``.
+
+    Members are strings (``"error"``) and compare by weight, not alphabetically.
+
+    Raises:
+        ValueError: a value that names no level (the message lists the levels).
+
+    Example:
+
+    >>> from keras_dp_tools.common.severity import Severity
+    >>> Severity("warning") > Severity.INFO
+    True
+    >>> sorted(["info", "error", "warning"], key=lambda word: -Severity(word).level)
+    ['error', 'warning', 'info']
+    >>> f"[{Severity.ERROR}]"
+    '[error]'
+    """
 
     ERROR = "error"
     WARNING = "warning"

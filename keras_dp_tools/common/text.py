@@ -23,13 +23,39 @@ _KERAS_ARGUMENTS = re.compile(r"\n\s*Arguments received by [^\n]*(?:\n\s*•[^\n
 
 
 def without_escapes(text: str) -> str:
-    """``text`` without terminal colour and cursor escapes."""
+    """``text`` without terminal colour and cursor escapes.
+
+    Args:
+        text: a message, perhaps coloured for a terminal.
+
+    Returns:
+        The text, escapes removed.
+
+    Example:
+
+    >>> from keras_dp_tools.common.text import without_escapes
+    >>> without_escapes("\\x1b[1mbold\\x1b[0m")
+    'bold'
+    """
     return _ANSI.sub("", text)
 
 
 def shortened(text: str, limit: int) -> str:
-    """``text`` on one line (runs of whitespace as one space), cut at the last word
-    that fits ``limit`` characters, with an ellipsis where it was cut."""
+    """``text`` on one line, cut at the last word that fits.
+
+    Args:
+        text: any text; runs of whitespace (newlines too) become one space.
+        limit: the most characters to return, the ellipsis included.
+
+    Returns:
+        The text, with an ellipsis where it was cut.
+
+    Example:
+
+    >>> from keras_dp_tools.common.text import shortened
+    >>> shortened("Out of memory\\n  while allocating a tensor", 20)
+    'Out of memory while…'
+    """
     flat = " ".join(text.split())
     if len(flat) <= limit:
         return flat
@@ -64,6 +90,9 @@ def error_reason(error: BaseException | str, limit: int = 300) -> str:
     Args:
         error: the exception, or a reason already written as ``Type: message``.
         limit: the most characters to keep.
+
+    Returns:
+        The reason in one line.
 
     Example:
 

@@ -34,7 +34,20 @@ def user_frame():
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
     """``warnings.warn`` attributed to the first calling frame outside keras_dp_tools,
     Keras, tf_keras and TensorFlow (the outermost frame if all of them are inside, e.g.
-    on a thread of ours)."""
+    on a thread of ours).
+
+    Args:
+        message: what the warning says.
+        category: its class.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.common.warn import warn
+
+    warn("no GPU data; recording CPU usage only")  # shown at the user's fit(...) line
+    ```
+    """
     frame = sys._getframe(1)
     level = 2  # stacklevel of our caller's frame
     while frame.f_back is not None and _is_internal(frame):
@@ -46,6 +59,19 @@ def warn(message: str, category: type[Warning] = UserWarning) -> None:
 def warn_without_raising(message: str, category: type[Warning] = UserWarning) -> None:
     """``warn``, for a warning of ours raised where an exception would reach the user's
     ``fit`` (outside a guarded hook) or end a measurement: when the user made warnings
-    of ``category`` errors, it is not raised (what it says is recorded elsewhere too)."""
+    of ``category`` errors, it is not raised (what it says is recorded elsewhere too).
+
+    Args:
+        message: what the warning says.
+        category: its class; under ``-W error`` for it, nothing is raised.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.common.warn import warn_without_raising
+
+    warn_without_raising("profiling disabled: another profiler session is running")
+    ```
+    """
     with contextlib.suppress(category):
         warn(message, category)

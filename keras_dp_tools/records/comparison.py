@@ -33,6 +33,14 @@ COMPARISON_FIELDS = (
 
 
 def comparison_path(log_dir: str | os.PathLike) -> Path:
+    """``log_dir/strategy_comparison.json``, where ``compare_strategies`` writes its record.
+
+    Args:
+        log_dir: the comparison's log dir.
+
+    Returns:
+        The path (which may not exist).
+    """
     return Path(log_dir) / COMPARISON_FILE
 
 
@@ -48,8 +56,24 @@ def _json_safe(value):
 
 
 def comparison_record(**fields) -> dict:
-    """The record of a comparison: ``fields`` (``COMPARISON_FIELDS`` but the first two)
-    with ``schema_version`` and ``kind``, NaN as None, ready for JSON."""
+    """The record of a comparison, ready for JSON.
+
+    Args:
+        **fields: the fields of ``COMPARISON_FIELDS`` but the first two.
+
+    Returns:
+        The fields with ``schema_version`` and ``kind``, NaN and infinities as None.
+
+    Raises:
+        ValueError: a field that is not a comparison field (named, with those there are).
+
+    Example:
+
+    >>> from keras_dp_tools.records.comparison import comparison_record
+    >>> record = comparison_record(settings={"steps": 20})
+    >>> record["kind"], record["settings"]
+    ('strategy_comparison', {'steps': 20})
+    """
     unknown = set(fields) - set(COMPARISON_FIELDS[2:])
     if unknown:
         raise ValueError(
@@ -60,8 +84,25 @@ def comparison_record(**fields) -> dict:
 
 
 def write_comparison(log_dir: str | os.PathLike, record: dict) -> Path:
-    """Writes a ``comparison_record`` atomically (a temporary file, then renamed) to
-    ``log_dir/strategy_comparison.json``; returns the path."""
+    """Writes a ``comparison_record`` atomically (a temporary file, then renamed).
+
+    Args:
+        log_dir: the comparison's log dir (created if missing).
+        record: what ``comparison_record`` returned.
+
+    Returns:
+        The path written, ``log_dir/strategy_comparison.json``.
+
+    Example:
+
+    >>> import tempfile
+    >>> from keras_dp_tools.records.comparison import (
+    ...     comparison_record, read_comparison, write_comparison)
+    >>> folder = tempfile.mkdtemp()
+    >>> path = write_comparison(folder, comparison_record(settings={"steps": 20}))
+    >>> read_comparison(folder)["settings"]
+    {'steps': 20}
+    """
     path = comparison_path(log_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
@@ -71,9 +112,14 @@ def write_comparison(log_dir: str | os.PathLike, record: dict) -> Path:
 
 
 def find_comparisons(log_dir: str | os.PathLike) -> list[Path]:
-    """The folders under ``log_dir`` (itself included, searched recursively, as the
-    records are) that hold a ``strategy_comparison.json``, sorted; [] when none do or
-    ``log_dir`` is not a folder."""
+    """The folders that hold a ``strategy_comparison.json``.
+
+    Args:
+        log_dir: where to search (itself included, recursively, as the records are).
+
+    Returns:
+        The folders, sorted; [] when none do or ``log_dir`` is not a folder.
+    """
     root = Path(log_dir)
     if not root.is_dir():
         return []
@@ -81,8 +127,18 @@ def find_comparisons(log_dir: str | os.PathLike) -> list[Path]:
 
 
 def read_comparison(log_dir: str | os.PathLike) -> dict | None:
-    """The comparison recorded in ``log_dir`` (None when there is none). Raises
-    ValueError for a file that is not a comparison record."""
+    """The comparison recorded in ``log_dir``.
+
+    Args:
+        log_dir: the comparison's log dir.
+
+    Returns:
+        The record (a dict), or None when there is none.
+
+    Raises:
+        ValueError: the file is not valid JSON or not a comparison record (the message
+            names the file).
+    """
     path = comparison_path(log_dir)
     if not path.is_file():
         return None

@@ -41,12 +41,28 @@ _GPU_DEVICE = re.compile(r"(?:^|/)(?:device:)?GPU:(\d+)$", re.IGNORECASE)
 
 
 def step_marker_stats() -> dict[str, int]:
-    """Keyword arguments (beyond ``step_num`` and ``_r``) of our step markers."""
+    """Keyword arguments (beyond ``step_num`` and ``_r``) of our step markers.
+
+    Returns:
+        The stat the analysis finds our markers by, and its value.
+    """
     return {OWN_MARKER_STAT: 1}
 
 
 def gpu_ordinal(device: str) -> int | None:
-    """The GPU ordinal of a TensorFlow device name (``/gpu:1``,
-    ``/job:localhost/replica:0/task:0/device:GPU:1``), None for other devices."""
+    """The GPU ordinal of a TensorFlow device name.
+
+    Args:
+        device: a device name (``/gpu:1``, ``/job:localhost/replica:0/task:0/device:GPU:1``).
+
+    Returns:
+        The ordinal, or None for other devices.
+
+    Example:
+
+    >>> from keras_dp_tools.records.contract import gpu_ordinal
+    >>> gpu_ordinal("/job:localhost/replica:0/task:0/device:GPU:1"), gpu_ordinal("/cpu:0")
+    (1, None)
+    """
     match = _GPU_DEVICE.search(device.rstrip("/"))
     return int(match.group(1)) if match else None

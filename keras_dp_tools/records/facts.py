@@ -41,6 +41,15 @@ class RunFacts:
         steps_covered: steps each marked call ran, by its first step (more than one
             under ``steps_per_execution``); steps not listed count the iterations the
             trace's collectives carry (``iter_id``), else 1.
+
+    Example:
+
+    >>> from keras_dp_tools.records.facts import RunFacts
+    >>> facts = RunFacts(local_replicas=4, allreduce_bytes=4_000_000, devices=["/gpu:0"])
+    >>> facts.ranks(replicas_in_trace=4), facts.devices
+    (4, ('/gpu:0',))
+    >>> RunFacts.from_record(facts.to_record()) == facts
+    True
     """
 
     worker: int | None = None

@@ -19,6 +19,12 @@ RECORD_TYPES = (
     "batching_finding",
     "scaling_plan",
     "fit_end",  # StepTimer at the end of a fit (status finished) or at exit inside one
+    # StepTimer: the edges of a fit's parts (time, epoch, step), for analysis.fit_time
+    "fit_begin",
+    "epoch_begin",
+    "epoch_end",
+    "validation_begin",
+    "validation_end",
     "worker_exit",  # keras-dp launch: how each worker process ended (launcher.jsonl)
 )
 
@@ -55,6 +61,14 @@ HEADER_FIELDS: dict[str, pa.DataType] = {
     "run_id_source": pa.string(),
     "cluster": pa.string(),
     "run_id_agreement_ms": pa.float64(),
+    # What feeds fit (capture.input_pipeline): the input's kind, its parts that run
+    # Python, where it prefetches, serial maps, a PyDataset's workers.
+    "input_kind": pa.string(),
+    "input_python": pa.list_(pa.string()),
+    "input_prefetch": pa.string(),
+    "input_serial_maps": pa.int64(),
+    "input_workers": pa.int64(),
+    "input_multiprocessing": pa.bool_(),
 }
 STEP_FIELDS: dict[str, pa.DataType] = {  # one record per executed train function call
     "epoch": pa.int64(),

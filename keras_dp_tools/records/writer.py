@@ -25,12 +25,39 @@ LAUNCHER_RECORDS = "launcher.jsonl"  # keras-dp launch --log-dir: how each worke
 
 
 def records_dir(log_dir: str | os.PathLike) -> Path:
-    """The folder that holds the JSON Lines records of ``log_dir``."""
+    """The folder that holds the JSON Lines records of ``log_dir``.
+
+    Args:
+        log_dir: the run folder given to the callbacks.
+
+    Returns:
+        ``<log_dir>/keras_dp``.
+
+    Example:
+
+    >>> from keras_dp_tools.records.writer import records_dir
+    >>> records_dir("runs/exp1").as_posix()
+    'runs/exp1/keras_dp'
+    """
     return Path(log_dir) / RECORDS_DIRNAME
 
 
 def worker_records_path(log_dir: str | os.PathLike, worker: int) -> Path:
-    """Where worker ``worker`` appends its records under ``log_dir``."""
+    """Where worker ``worker`` appends its records under ``log_dir``.
+
+    Args:
+        log_dir: the run folder given to the callbacks.
+        worker: the worker's index in its job (0 without a multi-worker strategy).
+
+    Returns:
+        ``<log_dir>/keras_dp/worker-<worker>.jsonl``.
+
+    Example:
+
+    >>> from keras_dp_tools.records.writer import worker_records_path
+    >>> worker_records_path("runs/exp1", 3).as_posix()
+    'runs/exp1/keras_dp/worker-3.jsonl'
+    """
     return records_dir(log_dir) / f"worker-{int(worker)}.jsonl"
 
 
@@ -46,7 +73,20 @@ def _json_safe(value):
 
 
 def encode_record(record: Mapping) -> bytes:
-    """One record as the JSON line ``RecordWriter`` appends (NaN and infinities as null)."""
+    """One record as the JSON line ``RecordWriter`` appends.
+
+    Args:
+        record: a flat mapping of JSON-compatible values.
+
+    Returns:
+        The line, newline included, NaN and infinities written as null.
+
+    Example:
+
+    >>> from keras_dp_tools.records.writer import encode_record
+    >>> encode_record({"type": "step", "step_ms": float("nan")})
+    b'{"type":"step","step_ms":null}\\n'
+    """
     try:
         text = _ENCODER.encode(record)
     except ValueError:  # NaN or infinity (the encoder refuses them): null instead
@@ -63,20 +103,30 @@ _PLAIN_VALUES = {float: 0.0, int: 0, type(None): None, bool: "true"}  # no "n" o
 
 
 class RecordTemplate:
-    """Encodes records of one shape (fixed keys, in order) ~2x cheaper than ``json``.
+    """Encodes records of one shape (fixed keys, in order) more cheaply than ``json``.
 
     A step record is written once per training step, in a hook between two steps,
-    where the general JSON encoder costs ~60 µs of CPU (caches cold after the step).
-    The template formats the record with one ``%`` from a format string built once per
-    combination of value types; the constant fields (``type``, ``run``, ``worker``) and
-    the keys are encoded once, by ``json``. ``line`` returns exactly the bytes
-    ``encode_record`` would, or None where it does not apply (a value other than a
-    plain float, int, bool or None, or a float that is NaN or infinite): then the
-    caller encodes the record the general way.
+    where the general JSON encoder is costly (its caches are cold after the step;
+    benchmarks/NOTES.md has the figures). The template formats the record with one
+    ``%`` from a format string built once per combination of value types; the
+    constant fields (``type``, ``run``, ``worker``) and the keys are encoded once, by
+    ``json``. ``line`` returns exactly the bytes ``encode_record`` would, or None where
+    it does not apply (a value other than a plain float, int, bool or None, or a float
+    that is NaN or infinite): then the caller encodes the record the general way.
 
     Args:
         head: the leading fields, the same in every record (e.g. type, run, worker).
         keys: the names of the varying fields, in the order ``line`` gets their values.
+
+    Example:
+
+    >>> from keras_dp_tools.records.writer import RecordTemplate, encode_record
+    >>> template = RecordTemplate({"type": "step", "worker": 0}, ("step", "step_ms"))
+    >>> template.line((7, 12.5)) == encode_record({"type": "step", "worker": 0, "step": 7,
+    ...                                            "step_ms": 12.5})
+    True
+    >>> template.line((7, float("nan"))) is None  # the general way, then
+    True
     """
 
     def __init__(self, head: Mapping, keys: tuple[str, ...]):
@@ -138,6 +188,18 @@ class RecordWriter:
 
     Args:
         path: the ``.jsonl`` file; parent folders are created.
+
+    Example:
+
+    >>> import tempfile
+    >>> from keras_dp_tools.records.reader import read_records
+    >>> from keras_dp_tools.records.writer import RecordWriter, worker_records_path
+    >>> path = worker_records_path(tempfile.mkdtemp(), 0)
+    >>> writer = RecordWriter(path)
+    >>> writer.write({"type": "step", "run": "r", "worker": 0, "time": 1.0, "step": 5})
+    >>> writer.close()
+    >>> read_records(path)["step"].tolist()
+    [5]
     """
 
     def __init__(self, path: str | os.PathLike):

@@ -70,13 +70,27 @@ TEXT_COLUMNS = ("candidate", "label", "status")
 
 
 def heading(column: str) -> str:
-    """A column's header: its label, and its unit in parentheses."""
+    """A column's header: its label, and its unit in parentheses.
+
+    Args:
+        column: a key of ``DISPLAY_FIELDS`` (a column of ``StrategyComparison.table``).
+
+    Returns:
+        The header text.
+
+    Raises:
+        KeyError: ``column`` is no displayed column.
+    """
     shown = DISPLAY_FIELDS[column]
     return f"{shown.label} ({shown.unit})" if shown.unit else shown.label
 
 
 def text_headings() -> list[str]:
-    """The headers of ``display_table``'s text columns (left-aligned in every view)."""
+    """The headers of ``display_table``'s text columns (left-aligned in every view).
+
+    Returns:
+        Their headers, in ``TEXT_COLUMNS`` order.
+    """
     return [heading(column) for column in TEXT_COLUMNS]
 
 
@@ -131,6 +145,15 @@ class RecordedComparison:
         verdict: the verdict sentence; ``note``: why the speed-ups are empty, if they are.
         code: the lines that build the winner's strategy.
         record: the record itself.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.report.comparison import load_comparisons
+
+    for comparison in load_comparisons("runs"):
+        print(comparison.where or ".", comparison.best, comparison.verdict)
+    ```
     """
 
     log_dir: Path
@@ -207,6 +230,12 @@ def load_comparisons(
         errors: a list that collects why a record could not be read (the message names
             the file); that record is left out and the others are returned. None
             (default): such a record raises ValueError naming it.
+
+    Returns:
+        The comparisons, in path order.
+
+    Raises:
+        ValueError: a record could not be read and ``errors`` is None.
 
     Example:
 

@@ -17,8 +17,28 @@ _WRITERS = {
 def write_frames(
     frames: dict[str, pd.DataFrame], directory: str | os.PathLike, file_format: str
 ) -> list[Path]:
-    """Writes each frame as ``<directory>/<name>.<file_format>`` (``csv`` or
-    ``parquet``; parquet needs pyarrow's parquet support) and returns the paths."""
+    """Writes each frame as ``<directory>/<name>.<file_format>``, lists as text.
+
+    Args:
+        frames: file name (without suffix) -> frame.
+        directory: where to write (created if missing).
+        file_format: ``csv`` or ``parquet`` (parquet needs pyarrow's parquet support).
+
+    Returns:
+        The paths written, in the order of ``frames``.
+
+    Raises:
+        RuntimeError: ``parquet`` without pyarrow's parquet support (use ``csv``).
+
+    Example:
+
+    >>> import tempfile
+    >>> import pandas as pd
+    >>> from keras_dp_tools.report.export import write_frames
+    >>> frames = {"steps": pd.DataFrame({"step": [1], "devices": [["/gpu:0", "/gpu:1"]]})}
+    >>> [path.name for path in write_frames(frames, tempfile.mkdtemp(), "csv")]
+    ['steps.csv']
+    """
     if file_format == "parquet":
         try:
             import pyarrow.parquet  # noqa: F401
@@ -38,7 +58,21 @@ def write_frames(
 
 
 def flat(frame: pd.DataFrame) -> pd.DataFrame:
-    """Lists (devices, GPU names) as text: CSV has no lists, and parquet wants one type."""
+    """Lists (devices, GPU names) as text: CSV has no lists, and parquet wants one type.
+
+    Args:
+        frame: any frame.
+
+    Returns:
+        A copy whose list values are comma-separated text.
+
+    Example:
+
+    >>> import pandas as pd
+    >>> from keras_dp_tools.report.export import flat
+    >>> flat(pd.DataFrame({"devices": [["/gpu:0", "/gpu:1"]]}))["devices"].tolist()
+    ['/gpu:0,/gpu:1']
+    """
 
     def text(value):
         return ",".join(map(str, value)) if isinstance(value, (list, tuple, np.ndarray)) else value

@@ -51,8 +51,21 @@ _SMALLEST_PERCENT = 0.05
 
 
 def number_text(value) -> str:
-    """A measured number: thousands separated from 100 up ("12,345"), else 3 digits;
-    "<0.001" for a positive value under 0.001 (">-0.001" for a negative one)."""
+    """A measured number as the views write it.
+
+    Args:
+        value: a number.
+
+    Returns:
+        Thousands separated from 100 up ("12,345"), else 3 digits; "<0.001" for a
+        positive value under 0.001 (">-0.001" for a negative one).
+
+    Example:
+
+    >>> from keras_dp_tools.report.summary_fields import number_text
+    >>> number_text(12345.6), number_text(3.14159), number_text(0.00002)
+    ('12,346', '3.14', '<0.001')
+    """
     if abs(value) >= 100:
         return f"{value:,.0f}"
     if 0 < abs(value) < _SMALLEST_NUMBER:
@@ -61,15 +74,40 @@ def number_text(value) -> str:
 
 
 def percent_text(share) -> str:
-    """A fraction in percent, one decimal: 0.072 -> "7.2"; "<0.1" for a share above 0
-    that would round to "0.0"."""
+    """A fraction in percent, one decimal.
+
+    Args:
+        share: a fraction (0.072 for 7.2%).
+
+    Returns:
+        The percentage as text; "<0.1" for a share above 0 that would round to "0.0".
+
+    Example:
+
+    >>> from keras_dp_tools.report.summary_fields import percent_text
+    >>> percent_text(0.072), percent_text(0.0002)
+    ('7.2', '<0.1')
+    """
     if 0 < 100 * share < _SMALLEST_PERCENT:
         return "<0.1"
     return f"{100 * share:.1f}"
 
 
 def count_text(value) -> str:
-    """A count, thousands separated."""
+    """A count, thousands separated.
+
+    Args:
+        value: a whole number.
+
+    Returns:
+        The count as text.
+
+    Example:
+
+    >>> from keras_dp_tools.report.summary_fields import count_text
+    >>> count_text(100000)
+    '100,000'
+    """
     return f"{int(value):,}"
 
 
@@ -79,8 +117,20 @@ def _time(time) -> str:
 
 @dataclass(frozen=True)
 class SummaryField:
-    """One ``Report.summary()`` column as people read it: ``label``, ``unit`` ("" for
-    counts and names) and ``write``, the value as text (a share as a percentage)."""
+    """One ``Report.summary()`` column as people read it.
+
+    Attributes:
+        label: what the column is, in words.
+        unit: its unit ("" for counts and names).
+        write: the value as text (a share as a percentage).
+
+    Example:
+
+    >>> from keras_dp_tools.report.summary_fields import SUMMARY_FIELDS
+    >>> field = SUMMARY_FIELDS["comm_share"]
+    >>> field.label, field.shown(0.072), field.unit, field.shown(None)
+    ('Communication share', '7.2', '%', 'not measured')
+    """
 
     label: str
     unit: str
@@ -122,8 +172,15 @@ SUMMARY_FIELDS = {
 
 
 def field_of(column: str) -> SummaryField:
-    """The label, unit and writer of a summary column; a column this table does not
-    know yet is shown under its own name (tests/test_schema_coverage.py catches it)."""
+    """The label, unit and writer of a summary column.
+
+    Args:
+        column: a column of ``Report.summary()``.
+
+    Returns:
+        Its ``SummaryField``; a column this table does not know yet is shown under its
+        own name (tests/test_schema_coverage.py catches it).
+    """
     return SUMMARY_FIELDS.get(column, SummaryField(column, "", str))
 
 
@@ -134,6 +191,9 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
 
     Args:
         summary: ``Report.summary()``; an ``advice`` column is left out.
+
+    Returns:
+        The table, one row per field.
 
     Example:
 
@@ -158,13 +218,27 @@ def summary_table(summary: pd.DataFrame) -> pd.DataFrame:
 
 
 def value_columns(table: pd.DataFrame) -> list[str]:
-    """The columns of ``summary_table`` that hold values: one per run."""
+    """The columns of ``summary_table`` that hold values: one per run.
+
+    Args:
+        table: what ``summary_table`` returned.
+
+    Returns:
+        Their names, in order.
+    """
     return [column for column in table.columns if column not in ("field", "label", "unit")]
 
 
 def summary_text(table: pd.DataFrame) -> list[str]:
     """``summary_table`` as aligned text lines: label, the value of each run, unit, and
-    the ``Report.summary()`` column (for code and docs/reading.md); then the note."""
+    the ``Report.summary()`` column (for code and docs/reading.md); then the note.
+
+    Args:
+        table: what ``summary_table`` returned.
+
+    Returns:
+        The lines, without newlines.
+    """
     values = value_columns(table)
     header = ["", *values, "unit", "column"]
     rows = [

@@ -46,6 +46,15 @@ def worker_view(report, run: str | None = None) -> Figure | Omitted:
 
     Returns:
         The figure, or ``Omitted`` on a run without cross-worker waits.
+
+    Example:
+
+    ```python
+    import keras_dp_tools as kdt
+    from keras_dp_tools.report.worker_plots import worker_view
+
+    worker_view(kdt.Report.load("runs/two_workers")).savefig("workers.png")
+    ```
     """
     title = "Who keeps the job waiting"
     run, part = run_part(report, run)
@@ -101,6 +110,15 @@ def worker_wait_map(report, run: str | None = None) -> Figure | Omitted:
 
     Returns:
         The figure, or ``Omitted`` on a run without cross-worker waits.
+
+    Example:
+
+    ```python
+    import keras_dp_tools as kdt
+    from keras_dp_tools.report.worker_plots import worker_wait_map
+
+    worker_wait_map(kdt.Report.load("runs/two_workers")).savefig("waits.png")
+    ```
     """
     title = "Wait for the last worker, per worker and step"
     run, part = run_part(report, run)
@@ -142,7 +160,24 @@ def worker_wait_map(report, run: str | None = None) -> Figure | Omitted:
 def wait_table(steps: pd.DataFrame) -> tuple[pd.DataFrame, np.ndarray]:
     """Each worker's ``worker_wait_ms`` by step (rows: workers; columns: steps, or bins
     of consecutive steps, mean over the bin, at most ``MAP_COLUMNS``; NaN where a bin
-    has none), and the columns' first steps followed by the last step plus one."""
+    has none), and the columns' first steps followed by the last step plus one.
+
+    Args:
+        steps: rows with ``worker``, ``step`` and ``worker_wait_ms`` (no NaN waits).
+
+    Returns:
+        ``(table, edges)`` as above.
+
+    Example:
+
+    >>> import pandas as pd
+    >>> from keras_dp_tools.report.worker_plots import wait_table
+    >>> steps = pd.DataFrame({"worker": [0, 1, 0, 1], "step": [1, 1, 2, 2],
+    ...                       "worker_wait_ms": [0.0, 4.0, 0.0, 6.0]})
+    >>> table, edges = wait_table(steps)
+    >>> table.values.tolist(), edges.tolist()
+    ([[0.0, 0.0], [4.0, 6.0]], [1.0, 2.0, 3.0])
+    """
     step = steps["step"].to_numpy(dtype="int64")
     wait = steps["worker_wait_ms"].to_numpy(dtype="float64")
     first, last = int(step.min()), int(step.max())

@@ -38,6 +38,7 @@ def add_format_option(parser: argparse.ArgumentParser, help: str) -> None:
 
 
 def positive_int(text: str) -> int:
+    """argparse type: ``text`` as an int >= 1, else an ``ArgumentTypeError`` naming it."""
     try:
         value = int(text)
     except ValueError:
@@ -50,6 +51,7 @@ def positive_int(text: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``keras-dp`` parser: one subcommand per ``HANDLERS`` entry."""
     parser = argparse.ArgumentParser(
         prog="keras-dp",
         description="Profile and tune data-parallel Keras training.",
@@ -345,6 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def replica_list(text: str) -> list[int]:
+    """argparse type: ``"1,2,4"`` as sorted distinct replica counts (``--replicas``)."""
     try:
         counts = [positive_int(part.strip()) for part in text.split(",") if part.strip()]
     except argparse.ArgumentTypeError:
@@ -357,6 +360,7 @@ def replica_list(text: str) -> list[int]:
 
 
 def run_demo_command(args: argparse.Namespace) -> int:
+    """``keras-dp demo`` with the parsed ``args``; returns the exit status."""
     # TensorFlow's C++ info lines (CUDA probing on a CPU machine) bury the demo's output.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     from keras_dp_tools.tools import demo
@@ -392,6 +396,7 @@ def merge_runs_option(values: list[str] | None):
 
 
 def run_report_command(args: argparse.Namespace) -> int:
+    """``keras-dp report`` with the parsed ``args``; returns the exit status."""
     from keras_dp_tools.analysis.jobs import MergeRunsError
     from keras_dp_tools.report.comparison import load_comparisons
 
@@ -490,6 +495,7 @@ def _text_stream(args: argparse.Namespace):
 
 
 def run_sweep_command(args: argparse.Namespace) -> int:
+    """``keras-dp sweep`` with the parsed ``args``; returns the exit status."""
     import time
 
     from keras_dp_tools.report import plots
@@ -514,6 +520,7 @@ def run_sweep_command(args: argparse.Namespace) -> int:
 
 
 def run_launch_command(args: argparse.Namespace) -> int:
+    """``keras-dp launch`` with the parsed ``args``; returns the job's exit status."""
     from keras_dp_tools.tools.launch import cluster_addresses, launch
 
     if not args.script_args:
@@ -531,6 +538,7 @@ def run_launch_command(args: argparse.Namespace) -> int:
 
 
 def run_tune_allreduce_command(args: argparse.Namespace) -> int:
+    """``keras-dp tune-allreduce`` with the parsed ``args``; returns the exit status."""
     from keras_dp_tools.tools.tuning.allreduce import tune_allreduce
 
     script = _script_path(args.script)
@@ -572,6 +580,7 @@ def candidate_options(settings: list[str]) -> dict[str, dict]:
 
 
 def run_compare_strategies_command(args: argparse.Namespace) -> int:
+    """``keras-dp compare-strategies`` with the parsed ``args``; returns the exit status."""
     from keras_dp_tools.tools.strategies.compare import (
         ComparisonArgumentError,
         compare_strategies,
@@ -612,6 +621,7 @@ def _script_path(script: Path) -> Path:
 
 
 def run_lint_command(args: argparse.Namespace) -> int:
+    """``keras-dp lint`` with the parsed ``args``; returns the exit status (1: findings)."""
     import csv
 
     from keras_dp_tools.checks.lint import Summary, lint_paths
@@ -641,6 +651,7 @@ def run_lint_command(args: argparse.Namespace) -> int:
 
 
 def run_analyze_command(args: argparse.Namespace) -> int:
+    """``keras-dp analyze`` with the parsed ``args``; returns the exit status."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     import pandas as pd
 
@@ -788,12 +799,14 @@ def _present(value) -> bool:
 
 
 def run_doctor_command(args: argparse.Namespace) -> int:
+    """``keras-dp doctor`` with the parsed ``args``; returns the exit status."""
     from keras_dp_tools.tools.doctor import run_doctor
 
     return run_doctor(profile=not args.no_profile, check=args.check)
 
 
 def run_docs_command(args: argparse.Namespace) -> int:
+    """``keras-dp docs`` with the parsed ``args``; returns the exit status."""
     from keras_dp_tools.tools import shipped
 
     if args.topic is None:
@@ -806,6 +819,7 @@ def run_docs_command(args: argparse.Namespace) -> int:
 
 
 def run_notebook_command(args: argparse.Namespace) -> int:
+    """``keras-dp notebook`` with the parsed ``args``; returns the exit status."""
     from keras_dp_tools.tools.demo import notebook_hint
     from keras_dp_tools.tools.shipped import copy_notebook
 
@@ -831,6 +845,23 @@ HANDLERS = {
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The ``keras-dp`` command (also ``python -m keras_dp_tools``).
+
+    Args:
+        argv: the arguments after the program's name (default: ``sys.argv[1:]``).
+
+    Returns:
+        The exit status: 0 on success, 2 on a usage error, 1 on a failure the message
+        explains (no traceback).
+
+    Example:
+
+    ```python
+    from keras_dp_tools.tools.cli import main
+
+    main(["report", "runs/exp1", "--html", "report.html"])
+    ```
+    """
     argv = sys.argv[1:] if argv is None else list(argv)
     # "keras-dp sweep SCRIPT --replicas 1,2 -- ARGS": ARGS belong to the script, untouched.
     script_args = []

@@ -44,6 +44,14 @@ def synthetic_images(examples: int, seed: int = 0) -> tuple[np.ndarray, np.ndarr
 
 
 def small_cnn(keras):
+    """The demo's model: two convolutions and two dense layers over ``IMAGE_SHAPE``.
+
+    Args:
+        keras: the Keras module to build with (``keras_module()``).
+
+    Returns:
+        The model, not compiled.
+    """
     layers = keras.layers
     return keras.Sequential(
         [
@@ -77,6 +85,28 @@ def run_demo(
 
     Must run before anything else in the process initialises TensorFlow's devices
     (``configure_devices`` splits the CPU). ``steps`` are spread over ``epochs``.
+
+    Args:
+        replicas: logical devices to split the CPU into (None: the GPUs, or 4).
+        steps: training steps in all.
+        epochs: epochs to spread them over.
+        per_replica_batch: examples per replica and step.
+        log_dir: the run folder (default: ``runs/demo-<timestamp>``).
+        verbose: Keras's ``fit`` verbosity.
+
+    Returns:
+        The ``Report`` of the run.
+
+    Raises:
+        ValueError: fewer steps than epochs.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.tools.demo import run_demo
+
+    print(run_demo(steps=60, epochs=2).text())  # what `keras-dp demo` does
+    ```
     """
     if steps < epochs:
         raise ValueError(f"steps ({steps}) must be at least epochs ({epochs}).")
@@ -142,6 +172,13 @@ def notebook_hint(log_dir: os.PathLike | str, notebook: os.PathLike | str) -> st
 
 
 def print_next_steps(report: Report, log_dir: os.PathLike) -> None:
+    """Prints the run's report and the commands to look further (TensorBoard, the
+    HTML report, the notebook).
+
+    Args:
+        report: the demo run's ``Report``.
+        log_dir: its run folder.
+    """
     print()
     print(report.text())
     print(

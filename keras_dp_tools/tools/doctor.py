@@ -308,6 +308,23 @@ def collect(profile: bool = True) -> list[Section]:
 
 
 def format_report(sections: list[Section]) -> str:
+    """The doctor's sections as text: each title, then its rows, names aligned.
+
+    Args:
+        sections: ``collect()``'s ``(title, [(name, value), ...])`` pairs.
+
+    Returns:
+        The text, ending with an empty line.
+
+    Example:
+
+    >>> from keras_dp_tools.tools.doctor import format_report
+    >>> print(format_report([("NVML", [("version", "12.535"), ("GPUs", "0")])]))
+    NVML
+      version  12.535
+      GPUs     0
+    <BLANKLINE>
+    """
     lines = []
     for title, rows in sections:
         lines.append(title)
@@ -342,7 +359,23 @@ def check_failures(sections: list[Section], profile: bool = True) -> list[str]:
 
 
 def run_doctor(profile: bool = True, check: bool = False) -> int:
-    """Prints the report; with ``check``, also the failed checks, and returns 1 if any."""
+    """Prints what the toolkit can see on this machine (``keras-dp doctor``).
+
+    Args:
+        profile: also trace a matmul on the first GPU with the profiler.
+        check: also print the failed checks (``--check``).
+
+    Returns:
+        The exit status: 1 with ``check`` when a check failed, else 0.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.tools.doctor import run_doctor
+
+    run_doctor(profile=False)  # TensorFlow, NVML, nvidia-smi and CUPTI sections
+    ```
+    """
     sections = collect(profile=profile)
     print(format_report(sections), flush=True)
     if not check:

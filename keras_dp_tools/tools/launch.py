@@ -44,7 +44,19 @@ def free_ports(count: int) -> list[int]:
 
 def cluster_addresses(workers: int | None, host_list: str | None) -> list[str]:
     """``host:port`` of every worker: ``workers`` on loopback with free ports, or the
-    hosts given (``host`` or ``host:port``; the port defaults to 2222)."""
+    hosts given (``host`` or ``host:port``; the port defaults to 2222).
+
+    Args:
+        workers: how many local workers (used without ``host_list``).
+        host_list: comma-separated hosts (``--host-list``), or None.
+
+    Returns:
+        The addresses, in worker order.
+
+    Raises:
+        ValueError: neither is given, ``host_list`` names no host, or ``workers``
+            disagrees with it (the message says what to give).
+    """
     if host_list:
         hosts = [host.strip() for host in host_list.split(",") if host.strip()]
         if not hosts:
@@ -61,11 +73,22 @@ def cluster_addresses(workers: int | None, host_list: str | None) -> list[str]:
 
 
 def is_local(address: str) -> bool:
+    """Whether ``host:port`` names this machine (loopback, its host name or FQDN)."""
     host = address.rsplit(":", 1)[0].strip("[]")
     return host in LOCAL_NAMES or host in {socket.gethostname(), socket.getfqdn()}
 
 
 def tf_config(addresses: Sequence[str], index: int) -> str:
+    """The ``TF_CONFIG`` of worker ``index`` of a cluster of ``addresses``.
+
+    Example:
+
+    >>> import json
+    >>> from keras_dp_tools.tools.launch import tf_config
+    >>> config = json.loads(tf_config(["localhost:2222", "localhost:2223"], 1))
+    >>> config["cluster"]["worker"][1], config["task"]
+    ('localhost:2223', {'type': 'worker', 'index': 1})
+    """
     return json.dumps(
         {"cluster": {"worker": list(addresses)}, "task": {"type": "worker", "index": index}}
     )
@@ -73,6 +96,9 @@ def tf_config(addresses: Sequence[str], index: int) -> str:
 
 @dataclass
 class WorkerExit:
+    """How a worker process ended: its index and its ``Popen.returncode`` (negative:
+    killed by that signal)."""
+
     index: int
     returncode: int
 
@@ -100,11 +126,33 @@ def launch(
     grace_s: float = 10.0,
     print_line: Callable[[str], None] = lambda line: print(line, flush=True),
 ) -> int:
-    """Runs ``command`` once per local worker of ``addresses``; returns the job's exit
-    status: 0 when every worker succeeded, else the first failure's status.
+    """Runs ``command`` once per local worker of ``addresses`` (``keras-dp launch``).
 
     With ``log_dir``, workers get ``KERAS_DP_LOG_DIR`` and the launcher records how each
-    one ended in ``<log_dir>/keras_dp/launcher.jsonl`` (``Report.workers.exit``)."""
+    one ended in ``<log_dir>/keras_dp/launcher.jsonl`` (``Report.workers.exit``).
+
+    Args:
+        command: the worker's command line (``["python", "train.py"]``).
+        addresses: every worker's ``host:port``, in ``TF_CONFIG`` order.
+        run_id: the job's run id (default: ``KERAS_DP_RUN_ID``, else a fresh one).
+        log_dir: where the launcher's records go (None: none).
+        grace_s: seconds the others get to stop after a worker fails.
+        print_line: where the launcher's and the workers' lines go.
+
+    Returns:
+        The job's exit status: 0 when every worker succeeded, else the first failure's.
+
+    Raises:
+        ValueError: no command, or no worker on this machine (the message says what to do).
+
+    Example:
+
+    ```python
+    from keras_dp_tools.tools.launch import cluster_addresses, launch
+
+    launch(["python", "train.py"], cluster_addresses(2, None), log_dir="runs/job1")
+    ```
+    """
     if not command:
         raise ValueError("no command to launch: put it after '--', e.g. -- python train.py")
     local = [index for index, address in enumerate(addresses) if is_local(address)]

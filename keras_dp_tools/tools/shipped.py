@@ -21,18 +21,39 @@ NOTEBOOK_NAME = "report.ipynb"
 
 
 def docs_folder() -> Path:
-    """The folder of the docs' pages: the installed copy, else the checkout's ``docs/``."""
+    """The folder of the docs' pages.
+
+    Returns:
+        The installed copy (``keras_dp_tools/_shipped/docs``), else the checkout's
+        ``docs/``.
+    """
     return SHIPPED / "docs" if (SHIPPED / "docs").is_dir() else CHECKOUT / "docs"
 
 
 def notebook_path() -> Path:
-    """The report notebook: the installed copy, else the checkout's."""
+    """The report notebook.
+
+    Returns:
+        The installed copy, else the checkout's ``notebooks/report.ipynb``.
+    """
     shipped = SHIPPED / NOTEBOOK_NAME
     return shipped if shipped.is_file() else CHECKOUT / "notebooks" / NOTEBOOK_NAME
 
 
 def topics() -> dict[str, str]:
-    """Each page's topic (its file name without ``.md``) and its title (first heading)."""
+    """The docs' pages by topic.
+
+    Returns:
+        Topic (the page's file name without ``.md``) -> its title (first heading).
+
+    Example:
+
+    ```python
+    from keras_dp_tools.tools.shipped import topics
+
+    print(topics()["reading"])  # the page's title
+    ```
+    """
     found = {}
     for path in sorted(docs_folder().glob("*.md")):
         title = re.search(r"^# (.+)$", path.read_text(), re.M)
@@ -41,7 +62,13 @@ def topics() -> dict[str, str]:
 
 
 def page(topic: str) -> Path:
-    """The page of ``topic``: ``reading``, ``reading.md`` or ``docs/reading.md``.
+    """The page of a topic.
+
+    Args:
+        topic: ``reading``, ``reading.md`` or ``docs/reading.md``.
+
+    Returns:
+        The page's path (``changelog``: the checkout's CHANGELOG.md in a checkout).
 
     Raises:
         ValueError: no page has that name; the message lists the topics.
@@ -70,6 +97,13 @@ def copy_notebook(destination: str | os.PathLike, force: bool = False) -> Path:
     """Writes a copy of the report notebook to ``destination`` (a file, or a folder to
     hold ``report.ipynb``); returns the path written. A copy of your own: Jupyter saves
     outputs into the file it opens, which in an installed package is not yours.
+
+    Args:
+        destination: a file, or a folder (existing, or ending in ``/``).
+        force: replace an existing file.
+
+    Returns:
+        The path written.
 
     Raises:
         FileExistsError: the file exists and ``force`` is False.

@@ -52,9 +52,35 @@ def run_sweep(
     progress: Callable[[str], None] = print,
     timeout: float | None = None,
 ):
-    """Runs ``script`` once per replica count into ``log_dir/replicas-<N>``; returns the
-    ``Report`` of all runs. Raises RuntimeError (with the run's output tail) when a run
-    fails, after keeping what the earlier runs recorded."""
+    """Runs ``script`` once per replica count into ``log_dir/replicas-<N>``
+    (``keras-dp sweep``).
+
+    Args:
+        script: the training script; ``{replicas}`` and ``{log_dir}`` in ``arguments``
+            are filled in for each run.
+        replicas: the replica counts to run.
+        log_dir: the sweep's folder.
+        arguments: the script's arguments.
+        progress: called with a line per run.
+        timeout: seconds a run may take (None: no limit).
+
+    Returns:
+        The ``Report`` of all runs.
+
+    Raises:
+        ValueError: more replicas than visible GPUs.
+        RuntimeError: a run failed (with the run's output tail), after keeping what the
+            earlier runs recorded.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.tools.sweep import run_sweep
+
+    report = run_sweep("train.py", [1, 2, 4], "runs/sweep", ["--log-dir", "{log_dir}"])
+    print(report.compare())
+    ```
+    """
     from keras_dp_tools.report.facade import Report
 
     log_dir = Path(log_dir)

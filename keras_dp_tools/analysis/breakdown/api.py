@@ -182,10 +182,9 @@ def analyze_trace(
     """``analyze_window`` with the run's facts as keywords.
 
     Args:
-        facts: the ``RunFacts`` by name (``allreduce_bytes``, ``devices``,
-            ``sparse_bytes``, ``gather_bytes``, ``steps_covered``, ...), and two older
-            names: ``replicas``, this trace's replicas (``local_replicas``), and
-            ``group_size``, the ranks of each all-reduce (``replicas_in_sync``).
+        facts: the ``RunFacts`` by name (``allreduce_bytes``, ``local_replicas``,
+            ``replicas_in_sync``, ``devices``, ``sparse_bytes``, ``gather_bytes``,
+            ``steps_covered``, ...).
         Others: see ``analyze_window``.
 
     Raises:
@@ -207,32 +206,21 @@ def analyze_xspace(
     return _break_down(_read_trace(space, run, release), run, link_peak_gbps, release)
 
 
-# The keywords' older names for two facts (``replicas`` meant this trace's replicas).
-_OLD_FACT_NAMES = {"replicas": "local_replicas", "group_size": "replicas_in_sync"}
-
-
 def _keyword_facts(keywords: Mapping) -> RunFacts:
-    """The ``RunFacts`` that the keywords of ``analyze_trace`` and ``analyze_xspace``
-    name, under their own names or the older ones.
+    """The ``RunFacts`` that the keywords of ``analyze_trace`` and ``analyze_xspace`` name.
 
     Raises:
-        TypeError: a keyword that is no fact of ``RunFacts``, or an old and a new name of
-            one fact both given (named in the message).
+        TypeError: a keyword that is no fact of ``RunFacts`` (named in the message, with
+            the facts there are).
     """
-    both = [
-        f"{old} and {new}" for old, new in _OLD_FACT_NAMES.items() if {old, new} <= set(keywords)
-    ]
-    if both:
-        raise TypeError(f"{'; '.join(both)} name the same fact: give one of them")
-    named = {_OLD_FACT_NAMES.get(name, name): value for name, value in keywords.items()}
     known = {fact.name for fact in dataclasses.fields(RunFacts)}
-    unknown = sorted(set(named) - known)
+    unknown = sorted(set(keywords) - known)
     if unknown:
         raise TypeError(
             f"no run fact is called {', '.join(map(repr, unknown))}; the facts are "
-            f"{', '.join(sorted(known | set(_OLD_FACT_NAMES)))} (RunFacts)"
+            f"{', '.join(sorted(known))} (RunFacts)"
         )
-    return RunFacts(**named)
+    return RunFacts(**keywords)
 
 
 @dataclass

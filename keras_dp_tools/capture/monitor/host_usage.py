@@ -25,6 +25,14 @@ class HostCpuMeter:
     ``process_cpu_percent`` is this process's CPU time over wall time (100 = one core
     busy); ``system_cpu_percent`` the whole machine's busy share (Linux only, else None);
     ``cpu_count`` the cores this process may run on (``common.cores.usable_cores``).
+
+    Example:
+
+    >>> from keras_dp_tools.capture.monitor.host_usage import HostCpuMeter
+    >>> meter = HostCpuMeter()
+    >>> usage = meter.read()  # since the meter was made
+    >>> sorted(usage)
+    ['cpu_count', 'process_cpu_percent', 'system_cpu_percent', 'time']
     """
 
     def __init__(self):

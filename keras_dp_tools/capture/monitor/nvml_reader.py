@@ -50,8 +50,25 @@ class GpuDevice:
 
 
 def visible_nvml_indices(count: int, environ=os.environ) -> list[str | int]:
-    """NVML identities of the first ``count`` CUDA-visible GPUs: ``CUDA_VISIBLE_DEVICES``
-    entries (indices or UUIDs) if set, else indices 0..count-1."""
+    """NVML identities of the first ``count`` CUDA-visible GPUs.
+
+    Args:
+        count: how many GPUs the strategy uses.
+        environ: the process's environment.
+
+    Returns:
+        ``CUDA_VISIBLE_DEVICES`` entries (indices as ints, UUIDs as text) if set, else
+        indices 0..count-1.
+
+    Raises:
+        NvmlUnavailable: ``CUDA_VISIBLE_DEVICES`` lists fewer GPUs than ``count``.
+
+    Example:
+
+    >>> from keras_dp_tools.capture.monitor.nvml_reader import visible_nvml_indices
+    >>> visible_nvml_indices(2, {"CUDA_VISIBLE_DEVICES": "3,GPU-5f2c"}), visible_nvml_indices(2, {})
+    ([3, 'GPU-5f2c'], [0, 1])
+    """
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if visible is None:
         return list(range(count))

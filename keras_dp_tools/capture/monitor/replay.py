@@ -24,6 +24,16 @@ class ReplayReader:
     Args:
         readings: the stream, or a path to a JSON Lines file of it.
         names: GPU names to report (default "replayed GPU <i>").
+
+    Example:
+
+    >>> from keras_dp_tools.capture.monitor.replay import ReplayReader
+    >>> reader = ReplayReader([{"offset_s": 0.0, "gpu": 0, "util_gpu": 97.0},
+    ...                        {"offset_s": 3600.0, "gpu": 0, "util_gpu": 12.0}])
+    >>> [device.name for device in reader.open()]
+    ['replayed GPU 0']
+    >>> [reading["util_gpu"] for reading in reader.read()]  # the second is an hour away
+    [97.0]
     """
 
     def __init__(self, readings, names: dict[int, str] | None = None):

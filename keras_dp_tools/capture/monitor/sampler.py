@@ -28,6 +28,20 @@ class Sampler:
         idle_timeout: seconds without a heartbeat after which the thread stops; None
             never stops it that way.
         on_error: called with the exception that stopped the thread.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.capture.monitor.replay import ReplayReader
+    from keras_dp_tools.capture.monitor.sampler import Sampler
+
+    readings = []
+    reader = ReplayReader([{"offset_s": 0.0, "gpu": 0, "util_gpu": 97.0}])
+    reader.open()
+    sampler = Sampler(reader, readings.extend, interval=0.1)
+    sampler.start()  # ... training; call sampler.heartbeat() now and then
+    sampler.stop()
+    ```
     """
 
     def __init__(

@@ -127,10 +127,20 @@ class Checker(Calls):
         found += self._learning_rate_violations()
         return _one_per_line(found)
 
+    def _reached(self, module: Module, entry: Entry, related: list) -> str:
+        """``sink_text`` of ``entry`` (in ``module``); when a launcher runs the function
+        it is in under its strategy, the launching call joins ``related``."""
+        runner = _runner_of(module, entry.sink)
+        if runner is not None:
+            place = place_of(module, runner, f"{ast.unparse(runner.func)}()")
+            related.append(self.related(place, "the launcher enters the strategy's scope here"))
+        return sink_text(entry, lambda line: self.where_line(module, line), runner)
+
     def _local_violation(self, scope: Scope, site: Site, flow: Flow, entry: Entry):
         module = self.module
         shown, defined = self._value(scope, site.size, flow)
-        reaches = sink_text(entry, self.label)
+        launcher = []
+        reaches = self._reached(module, entry, launcher)
         if site.code == "KDP003":
             opening = f"{site.text()}: batch size {shown}, given to {reaches}"
         else:
@@ -139,6 +149,7 @@ class Checker(Calls):
         if entry.sink is not site.call:
             place = place_of(module, entry.sink, entry.text())
             related.append(self.related(place, "the data reaches the strategy here"))
+        related += launcher
         plain = ast.unparse(site.size)
         return Violation(
             site.size.lineno,
@@ -192,13 +203,14 @@ class Checker(Calls):
         related += [self.related(step, "called here") for step in sink.through]
         if sink.reach:
             reach_module, entry = sink.reach[0]
-            strategy = sink_text(entry, lambda line: self.where_line(reach_module, line))
         else:
             reach_module = self.module
             entry = min(entries, key=lambda entry: entry.sink.lineno)
-            strategy = sink_text(entry, self.label)
+        launcher = []
+        strategy = self._reached(reach_module, entry, launcher)
         place = place_of(reach_module, entry.sink, entry.text())
         related.append(self.related(place, "the data reaches the strategy here"))
+        related += launcher
         if binding.arguments:
             first = binding.arguments[0]
             anchor = (first.lineno, first.col_offset)
@@ -253,6 +265,20 @@ class Checker(Calls):
             for rate in scope.learning_rates
             if self.flow(module, scope, rate).kind == CONSTANT
         ]
+
+
+def _runner_of(module: Module, call: ast.Call) -> ast.Call | None:
+    """The launcher call (``MirroredStrategyRunner(...).run(train)``) that runs the
+    function ``call`` is in (or one around it) under its strategy, if any."""
+    collector = module.collector
+    if not collector.runner_calls:
+        return None
+    scope = next((s for s in collector.scopes if any(c is call for c in s.calls)), None)
+    while scope is not None:
+        if scope.name in collector.runner_calls and scope.parent is not None:
+            return collector.runner_calls[scope.name]
+        scope = scope.parent
+    return None
 
 
 def _one_per_line(found: list[Violation]) -> list[Violation]:

@@ -40,12 +40,15 @@ class Collector(StrategyFacts, ast.NodeVisitor):
         sequence_classes: dict[str, ast.FunctionDef] | None = None,
         known: Collector | None = None,
         received: set[tuple[int, str]] = frozenset(),
+        declined: set[tuple[int, str]] = frozenset(),
     ):
         """``known``: a first walk of the same file, whose strategies (module names,
         ``self`` attributes, functions returning one) hold from the start, as they do by
         the time its functions run; ``received``: (line of a function, parameter) pairs
-        that callers give a strategy."""
+        that callers give a strategy; ``declined``: parameters named as a strategy that
+        every caller gives one that splits nothing (``Module``)."""
         self.received = received
+        self.declined = declined
         self.aliases: dict[str, str] = {}
         # local name -> (level, module, imported name or None): for following imports.
         self.imports: dict[str, tuple[int, str, str | None]] = {}
@@ -55,6 +58,9 @@ class Collector(StrategyFacts, ast.NodeVisitor):
         self.all_functions: dict[str, list[Scope]] = defaultdict(list)  # any depth
         self.classes: set[str] = set()
         self.class_strategy_attrs: dict[str, set[str]] = defaultdict(set)
+        # (class, attribute) -> [(scope, line, branches)]: its bindings to a strategy not
+        # surely replaced since (``self.strategy = get_strategy()`` on a later line).
+        self._attribute_strategies: dict[tuple, list] = defaultdict(list)
         # (class, attribute) -> [(scope, value)]: ``self.x = v`` and class-body ``x = v``.
         self.class_values: dict[tuple[str, str], list[tuple[Scope, ast.expr]]] = defaultdict(list)
         self.strategy_functions: set[str] = set()  # functions returning a strategy
@@ -63,6 +69,8 @@ class Collector(StrategyFacts, ast.NodeVisitor):
         # bound under ``with <strategy>.scope():`` (or compiled there) -> first line.
         self.models: dict[tuple, set[int]] = defaultdict(set)
         self.scoped_functions: set[str] = set()  # functions called under a strategy scope
+        # functions a launcher runs under a strategy it makes -> the launching call
+        self.runner_calls: dict[str, ast.Call] = {}
         self.window_functions: set[str] = set()  # functions given to flat_map/interleave
         self.window_calls: set[int] = set()  # batch calls inside such lambdas
         # Command-line options: argparse dest or absl flag name -> its default (or None).
@@ -73,6 +81,9 @@ class Collector(StrategyFacts, ast.NodeVisitor):
         self._targets: list[frozenset] = [frozenset()]
         self._strategy_blocks = 0
         self._windows = 0
+        # The branches the statement being visited is in, outermost first: (id of an
+        # if/try/loop/match, which part). A ``with`` body is no branch.
+        self._blocks: list[tuple[int, str]] = []
         if known is not None:
             self.module.strategy_names = dict.fromkeys(known.module.strategy_names, 0)
             for owner, attributes in known.class_strategy_attrs.items():
@@ -131,11 +142,11 @@ class Collector(StrategyFacts, ast.NodeVisitor):
         scope.parameters = [argument.arg for argument in arguments]
         for argument in arguments:
             annotation = ast.unparse(argument.annotation) if argument.annotation else ""
-            if (
-                strategy_word(argument.arg)
-                or annotation.endswith("Strategy")
-                or (node.lineno, argument.arg) in self.received
-            ):
+            named = strategy_word(argument.arg) or annotation.endswith("Strategy")
+            if (named and (node.lineno, argument.arg) not in self.declined) or (
+                node.lineno,
+                argument.arg,
+            ) in self.received:
                 scope.strategy_names[argument.arg] = node.lineno
                 scope.received = True
         self.scopes.append(scope)
@@ -180,20 +191,36 @@ class Collector(StrategyFacts, ast.NodeVisitor):
                 self.class_values[(self._class[-1], target.id)].append((self.scope, value))
                 return
             self.scope.assignments[target.id].append(value)
-            if self.is_strategy_value(value, value.lineno):
+            # get_strategy() under a strategy's scope returns that strategy
+            in_scope = self._strategy_blocks and self.is_default_strategy_call(value)
+            if in_scope or self.is_strategy_value(value, value.lineno):
                 self.scope.strategy_names.setdefault(target.id, value.lineno)
                 self.scope.strategy_lines[target.id].add(value.lineno)
-            elif self.is_other_strategy_call(value):
-                self.scope.other_strategy_lines[target.id].add(value.lineno)
-                self.scope.created(value.lineno)
+                self.scope.binding_blocks[(target.id, value.lineno)] = tuple(self._blocks)
+            else:  # get_strategy(), None: replaces a strategy where it surely runs after
+                if self.is_other_strategy_call(value):
+                    self.scope.created(value.lineno)
+                self.scope.rebindings[target.id].append((value.lineno, tuple(self._blocks)))
         elif isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name):
             self.scope.unpacked[target.value.id].append(value)  # data["train"] = ds
         elif self_attribute(target) and class_of(self.scope):
             owner = class_of(self.scope)
             self.class_values[(owner, target.attr)].append((self.scope, value))
-            if self.is_strategy_value(value, value.lineno):
+            bindings = self._attribute_strategies[(owner, target.attr)]
+            in_scope = self._strategy_blocks and self.is_default_strategy_call(value)
+            if in_scope or self.is_strategy_value(value, value.lineno):
                 self.class_strategy_attrs[owner].add(target.attr)
                 self.scope.created(value.lineno)
+                bindings.append((self.scope, value.lineno, tuple(self._blocks)))
+            elif bindings:
+                blocks = tuple(self._blocks)
+                bindings[:] = [
+                    (scope, line, where)
+                    for scope, line, where in bindings
+                    if scope is not self.scope or where[: len(blocks)] != blocks
+                ]
+                if not bindings:  # self.strategy = tf.distribute.get_strategy() after it
+                    self.class_strategy_attrs[owner].discard(target.attr)
 
     def _visit_value(self, node, targets):
         self._targets.append(frozenset(set().union(*(target_names(t) for t in targets))))
@@ -221,14 +248,48 @@ class Collector(StrategyFacts, ast.NodeVisitor):
             self.scope.assignments[node.target.id].append(combined)
         self.generic_visit(node)
 
+    def _branch(self, node, part: str, statements) -> None:
+        self._blocks.append((id(node), part))
+        for statement in statements:
+            self.visit(statement)
+        self._blocks.pop()
+
     def visit_For(self, node):
         # for x, y in ds: elements pulled out of a dataset (to NumPy, to a plot) are not
         # the batches a strategy splits; the names are of unknown value.
         for name in target_names(node.target):
             self.scope.assignments[name].append(ast.Tuple([], ast.Load()))
-        self.generic_visit(node)
+        self.visit(node.target)
+        self.visit(node.iter)
+        self._branch(node, "body", node.body)
+        self._branch(node, "else", node.orelse)
 
     visit_AsyncFor = visit_For
+
+    def visit_While(self, node):
+        self.visit(node.test)
+        self._branch(node, "body", node.body)
+        self._branch(node, "else", node.orelse)
+
+    def visit_If(self, node):
+        self.visit(node.test)
+        self._branch(node, "body", node.body)
+        self._branch(node, "else", node.orelse)
+
+    def visit_Try(self, node):
+        # ``else`` runs right after the body; ``finally`` after whichever branch ran.
+        self._branch(node, "body", [*node.body, *node.orelse])
+        for index, handler in enumerate(node.handlers):
+            self._branch(node, f"except {index}", [handler])
+        for statement in node.finalbody:
+            self.visit(statement)
+
+    visit_TryStar = visit_Try
+
+    def visit_Match(self, node):
+        self.visit(node.subject)
+        for index, case in enumerate(node.cases):
+            self._branch(node, f"case {index}", [case])
 
     def _strategy_scope(self, expression) -> bool:
         """``with <strategy>.scope():``; a parameter entering a scope is one received."""
@@ -242,7 +303,10 @@ class Collector(StrategyFacts, ast.NodeVisitor):
         if self.is_strategy_value(owner, expression.lineno):
             return True
         if isinstance(owner, ast.Name) and owner.id in self.scope.parameters:
-            if owner.id not in self.scope.strategy_names and not strategy_word(owner.id):
+            named = strategy_word(owner.id)
+            if (self.scope.node.lineno, owner.id) in self.declined:
+                named = False
+            if owner.id not in self.scope.strategy_names and not named:
                 return False
             self.scope.strategy_names.setdefault(owner.id, self.scope.node.lineno)
             self.scope.received = True
@@ -315,6 +379,9 @@ class Collector(StrategyFacts, ast.NodeVisitor):
             self.scope.created(node.lineno)
         self.scope.calls.append(node)
         self._option(node)
+        for name in self.run_under_strategy(node):
+            self.scoped_functions.add(name)
+            self.runner_calls.setdefault(name, node)
         func = node.func
         if self._strategy_blocks:
             if isinstance(func, ast.Attribute) and func.attr == "compile":

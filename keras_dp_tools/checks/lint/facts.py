@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import ast
+from collections import defaultdict
 from functools import cached_property
 
 from keras_dp_tools.checks.lint.collector import Collector
 from keras_dp_tools.checks.lint.contracts import per_replica_contracts
 from keras_dp_tools.checks.lint.intent import GLOBAL, PER_REPLICA, commented, divided_names, named
 from keras_dp_tools.checks.lint.reach import callees, distributed_data, returned_data
-from keras_dp_tools.checks.lint.scopes import Scope, sequence_classes
+from keras_dp_tools.checks.lint.scopes import Scope, bind, sequence_classes
 from keras_dp_tools.checks.lint.windows import window_batches
 
 MAX_ROUNDS = 8  # rounds of passing strategies and models from callers to callees
@@ -33,15 +34,26 @@ class Module:
                 lines = None
         self.lines = lines
         classes = sequence_classes(tree)
-        self.collector = first = Collector(classes)
-        imported = self._imported(project, first, tree)
-        first.strategy_functions |= imported(lambda module: module.collector.strategy_functions)
-        first.visit(tree)
+        self.collector = Collector(classes)  # its imports, until the first walk is done
+        imported = self._imported(project, self.collector, tree)
+
+        def walk(declined=frozenset()) -> Collector:
+            collector = Collector(classes, declined=declined)
+            collector.strategy_functions |= imported(
+                lambda module: module.collector.strategy_functions
+            )
+            collector.visit(tree)
+            return collector
+
+        self.collector = first = walk()
+        declined = self._declined_strategy_parameters()
+        if declined:  # walked again without them, so that nothing they hold counts
+            self.collector = first = walk(declined)
         received = self._propagate_strategy_arguments()
         # Again, knowing from the start the strategies the first walk found, so that a
         # function defined above the strategy it uses (or given one) sees it.
-        if received or first.module.strategy_names or first.class_strategy_attrs:
-            self.collector = Collector(classes, first, received)
+        if received or declined or first.module.strategy_names or first.class_strategy_attrs:
+            self.collector = Collector(classes, first, received, declined)
             self.collector.visit(tree)
             self._propagate_strategy_arguments()
         self.model_functions: set[str] = set()  # functions returning a distributed model
@@ -93,6 +105,45 @@ class Module:
             if not changed:
                 break
         return received
+
+    def _declined_strategy_parameters(self) -> set[tuple[int, str]]:
+        """Parameters named as a strategy (``def train(strategy, ds)``) that every call of
+        this file gives one that splits nothing (a ``ParameterServerStrategy``, a
+        ``OneDeviceStrategy``, ``get_strategy()``, None, also as the default): (line of
+        the function, parameter). A function no call of this file reaches keeps the
+        name's word."""
+        collector = self.collector
+        given = defaultdict(list)  # (function line, parameter) -> [(caller scope, value)]
+        for scope in collector.scopes:
+            for call in scope.calls:
+                for callee in _called(collector, call):
+                    for parameter in callee.strategy_names:
+                        if parameter not in callee.parameters:
+                            continue
+                        bound = bind(call, callee.node, parameter, bool(callee.class_name))
+                        value = bound[1] if bound is not None else None
+                        given[(callee.node.lineno, parameter)].append((scope, value))
+        return {
+            key
+            for key, values in given.items()
+            if all(self._splits_nothing(scope, value) for scope, value in values)
+        }
+
+    def _splits_nothing(self, scope: Scope, value, depth: int = 0) -> bool:
+        """Whether ``value`` (read in ``scope``) is provably no synchronous strategy."""
+        collector = self.collector
+        if isinstance(value, ast.Constant) and value.value is None:
+            return True
+        if collector.is_other_strategy_call(value) or collector.is_default_strategy_call(value):
+            return True
+        if isinstance(value, ast.Name) and depth < 2:
+            _, values, is_parameter = scope.lookup(value.id)
+            return (
+                bool(values)
+                and not is_parameter
+                and all(self._splits_nothing(scope, v, depth + 1) for v in values)
+            )
+        return False
 
     def _imported(self, project, collector: Collector, tree: ast.Module):
         """A function giving, for a property of modules (their functions returning a
@@ -189,6 +240,20 @@ class Module:
         return any(
             scope.received or scope.creates_strategy for scope in self.collector.scopes
         ) or bool(self.collector.class_strategy_attrs)
+
+
+def _called(collector: Collector, call: ast.Call) -> list[Scope]:
+    """The functions of this file a call runs (``callees``), also a class's
+    ``__init__`` for a constructor call."""
+    found = [callee for callee, _ in callees(collector, call)]
+    func = call.func
+    if isinstance(func, ast.Name) and func.id in collector.classes:
+        found += [
+            method
+            for method in collector.all_functions.get("__init__", [])
+            if method.class_name == func.id
+        ]
+    return found
 
 
 def _is_import(node) -> bool:

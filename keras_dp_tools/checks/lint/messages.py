@@ -21,8 +21,9 @@ def _number(value) -> str:
     return str(int(value)) if isinstance(value, float) and value.is_integer() else str(value)
 
 
-def sink_text(entry: Entry, where) -> str:
-    """Where data reaches the strategy: the call and what it is."""
+def sink_text(entry: Entry, where, runner: ast.Call | None = None) -> str:
+    """Where data reaches the strategy: the call and what it is; ``runner`` the launcher
+    call (``MirroredStrategyRunner(...).run(train)``) whose strategy scope it is in."""
     func = entry.sink.func
     name = func.attr if isinstance(func, ast.Attribute) else ""
     at = f"{entry.text()} at {where(entry.sink.lineno)}"
@@ -30,6 +31,11 @@ def sink_text(entry: Entry, where) -> str:
         return f"the strategy at {at}"
     if name in RUN_CALLS:
         return f"the strategy at {at}"
+    if runner is not None:
+        return (
+            f"{at} (a model built under the MultiWorkerMirroredStrategy scope that "
+            f"{ast.unparse(runner.func)}() at {where(runner.lineno)} runs it in)"
+        )
     return f"{at} (a model built under a synchronous strategy's scope)"
 
 

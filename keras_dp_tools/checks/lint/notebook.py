@@ -1,7 +1,8 @@
 """A notebook's code cells as Python: IPython-only syntax blanked, line numbers kept.
 
 Blanked anywhere in a cell, also inside an indented block (``%tensorflow_version 2.x``
-under ``try:``): line magics (``%pip install x``), shell lines (``!pip install x``, with
+under ``try:``): line magics (``%pip install x``; the timing ones keep the statement they
+run: ``%time model.fit(ds)`` is ``model.fit(ds)``), shell lines (``!pip install x``, with
 their ``\\`` continuation lines), help (``?obj``, ``obj?``) and assignments from them
 (``files = !ls``, kept as ``files = None``). A blanked line that would leave a block empty
 becomes ``pass`` at its indentation. A cell magic (``%%writefile``, ``%%bash``) makes the
@@ -21,6 +22,12 @@ from pathlib import Path
 _IPYTHON_LINE = re.compile(r"^(?P<indent>\s*)(?:[%!]|\?|\w[\w.]*\?\??\s*$)")
 _IPYTHON_ASSIGNMENT = re.compile(r"^(?P<head>\s*[\w.]+\s*=\s*)[%!]")
 PYTHON_CELL_MAGICS = {"time", "timeit", "capture", "prun", "debug"}
+# Line magics that run the Python statement after them (``%time model.fit(ds)``), with
+# the options that take a separate value (``%timeit -n 1 -r 1 step()``).
+_TIMING_LINE = re.compile(
+    r"^(?P<indent>\s*)(?P<head>[\w.]+\s*=\s*)?%(?:time|timeit|prun)"
+    r"(?P<options>(?:\s+-(?:[nrpslTD]\s+\S+|\w+))*)\s+(?P<statement>\S.*)$"
+)
 
 
 @dataclass(frozen=True)
@@ -88,7 +95,11 @@ def blank_ipython_lines(source: str) -> str:
         if depth <= 0:
             assignment = _IPYTHON_ASSIGNMENT.match(line)
             magic = _IPYTHON_LINE.match(line)
-            if assignment or magic:
+            timed = _TIMING_LINE.match(line)
+            if timed:  # the statement it times is the program's: kept, the magic dropped
+                line = timed.group("indent") + (timed.group("head") or "")
+                line += timed.group("statement")
+            elif assignment or magic:
                 continued = line.rstrip().endswith("\\")
                 if assignment:
                     lines.append(assignment.group("head") + "None")

@@ -24,6 +24,10 @@ STRATEGY_HELPERS = {
     "keras_dp_tools.mirrored_strategy",
     "keras_dp_tools.setup.devices.mirrored_strategy",
 }
+# Launchers that run a training function under a synchronous strategy's scope they make
+# themselves (spark-tensorflow-distributor: a MultiWorkerMirroredStrategy, one replica
+# per slot).
+STRATEGY_RUNNERS = {"MirroredStrategyRunner"}
 STRATEGY_PARAMETERS = {"strategy", "distribution_strategy", "dist_strategy", "strat"}
 # Calls batching by their first argument (methods of a dataset, or tf.data.experimental).
 BATCHING_CALLS = {"batch", "padded_batch", "ragged_batch", "dense_to_ragged_batch"}
@@ -80,8 +84,11 @@ class Scope:
         self.parameters: list[str] = []
         self.strategy_names: dict[str, int] = {}  # name -> line it became a strategy
         self.strategy_lines: dict[str, set[int]] = defaultdict(set)  # lines assigning one
-        # lines assigning a strategy that splits nothing (ParameterServerStrategy, ...)
-        self.other_strategy_lines: dict[str, set[int]] = defaultdict(set)
+        # (name, line) -> the branches a strategy binding is in (``Collector._blocks``),
+        # and the bindings of a name to anything else (a strategy that splits nothing,
+        # ``get_strategy()``, None): (line, branches)
+        self.binding_blocks: dict[tuple[str, int], tuple] = {}
+        self.rebindings: dict[str, list[tuple[int, tuple]]] = defaultdict(list)
         self.strategy_line: int | None = None  # first line creating a strategy here
         self.batch_sites: list[Site] = []
         self.learning_rates: list[ast.expr] = []  # values given to optimizers
@@ -106,24 +113,40 @@ class Scope:
             scope = scope.parent
         return None, [], False
 
+    def rebound(self, name: str, since: int, line: int) -> bool:
+        """Whether a binding of ``name`` to something that is not a synchronous
+        strategy, after ``since`` and up to ``line``, always runs after the strategy bound
+        at ``since``: it is in the same block or one enclosing it (``s =
+        MirroredStrategy()`` then ``s = tf.distribute.get_strategy()``), not in another
+        branch (the ``except`` or ``else`` of a TPU probe, an ``if`` that may not run)."""
+        blocks = self.binding_blocks.get((name, since), ())
+        return any(
+            since < number <= line and blocks[: len(where)] == where
+            for number, where in self.rebindings.get(name, [])
+        )
+
+    def holds_strategy(self, name: str, line: int) -> bool:
+        """In this scope: a synchronous strategy bound to ``name`` by ``line`` (or
+        received) that no later binding to something else surely replaced."""
+        bound = [number for number in self.strategy_lines[name] if number <= line]
+        bound = bound or [self.strategy_names[name]]
+        return any(not self.rebound(name, since, line) for since in bound)
+
     def strategy_name_at(self, name: str, line: int) -> bool:
         """Whether ``name`` holds a strategy at ``line`` (this scope or an enclosing one).
-        In the scope reading it, the last strategy assigned before ``line`` decides
-        (``strategy = ParameterServerStrategy(...)`` after a ``MirroredStrategy`` is not
-        one; ``get_strategy()`` in an ``except`` branch is a fallback, not a rebinding); a
-        name of an enclosing scope is one if it is ever bound to one (it is read when
-        called)."""
+        In the scope reading it, one bound before ``line`` that no later binding to
+        something else surely replaced (``rebound``: ``get_strategy()`` or a
+        ``ParameterServerStrategy`` on a later line; in an ``except`` or ``else`` branch
+        it is a fallback, the strategy stays possible); a name of an enclosing scope is
+        one if a binding to one is not surely replaced before the function is defined (it
+        is read when called, which may be before a later rebinding)."""
         scope = self
         while scope is not None:
             if name in scope.strategy_names and scope.strategy_names[name] <= line:
-                if scope is not self:
-                    return True
-                assigned = [
-                    number
-                    for number in scope.strategy_lines[name] | scope.other_strategy_lines[name]
-                    if number <= line
-                ]
-                return not assigned or max(assigned) in scope.strategy_lines[name]
+                if scope is not self:  # ``line``: where the function reading it is defined
+                    lines = scope.strategy_lines[name] or {scope.strategy_names[name]}
+                    return any(not scope.rebound(name, since, line) for since in lines)
+                return scope.holds_strategy(name, line)
             if scope is self and name in scope.assignments:
                 return False  # a local name of something else shadows an outer strategy
             line = getattr(scope.node, "lineno", line)

@@ -16,6 +16,7 @@ from keras_dp_tools.checks.lint.scopes import (
     STRATEGY_CLASSES,
     STRATEGY_HELPERS,
     STRATEGY_PARAMETERS,
+    STRATEGY_RUNNERS,
     Scope,
     keyword_value,
 )
@@ -45,12 +46,25 @@ class StrategyFacts:
         default the scope being visited), or a ``self`` attribute holding one."""
         if self.is_strategy_call(value):
             return True
+        if isinstance(value, ast.IfExp):  # TPUStrategy(tpu) if tpu else get_strategy()
+            return any(
+                self.is_strategy_value(side, line, scope) for side in (value.body, value.orelse)
+            )
+        if isinstance(value, ast.BoolOp):  # strategy or tf.distribute.MirroredStrategy()
+            return any(self.is_strategy_value(side, line, scope) for side in value.values)
         scope = scope or self.scope
         if isinstance(value, ast.Name):
             return scope.strategy_name_at(value.id, line)
         attribute = self_attribute(value)
         return attribute is not None and attribute in self.class_strategy_attrs.get(
             class_of(scope) or "", set()
+        )
+
+    def is_default_strategy_call(self, node) -> bool:
+        """``tf.distribute.get_strategy()``: the strategy whose scope the code is in,
+        else the one-replica default."""
+        return isinstance(node, ast.Call) and (self.qualified(node.func) or "").endswith(
+            "distribute.get_strategy"
         )
 
     def is_other_strategy_call(self, node) -> bool:
@@ -64,6 +78,29 @@ class StrategyFacts:
         return parts[-1] in OTHER_STRATEGY_CLASSES or (
             parts[-1] in STRATEGY_CLASSES and one_device(node)
         )
+
+    def run_under_strategy(self, call: ast.Call) -> set[str]:
+        """The functions ``call`` runs under a strategy's scope it never shows:
+        ``MirroredStrategyRunner(num_slots=8).run(train)`` (or through a name bound to the
+        runner) runs ``train`` under a ``MultiWorkerMirroredStrategy``, unless the runner
+        is told the function makes its own (``use_custom_strategy=True``) or has one
+        slot (one replica)."""
+        func = call.func
+        if not (isinstance(func, ast.Attribute) and func.attr == "run"):
+            return set()
+        runner = func.value
+        if isinstance(runner, ast.Name):
+            values = self.scope.lookup(runner.id)[1]
+            runner = values[0] if len(values) == 1 else None
+        if not (
+            isinstance(runner, ast.Call)
+            and (self.qualified(runner.func) or "").split(".")[-1] in STRATEGY_RUNNERS
+            and not _constant(keyword_value(runner, "use_custom_strategy"), True)
+            and not _constant(keyword_value(runner, "num_slots"), 1)
+        ):
+            return set()
+        given = call.args[:1] or [keyword_value(call, "train_fn")]
+        return {function.id for function in given if isinstance(function, ast.Name)}
 
     def model_key(self, owner, scope: Scope) -> tuple | None:
         """How a model held by ``owner`` (a name or ``self.<attr>``) read in ``scope`` is
@@ -128,6 +165,12 @@ def class_of(scope: Scope | None) -> str | None:
             return scope.class_name
         scope = scope.parent
     return None
+
+
+def _constant(node, value) -> bool:
+    return (
+        isinstance(node, ast.Constant) and node.value == value and type(node.value) is type(value)
+    )
 
 
 def one_device(call: ast.Call) -> bool:

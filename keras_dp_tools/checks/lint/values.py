@@ -112,6 +112,8 @@ class Values:
         if isinstance(node, ast.Attribute):
             if node.attr == "num_replicas_in_sync":
                 return Flow(SCALED)
+            if ast.unparse(node) in module.divided:  # FLAGS.batch_size % len(gpus) checked
+                return Flow(GLOBAL)
             if node.attr in ("global_batch", "target_lr"):  # a plan's fields
                 return self.flow(module, scope, node.value, seen)
             held = self._attribute_values(module, scope, node)

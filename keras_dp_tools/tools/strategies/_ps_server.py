@@ -24,6 +24,8 @@ def _leave_with(parent_pid: int) -> None:
 
 
 def main() -> None:
+    """Serves one task (``argv``: cluster JSON, job, index, the parent's pid) until the
+    parent exits."""
     cluster, job = json.loads(sys.argv[1]), sys.argv[2]
     index, parent_pid = int(sys.argv[3]), int(sys.argv[4])
     threading.Thread(target=_leave_with, args=(parent_pid,), daemon=True).start()

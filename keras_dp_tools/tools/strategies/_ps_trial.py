@@ -290,6 +290,8 @@ def _stop(signum, frame):
 
 
 def main() -> None:
+    """The trial process: serves the parent's commands (``tuning.child.serve``) until
+    told to stop or sent SIGTERM, stopping its cluster on the way out."""
     signal.signal(signal.SIGTERM, _stop)
     status = 0
     try:

@@ -59,6 +59,8 @@ class Machine:
 
 
 def default_options(name: str, machine: Machine) -> dict:
+    """The options a candidate runs with when none are given: every device of
+    ``machine`` (as replicas or workers), or the parameter server's defaults."""
     if name == "one_device":
         return {}
     if name == "multi_worker_mirrored":

@@ -47,7 +47,19 @@ SHOWN_COLUMNS = [
 class ComparisonArgumentError(ValueError):
     """An argument of ``compare_strategies`` it cannot run with (unknown or repeated
     candidates, options, steps, rounds, batch, timeout): raised before any trial
-    starts; ``keras-dp compare-strategies`` exits 2 on it, as on its own usage errors."""
+    starts; ``keras-dp compare-strategies`` exits 2 on it, as on its own usage errors.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.tools.strategies.compare import ComparisonArgumentError
+
+    try:
+        kdt.compare_strategies(build_model, make_dataset, candidates=["mirrored", "nope"])
+    except ComparisonArgumentError as error:
+        print(error)  # names the unknown candidate and those there are
+    ```
+    """
 
 
 @dataclass
@@ -73,6 +85,16 @@ class StrategyComparison:
         settings: steps, rounds, per-replica batch, options of the comparison.
         record: the ``strategy_comparison.json`` record (``keras-dp compare-strategies
             --format json`` prints it).
+
+    Example:
+
+    ```python
+    import keras_dp_tools as kdt
+
+    comparison = kdt.StrategyComparison.load("runs/strategies")
+    print(comparison.verdict)
+    print(comparison.shown())  # the table as the HTML report shows it
+    ```
     """
 
     table: pd.DataFrame

@@ -24,11 +24,13 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 def resident_bytes() -> int:
+    """This process's resident memory now, in bytes (Linux: ``/proc/self/statm``)."""
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * _PAGE
 
 
 def peak_resident_bytes() -> int:
+    """This process's peak resident memory so far, in bytes (the kernel's count)."""
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 

@@ -59,7 +59,16 @@ class Candidate:
     """One way to all-reduce: ``cross_device_ops`` is the Python expression given to
     ``tf.distribute.MirroredStrategy(devices, cross_device_ops=...)`` ("None": the
     default); ``gpu_only`` ones are skipped without GPUs; ``cpu_skip`` says why one is
-    not worth measuring on CPU devices."""
+    not worth measuring on CPU devices.
+
+    Example:
+
+    ```python
+    from keras_dp_tools.tools.tuning.allreduce import CANDIDATES
+
+    print(CANDIDATES["collective"].code("['/gpu:0', '/gpu:1']"))  # the strategy's code
+    ```
+    """
 
     name: str
     cross_device_ops: str
@@ -157,6 +166,14 @@ class AllReduceTuning:
         code: Python lines that build the best candidate's strategy.
         note: the decision in words: by how much the best beats the next, and the noise.
         log_dir: where each candidate's records, traces and output log are.
+
+    Example:
+
+    ```python
+    tuning = kdt.tune_allreduce(build_model, make_dataset, steps=20)
+    print(tuning)  # the table, the decision and the code of the best candidate
+    exec(tuning.code)  # builds `strategy`
+    ```
     """
 
     table: pd.DataFrame

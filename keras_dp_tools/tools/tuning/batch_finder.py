@@ -41,6 +41,14 @@ class BatchSearch:
             learning rate, or when nothing fit).
         trials: one row per trial (``TRIAL_COLUMNS``), in the order run.
         note: the result in words.
+
+    Example:
+
+    ```python
+    search = kdt.find_per_replica_batch(build_model, make_dataset, strategy, base_batch=256)
+    print(search)  # the trials, the note, and the scaling plan
+    batch = search.global_batch  # per_replica_batch x replicas
+    ```
     """
 
     per_replica_batch: int | None
@@ -161,6 +169,14 @@ def find_per_replica_batch(
             removed unless a trial failed unexpectedly).
         progress: called with a line per trial (default ``print``; None: quiet).
         timeout: seconds a trial may take.
+
+    Returns:
+        A ``BatchSearch``: the batch found, the scaling plan, and every trial.
+
+    Raises:
+        ValueError: an unknown ``mode``, or no ``max_memory_bytes`` without GPUs (the
+            message says what to pass).
+        TypeError: ``make_dataset``'s first parameter is neither a batch nor a strategy.
     """
     if mode not in MODES:
         raise ValueError(f"mode must be one of {', '.join(MODES)}; received {mode!r}.")

@@ -6,14 +6,14 @@ from __future__ import annotations
 import os
 import sys
 
-from keras_dp_tools.tools.gpu_check.logical_gpus import (
+from dev.gpu_check.logical_gpus import (
     MEMORY_ENV,
     REPLICAS_ENV,
     write_sitecustomize,
 )
-from keras_dp_tools.tools.gpu_check.results import finding, step_parser, write_result
+from dev.gpu_check.results import finding, step_parser, write_result
 
-MODULE = "keras_dp_tools.tools.gpu_check.tune_check"
+MODULE = "dev.gpu_check.tune_check"
 CANDIDATES = [
     "collective",
     "collective_nccl",

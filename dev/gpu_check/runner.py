@@ -12,11 +12,11 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from keras_dp_tools.tools.gpu_check.results import read_result, write_result
-from keras_dp_tools.tools.gpu_check.steps import Step
+from dev.gpu_check.results import read_result, write_result
+from dev.gpu_check.steps import Step
 
 LOG_FILE = "log.txt"
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 _KILL_GRACE_S = 5.0
 
 

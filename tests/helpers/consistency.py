@@ -1,15 +1,15 @@
-"""The rules every breakdown row obeys, checked on any frame of rows.
+"""The rules every breakdown row obeys, checked on any frame of rows: the tests' oracle.
 
-The analyzer's rows satisfy them by construction; records edited by hand, written by
-another tool or made up for a test may not. ``breakdown_problems`` names each broken
-rule with the row, so a fixture cannot contradict what the analyzer would produce
-(see docs/breakdown.md for the definitions).
+The analyzer's rows should satisfy them; records edited by hand, written by another tool
+or made up for a test may not. ``breakdown_problems`` names each broken rule with the
+row, so neither the analyzer nor a fixture can contradict the definitions in
+docs/breakdown.md unnoticed.
 
 Example:
 
 ```python
 import keras_dp_tools as kdt
-from keras_dp_tools.analysis.consistency import breakdown_problems
+from tests.helpers.consistency import breakdown_problems
 
 report = kdt.Report.load("logs/run1")
 print(breakdown_problems(report.replicas))  # [] when the records are consistent

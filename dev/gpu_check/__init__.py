@@ -1,6 +1,6 @@
 """``make gpu-check``: one prepared run of the GPU paths on a lent GPU machine.
 
-``python -m keras_dp_tools.tools.gpu_check --out DIR [--dry-run] [--budget-s N]`` runs
+``python -m dev.gpu_check --out DIR [--dry-run] [--budget-s N]`` runs
 each step (``steps.STEPS``) as its own subprocess with its own timeout
 (``runner``), each writing its raw files and a ``result.json`` under ``DIR/<step>/``,
 and rewrites ``DIR/REPORT.md`` after every step (``report``), so a killed run leaves a

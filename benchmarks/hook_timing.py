@@ -2,8 +2,10 @@
 
 Whole-``fit`` wall times of two runs differ by more than a callback's cost on a busy
 machine; the time spent inside the callback's own hooks, divided by the step time of
-the same run, does not depend on what the neighbours do. ``make bench`` reports our
-callbacks' overhead that way, and a user can check it on their own run.
+the same run, does not depend on what the neighbours do. ``make bench`` and
+``benchmarks/hooks_ab.py`` report our callbacks' overhead that way. A benchmark's
+instrument, not part of the package: import it from the checkout's root
+(``benchmarks.hook_timing``).
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ class HookTimer:
 
     ```python
     import keras_dp_tools as kdt
-    from keras_dp_tools.capture.hook_timing import HookTimer
+    from benchmarks.hook_timing import HookTimer
 
     callbacks = kdt.callbacks("logs/run1")
     timer = HookTimer(callbacks)

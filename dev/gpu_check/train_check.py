@@ -11,8 +11,8 @@ import re
 import sys
 from pathlib import Path
 
-from keras_dp_tools.tools.gpu_check import tolerances as tol
-from keras_dp_tools.tools.gpu_check.results import finding, step_parser, write_result
+from dev.gpu_check import tolerances as tol
+from dev.gpu_check.results import finding, step_parser, write_result
 
 PROFILE_START, WINDOW = 10, 5  # kdt.callbacks' default window: steps 10..14
 # Per logical GPU: the H200's 139 GiB leaves room for 4 of these and the NCCL buffers.

@@ -14,9 +14,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from keras_dp_tools.tools.gpu_check.results import step_parser, write_result
+from dev.gpu_check.results import step_parser, write_result
 
-REPO = Path(__file__).resolve().parents[3]
+REPO = Path(__file__).resolve().parents[2]
 WHEELHOUSE_ENV = "KDT_WHEELHOUSE"
 NEEDED = ("tensorflow", "keras", "pandas", "pyarrow", "pytest")
 # Run in a fresh process, names in argv: each module's version, or null if it fails.

@@ -14,7 +14,7 @@ import os, sys
 if int(os.environ.get({REPLICAS_ENV!r}, "0")) > 1:
     try:
         import tensorflow as tf
-        from keras_dp_tools.tools.gpu_check.train_check import split_first_gpu
+        from dev.gpu_check.train_check import split_first_gpu
         split_first_gpu(tf, int(os.environ[{REPLICAS_ENV!r}]), int(os.environ[{MEMORY_ENV!r}]))
     except Exception as error:  # the candidate then fails and says why
         print(f"gpu-check sitecustomize: cannot split the GPU: {{error!r}}", file=sys.stderr)

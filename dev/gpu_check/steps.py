@@ -8,7 +8,7 @@ from pathlib import Path
 
 from keras_dp_tools.records.contract import TEST_GPUS_ENV
 
-PACKAGE = "keras_dp_tools.tools.gpu_check"
+PACKAGE = "dev.gpu_check"
 
 
 @dataclass(frozen=True)

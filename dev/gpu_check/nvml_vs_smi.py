@@ -11,8 +11,8 @@ import subprocess
 import sys
 import time
 
-from keras_dp_tools.tools.gpu_check.results import finding, step_parser, write_result
-from keras_dp_tools.tools.gpu_check.tolerances import NVML_VS_SMI
+from dev.gpu_check.results import finding, step_parser, write_result
+from dev.gpu_check.tolerances import NVML_VS_SMI
 
 # Matmuls on /gpu:0 until killed; "ready" once the first one ran.
 _LOAD = (

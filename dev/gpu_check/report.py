@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from keras_dp_tools.tools.gpu_check.results import verdict
+from dev.gpu_check.results import verdict
 
 REPORT_FILE = "REPORT.md"
 _LOG_TAIL_LINES = 25

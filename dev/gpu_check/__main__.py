@@ -1,4 +1,4 @@
-"""``python -m keras_dp_tools.tools.gpu_check --out DIR [--dry-run] [--budget-s N]``."""
+"""``python -m dev.gpu_check --out DIR [--dry-run] [--budget-s N]``."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import sys
 import time
 from pathlib import Path
 
-from keras_dp_tools.tools.gpu_check import machine
-from keras_dp_tools.tools.gpu_check.report import write_report
-from keras_dp_tools.tools.gpu_check.runner import run_all
-from keras_dp_tools.tools.gpu_check.steps import STEPS
+from dev.gpu_check import machine
+from dev.gpu_check.report import write_report
+from dev.gpu_check.runner import run_all
+from dev.gpu_check.steps import STEPS
 
 # Under the 8 minutes the check promises, with room to write the report and exit.
 DEFAULT_BUDGET_S = 450.0
@@ -18,7 +18,7 @@ DEFAULT_BUDGET_S = 450.0
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
-        prog="python -m keras_dp_tools.tools.gpu_check",
+        prog="python -m dev.gpu_check",
         description="Run the GPU paths on this machine's GPU and write OUT/REPORT.md.",
     )
     parser.add_argument("--out", type=Path, default=Path("gpu-check"), help="report folder")
