@@ -14,6 +14,7 @@ MODULES = [
     "keras_dp_tools.capture.monitor.nvml_reader",
     "keras_dp_tools.capture.monitor.replay",
     "keras_dp_tools.capture.run_info",
+    "keras_dp_tools.checks.literal_batch",
     "keras_dp_tools.common.findings",
     "keras_dp_tools.common.severity",
     "keras_dp_tools.common.text",

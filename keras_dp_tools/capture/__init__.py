@@ -63,7 +63,8 @@ def callbacks(
         monitor: sample GPU (NVML) and CPU usage (``GpuMonitor``).
         monitor_interval: seconds between readings.
         dataset: the dataset given to ``fit``: checked before the first step
-            (``BatchScalingCheck``), with ``per_replica_batch`` if you say it. For
+            (``BatchScalingCheck``, which is always there to check that ``fit`` trains
+            data-parallel at all), with ``per_replica_batch`` if you say it. For
             arrays (``fit(x, y, batch_size=...)``) give only ``per_replica_batch``: the
             batch ``fit`` makes is read.
         per_replica_batch: the examples per replica you intend.
@@ -94,8 +95,15 @@ def callbacks(
         chosen.append(GpuMonitor(log_dir, interval=monitor_interval, tensorboard=tensorboard))
     if advise and tensorboard:
         chosen.append(RunAdvisor(log_dir))
-    if dataset is not None or plan is not None or per_replica_batch is not None:
-        chosen.insert(0, BatchScalingCheck(dataset, per_replica_batch, log_dir=log_dir, plan=plan))
+    # Always before the first step: is fit data-parallel at all? The batch itself is
+    # checked when there is something to check it against.
+    check_batch = dataset is not None or plan is not None or per_replica_batch is not None
+    chosen.insert(
+        0,
+        BatchScalingCheck(
+            dataset, per_replica_batch, log_dir=log_dir, plan=plan, check_batch=check_batch
+        ),
+    )
     return chosen
 
 

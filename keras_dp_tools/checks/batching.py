@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from keras_dp_tools.checks.literal_batch import LiteralProduct
 from keras_dp_tools.common.findings import Finding  # the check returns Findings
 from keras_dp_tools.common.validation import require_positive_int
 from keras_dp_tools.common.warn import warn as warn_at_user
@@ -44,7 +45,11 @@ class DatasetBatch:
     (``"dataset"``, or ``"fit"`` for arrays that ``fit(batch_size=...)`` batches), and
     ``pass_batches``: the batches of one pass over the data when the smaller last batch
     is known to be the pass's last one in the stream ``fit`` reads (nothing after the
-    batch op reorders, drops or adds batches), else None."""
+    batch op reorders, drops or adds batches), else None. ``source`` is
+    ``"generator"`` for batches made by the data's source (a generator, ``Sequence`` or
+    ``PyDataset`` whose elements have the model's input rank). ``written``: the batch
+    size as the user's code writes it, when that is a product of numbers
+    (``batch(32 * 4)``), else None."""
 
     size: int | None
     drop_remainder: bool | None
@@ -52,6 +57,7 @@ class DatasetBatch:
     remainder: int | None = None
     source: str = "dataset"
     pass_batches: int | None = None
+    written: LiteralProduct | None = None
 
 
 # Datasets that pass their input's batches on whole (a map is taken not to cut batches);
@@ -92,6 +98,11 @@ _PARALLEL = frozenset({"_ParallelMapDataset", "_ParallelBatchDataset"})
 _UNBATCH_DATASETS = frozenset({"_UnbatchDataset"})
 # Sources that never batch: reaching one first means there is no batch op.
 _PLAIN_SOURCES = frozenset({"_TensorSliceDataset", "_RangeDataset"})
+# Sources whose elements may be whole batches: from_generator is a flat map over a
+# generator; an interleave reads files or datasets that may hold batches.
+_SOURCES_THAT_MAY_BATCH = frozenset(
+    {"_FlatMapDataset", "_GeneratorDataset", "_InterleaveDataset", "_ParallelInterleaveDataset"}
+)
 _MAX_WALK = 100
 
 
@@ -232,42 +243,141 @@ def _remainder(graph, output, batch_input: str, size: int | None) -> int | None:
     return None if examples < 0 else examples % size
 
 
-def dataset_batch(dataset) -> DatasetBatch:
+def dataset_batch(
+    dataset, input_ranks: tuple[int, ...] | None = None, first_batch_size: int | None = None
+) -> DatasetBatch:
     """The batch size and remainder policy a ``tf.data.Dataset`` was batched with.
 
     Read from the batch op nearest to the output: its Python object (``walk_batch``),
-    else the dataset's graph. Without one, a leading dimension of unknown size may still
-    be a batch made by the source (a generator): ``batched`` is then None (unknown). If
-    the graph cannot be read, a known leading dimension of the static shape is taken as
-    the batch.
+    else the dataset's graph. Without one, the elements may still be batches made by
+    the source (a generator): with the model's ``input_ranks`` (``model_input_ranks``),
+    elements of that rank are batches of their leading size (``first_batch_size``, or
+    None: unknown), elements of one rank less are single examples. Without the ranks,
+    a source that may batch reads as ``batched=None`` (unknown). If the graph cannot be
+    read, a known leading dimension of the static shape is taken as the batch.
     """
     import tensorflow as tf
 
     first = tf.nest.flatten(dataset.element_spec)[0]
     shape = getattr(first, "shape", None)
     leading = shape[0] if shape is not None and shape.rank else None
-    read = walk_batch(dataset)[0] or _graph_batch(dataset)
+    walked = walk_batch(dataset)[0]
+    read = walked or _graph_batch(dataset)
     if read is None:  # no graph: trust the static shape
         if leading is not None:
             return DatasetBatch(int(leading), True, batched=True, remainder=0)
         return DatasetBatch(None, None, batched=None)
-    if not read.batched and shape is not None and shape.rank and leading is None:
-        return DatasetBatch(None, None, batched=None)
+    if read.batched is False and shape is not None and shape.rank:
+        by_rank = source_batch(dataset.element_spec, input_ranks, first_batch_size)
+        if by_rank is not None:
+            return by_rank
+        if leading is None or (walked is None and _may_batch_itself(dataset)):
+            return DatasetBatch(None, None, batched=None)
     return read
 
 
+def _may_batch_itself(dataset) -> bool:
+    """Whether the pipeline's source, past datasets that keep batches whole, is one
+    that can yield whole batches: ``from_generator`` (a flat map) or an interleave."""
+    for _ in range(_MAX_WALK):
+        kind = type(dataset).__name__
+        if kind in _SOURCES_THAT_MAY_BATCH:
+            return True
+        if kind not in _KEEP_BATCH:
+            return False
+        dataset = getattr(dataset, "_input_dataset", None)
+    return False
+
+
+def model_input_ranks(model) -> tuple[int, ...] | None:
+    """The ranks of a Keras 3 or tf_keras model's inputs, batch dimension included
+    (``(2,)`` for ``keras.Input((8,))``); None when the model has no known inputs yet (a
+    subclassed model built by its first step)."""
+    import tensorflow as tf
+
+    try:
+        inputs = model.inputs
+    except (AttributeError, ValueError):  # tf_keras/Keras 3 on a model not built yet
+        return None
+    ranks = []
+    for tensor in tf.nest.flatten(inputs or []):
+        shape = getattr(tensor, "shape", None)
+        try:
+            ranks.append(len(shape))
+        except (TypeError, ValueError):  # unknown rank
+            return None
+    return tuple(ranks) or None
+
+
+def source_batch(
+    element_spec, input_ranks: tuple[int, ...] | None, first_batch_size: int | None = None
+) -> DatasetBatch | None:
+    """What the rank of a source's elements says (a source with no batch op: a
+    generator, ``Sequence``, ``PyDataset``): elements with the model's input ranks are
+    batches (``source="generator"``) of their static leading size, else of
+    ``first_batch_size`` (the first batch's, when the data adapter kept it), else of
+    unknown size; elements one rank lower are single examples (not batched). None when
+    the ranks say neither (or are unknown).
+    """
+    import tensorflow as tf
+
+    features = element_spec
+    if isinstance(element_spec, tuple) and 1 < len(element_spec) <= 3:  # (x, y[, weights])
+        features = element_spec[0]
+    leaves = tf.nest.flatten(features)
+    ranks = [getattr(getattr(leaf, "shape", None), "rank", None) for leaf in leaves]
+    if not input_ranks or not leaves or None in ranks or len(ranks) != len(input_ranks):
+        return None
+    if sorted(ranks) == sorted(input_ranks):
+        leading = leaves[0].shape[0]
+        size = int(leading) if leading is not None else first_batch_size
+        return DatasetBatch(size, None, batched=True, source="generator")
+    if sorted(rank + 1 for rank in ranks) == sorted(input_ranks):
+        return DatasetBatch(None, None, batched=False)
+    return None
+
+
 def _adapter_value(adapter, name: str):
-    value = getattr(adapter, name, None)  # Keras 3: properties; tf_keras: methods
-    return value() if callable(value) else value
+    try:  # Keras 3's generator and PyDataset adapters raise for what they do not know
+        value = getattr(adapter, name, None)  # Keras 3: properties; tf_keras: methods
+        return value() if callable(value) else value
+    except NotImplementedError:
+        return None
 
 
-def adapter_batch(adapter) -> DatasetBatch | None:
+def _first_batch_size(adapter) -> int | None:
+    """The size of the first batch a generator, ``Sequence`` or ``PyDataset`` gives
+    ``fit``: as its data adapter kept it (tf_keras: ``_first_batch_size``; Keras 3:
+    ``_first_batches`` of a generator), or, for a Keras 3 ``PyDataset`` (whose spec
+    leaves the batch size out), its item 0, read again as Keras read it for the spec:
+    a ``PyDataset`` is indexed, so nothing is consumed."""
+    import tensorflow as tf
+
+    size = getattr(adapter, "_first_batch_size", None)
+    if isinstance(size, int):
+        return size
+    batches = getattr(adapter, "_first_batches", None)
+    if batches is None and getattr(adapter, "py_dataset", None) is not None:
+        try:
+            batches = [adapter.py_dataset[0]]
+        except Exception:  # the user's __getitem__: what it raises is not ours to judge
+            return None
+    try:
+        size = tf.nest.flatten(batches[0])[0].shape[0]
+    except (IndexError, TypeError, ValueError, AttributeError):
+        return None
+    return int(size) if size is not None else None
+
+
+def adapter_batch(adapter, input_ranks: tuple[int, ...] | None = None) -> DatasetBatch | None:
     """What ``fit``'s data adapter (Keras 3 or tf_keras) says about its batch; None if
     it says nothing.
 
     For arrays, ``fit(x, y, batch_size=...)`` batches by ``batch_size`` and keeps a
     smaller last batch (the adapter knows its size). For a ``tf.data.Dataset``, the
-    dataset the adapter wraps is read with ``dataset_batch``.
+    dataset the adapter wraps is read with ``dataset_batch``; for a generator,
+    ``Sequence`` or ``PyDataset``, the rank of its elements against the model's
+    ``input_ranks`` says whether they are batches (``source_batch``).
     """
     import tensorflow as tf
 
@@ -276,9 +386,14 @@ def adapter_batch(adapter) -> DatasetBatch | None:
     if size is not None and isinstance(partial, bool):  # arrays: fit batches them
         remainder = int(_adapter_value(adapter, "partial_batch_size") or 0) if partial else 0
         return DatasetBatch(int(size), False, batched=True, remainder=remainder, source="fit")
+    first = _first_batch_size(adapter)
     dataset = getattr(adapter, "_dataset", None)
     if isinstance(dataset, tf.data.Dataset):
-        return dataset_batch(dataset)
+        return dataset_batch(dataset, input_ranks, first)
+    signature = getattr(adapter, "_output_signature", None)  # Keras 3's generators
+    if signature is not None:
+        read = source_batch(signature, input_ranks, first)
+        return read if read is not None else DatasetBatch(None, None, batched=None)
     if size is not None:
         return DatasetBatch(int(size), None, batched=True, source="fit")
     return None
@@ -303,7 +418,9 @@ def is_distributed(dataset) -> bool:
     )
 
 
-def check_batching(dataset, strategy, per_replica_batch: int | None = None, warn: bool = True):
+def check_batching(
+    dataset, strategy, per_replica_batch: int | None = None, warn: bool = True, model=None
+):
     """Checks that ``dataset`` is batched right for ``strategy``; returns the findings.
 
     Each problem is also reported with ``warnings.warn(..., kdt.BatchScalingWarning)``
@@ -319,7 +436,13 @@ def check_batching(dataset, strategy, per_replica_batch: int | None = None, warn
       divide by the batch (or their number is unknown): the last step's batch is
       smaller and split unevenly, with a shape of its own;
     * ``unbatched`` / ``unknown-batch`` (warning): no batch to check; said, not guessed;
-    * ``already-distributed`` (info): a distributed dataset batches per replica itself.
+    * ``already-distributed`` (info): a distributed dataset batches per replica itself;
+    * ``hard-coded-replica-count`` (info when the product equals this run's replicas,
+      else warning): the batch is written as a product of numbers (``batch(32 * 4)``),
+      one of them most likely a device count; the fix replaces that factor by
+      ``strategy.num_replicas_in_sync`` rather than multiplying twice. Only a
+      ``DatasetBatch`` whose ``written`` is set (``kdt.BatchScalingCheck`` reads it from
+      your source) has one.
 
     Example:
 
@@ -341,11 +464,18 @@ def check_batching(dataset, strategy, per_replica_batch: int | None = None, warn
         per_replica_batch: the examples per replica you intend; without it the check
             cannot tell a missing multiply from a deliberate small global batch.
         warn: also issue a ``BatchScalingWarning`` per problem.
+        model: the model the dataset feeds: a dataset with no batch op (a generator)
+            whose elements have the rank of the model's inputs yields batches itself,
+            and is checked by their leading size, not called unbatched.
+
+    Returns:
+        A list of ``kdt.Finding``, empty when the batch fits.
     """
     replicas = replica_count(strategy)
     if per_replica_batch is not None:
         per_replica_batch = require_positive_int("per_replica_batch", per_replica_batch)
-    findings = _findings(dataset, replicas, per_replica_batch)
+    ranks = model_input_ranks(model) if model is not None else None
+    findings = _findings(dataset, replicas, per_replica_batch, ranks)
     if warn:
         warn_findings(findings)
     return findings
@@ -358,7 +488,7 @@ def warn_findings(findings: list[Finding]) -> None:
             warn_at_user(str(finding), BatchScalingWarning)
 
 
-def _findings(dataset, replicas: int, per_replica: int | None) -> list[Finding]:
+def _findings(dataset, replicas: int, per_replica: int | None, ranks=None) -> list[Finding]:
     import tensorflow as tf
 
     if isinstance(dataset, DatasetBatch):
@@ -382,7 +512,7 @@ def _findings(dataset, replicas: int, per_replica: int | None) -> list[Finding]:
             "fit(x, y, batch_size=...), add kdt.BatchScalingCheck(per_replica_batch=...) "
             "to fit's callbacks: it reads the batch fit makes."
         )
-    return _batch_findings(dataset_batch(dataset), replicas, per_replica)
+    return _batch_findings(dataset_batch(dataset, ranks), replicas, per_replica)
 
 
 def unknown_batch(reason: str) -> Finding:
@@ -396,31 +526,55 @@ def unknown_batch(reason: str) -> Finding:
     )
 
 
+# Findings that propose a batch for the replica count: none of them is right when the
+# model trains one replica by mistake (checks.data_parallelism), so they are left out then.
+REPLICA_SPLIT_CODES = frozenset(
+    {"missing-multiply", "batch-mismatch", "uneven-split", "empty-replicas", "plan-mismatch"}
+    | {"hard-coded-replica-count"}
+)
+
+
+def _batch_call(source: str, size) -> str:
+    """How the batch is set, for a message or a fix: ``dataset.batch(256)``,
+    ``fit(batch_size=256)``, or the batches a generator yields."""
+    if source == "fit":
+        return f"fit(batch_size={size})"
+    if source == "generator":
+        return f"yield batches of {size}"
+    return f"dataset.batch({size})"
+
+
 def _batch_findings(batch: DatasetBatch, replicas: int, per_replica: int | None) -> list[Finding]:
-    from_fit = batch.source == "fit"
-    wanted = (
-        f"fit(batch_size={per_replica} * strategy.num_replicas_in_sync)"
-        if from_fit
-        else f"dataset.batch({per_replica} * strategy.num_replicas_in_sync)"
-    )
+    wanted = _batch_call(batch.source, f"{per_replica} * strategy.num_replicas_in_sync")
     if batch.batched is False:
         return [
             Finding(
                 "warning",
                 "unbatched",
-                "The dataset is not batched (no batch op in its graph): fit would feed "
-                "single examples as batches.",
+                "The dataset is not batched (no batch op in its graph, and its elements "
+                "are single examples): fit would feed single examples as batches.",
                 f"Batch it with the global batch: {wanted}."
                 if per_replica
                 else "Batch it with per-replica batch * strategy.num_replicas_in_sync.",
             )
         ]
     if batch.size is None:
+        if batch.source == "generator":
+            return [
+                unknown_batch(
+                    "the source yields whole batches (its elements have the model's input "
+                    "rank), but their size is in neither its spec nor a first batch"
+                )
+            ]
         return [
             unknown_batch("no batch op in the dataset; its source, e.g. a generator, may batch")
         ]
     size, findings = batch.size, []
-    batched_by = f"fit's batch_size is {size}" if from_fit else f"The dataset is batched by {size}"
+    batched_by = {
+        "fit": f"fit's batch_size is {size}",
+        "generator": "The data's source (a generator, Sequence or PyDataset) yields "
+        f"batches of {size}",
+    }.get(batch.source, f"The dataset is batched by {size}")
     if per_replica is not None and replicas > 1 and size == per_replica:
         findings.append(
             Finding(
@@ -429,8 +583,8 @@ def _batch_findings(batch: DatasetBatch, replicas: int, per_replica: int | None)
                 f"{batched_by}, your per-replica batch: under "
                 f"{replicas} replicas each replica trains on {size // replicas} examples "
                 f"per step, not {size}.",
-                f"{wanted} = {_batch_call(from_fit, per_replica * replicas)} "
-                "(kdt.scale_batch_size).",
+                f"{wanted} = {_batch_call(batch.source, per_replica * replicas)} "
+                "(kdt.scale_batch_size)." + _already_global_note(batch, replicas),
             )
         )
     elif per_replica is not None and size != per_replica * replicas:
@@ -440,9 +594,12 @@ def _batch_findings(batch: DatasetBatch, replicas: int, per_replica: int | None)
                 "batch-mismatch",
                 f"{batched_by}; {per_replica} per replica on {replicas} "
                 f"replicas makes {per_replica * replicas}.",
-                f"{wanted} = {_batch_call(from_fit, per_replica * replicas)}.",
+                f"{wanted} = {_batch_call(batch.source, per_replica * replicas)}."
+                + _already_global_note(batch, replicas),
             )
         )
+    elif per_replica is None and batch.written is not None:
+        findings.append(_hard_coded_count(batch, replicas))
     if size < replicas:
         findings.append(
             Finding(
@@ -469,8 +626,56 @@ def _batch_findings(batch: DatasetBatch, replicas: int, per_replica: int | None)
     return findings
 
 
-def _batch_call(from_fit: bool, size: int) -> str:
-    return f"fit(batch_size={size})" if from_fit else f"dataset.batch({size})"
+def _written_at(written: LiteralProduct) -> str:
+    return f" (line {written.line} of {written.path})" if written.path else ""
+
+
+def _hard_coded_count(batch: DatasetBatch, replicas: int) -> Finding:
+    """A batch written as ``per * count``: the count by hand, where the strategy knows it.
+
+    The run decides the severity: if the count is this run's replica count, the product
+    is already the global batch (info: it will not follow another device count); if not,
+    each replica trains on ``size / replicas``, not the ``per`` the code reads as."""
+    written = batch.written
+    count = written.count_factor(replicas)
+    call = _batch_call(batch.source, written.text)
+    fix = (
+        f"If {count} is your replica count, write "
+        f"{_batch_call(batch.source, written.scaled_text(replicas))}."
+    )
+    per_replica = batch.size // count
+    if count == replicas:
+        return Finding(
+            "info",
+            "hard-coded-replica-count",
+            f"{call}{_written_at(written)} writes this run's {replicas} replicas as a number: "
+            f"{batch.size} is a global batch of {per_replica} per replica here, but stays "
+            f"{batch.size} on another number of devices.",
+            fix,
+        )
+    return Finding(
+        "warning",
+        "hard-coded-replica-count",
+        f"{call}{_written_at(written)} reads as {per_replica} per replica on {count} "
+        f"replicas, but this run has {replicas}: each replica trains on "
+        f"{batch.size / replicas:g} examples per step.",
+        fix,
+    )
+
+
+def _already_global_note(batch: DatasetBatch, replicas: int) -> str:
+    """For a batch written ``32 * 4`` with 4 = this run's replicas: the product may
+    already be the global batch, and scaling it again would multiply twice."""
+    written = batch.written
+    if written is None or written.count_factor(replicas) != replicas:
+        return ""
+    rest = batch.size // replicas
+    return (
+        f" But it is written {written.text}: if {replicas} is your replica count, it is "
+        f"already a global batch of {rest} per replica; then write "
+        f"{_batch_call(batch.source, written.scaled_text(replicas))} and say "
+        f"per_replica_batch={rest}."
+    )
 
 
 def _partial_last_batch(batch: DatasetBatch) -> Finding:

@@ -22,6 +22,15 @@ def _is_internal(frame) -> bool:
     return module.split(".", 1)[0] in _INTERNAL_PACKAGES
 
 
+def user_frame():
+    """The first calling frame outside keras_dp_tools, Keras, tf_keras and TensorFlow:
+    the user's line (during ``fit``, the ``fit`` call); None if every frame is inside."""
+    frame = sys._getframe(1)
+    while frame is not None and _is_internal(frame):
+        frame = frame.f_back
+    return frame
+
+
 def warn(message: str, category: type[Warning] = UserWarning) -> None:
     """``warnings.warn`` attributed to the first calling frame outside keras_dp_tools,
     Keras, tf_keras and TensorFlow (the outermost frame if all of them are inside, e.g.
