@@ -14,8 +14,8 @@ import pytest
 import keras_dp_tools as kdt
 from keras_dp_tools.analysis import find_traces
 from keras_dp_tools.analysis.breakdown.xprof_steps import xprof_step_table
-from keras_dp_tools.analysis.record_tables import records_by_type
 from keras_dp_tools.analysis.loop_advice import FIX, FIX_RUN_EAGERLY, eager_loop_findings
+from keras_dp_tools.analysis.record_tables import records_by_type
 from keras_dp_tools.records.reader import find_record_files
 from tests.helpers import REPO
 from tests.helpers.doc_blocks import python_block, run_example

@@ -33,6 +33,7 @@ from keras_dp_tools.analysis.host_advice import (
     scaling_findings,
     step_time_findings,
 )
+from keras_dp_tools.analysis.loop_advice import eager_loop_findings
 from keras_dp_tools.analysis.step_cost_advice import (
     python_input_findings,
     step_costs,
@@ -59,6 +60,7 @@ def _run_advice(frames) -> list[Finding]:
     advice += _step_cost_findings(frames, profiled)
     advice += late_worker_findings(frames)
     advice += fit_time_findings(frames.fits, frames.runs)
+    advice += eager_loop_findings(frames.loops, frames.step_parts.all)
     return (
         advice
         + gpu_findings(frames)

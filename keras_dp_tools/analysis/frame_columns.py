@@ -108,3 +108,18 @@ WINDOW_COLUMNS = [
     "time",
     "source",
 ]
+# One row per training_loop record of kdt.TrainingLoop (how a custom loop's steps called
+# strategy.run; the latest record of a run and worker counts).
+LOOP_COLUMNS = [
+    "run",
+    "worker",
+    "time",
+    "status",
+    "step",
+    "steps",
+    "step_function",
+    "eager_steps",
+    "first_eager_step",
+    "traced_run_calls",
+    "replicas",
+]

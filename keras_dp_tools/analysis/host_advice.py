@@ -79,6 +79,12 @@ def cpu_findings(frames) -> list[Finding]:
     ]
 
 
+# Findings of the run-time check that are not about the batch: titled as what they are.
+_CHECK_TITLES = {
+    "no-data-parallelism": "No data parallelism: fit trains one replica",
+}
+
+
 def batching_findings(frames) -> list[Finding]:
     """The batching check's recorded findings (``batching_finding`` records), once each."""
     findings = frames.batching.drop_duplicates(["code", "message"])
@@ -86,7 +92,7 @@ def batching_findings(frames) -> list[Finding]:
     return [
         Advice(
             row.severity if row.severity in known else "info",
-            f"Batching: {row.code}",
+            _CHECK_TITLES.get(row.code, f"Batching: {row.code}"),
             row.message,
             row.fix,
             code=row.code,

@@ -18,7 +18,11 @@ import pandas as pd
 from keras_dp_tools.analysis.attempts import RESTART_COLUMNS, assign_attempts, attempts, restarts
 from keras_dp_tools.analysis.clocks import clock_tables, cross_worker_sync_of, with_job_step_ms
 from keras_dp_tools.analysis.fit_time import FIT_TIME_COLUMNS, fit_time_frame
-from keras_dp_tools.analysis.frame_columns import REPLICA_FRAME_COLUMNS, WINDOW_COLUMNS
+from keras_dp_tools.analysis.frame_columns import (
+    LOOP_COLUMNS,
+    REPLICA_FRAME_COLUMNS,
+    WINDOW_COLUMNS,
+)
 from keras_dp_tools.analysis.frames import (
     mark_profiled,
     replicas_frame,
@@ -35,7 +39,7 @@ from keras_dp_tools.records import columns as schema
 
 # The frames of a run, in the order Report lists them.
 FRAME_NAMES = ("runs", "steps", "replicas", "windows", "gpu", "cpu", "batching", "workers")
-FRAME_NAMES += ("restarts", "fits")
+FRAME_NAMES += ("restarts", "fits", "loops")
 # What worker_view reads of the steps.
 _WORKER_VIEW_INPUT = ["run", "worker", "attempt", "step", "steps", "time", "step_ms", "warmup"]
 
@@ -50,6 +54,7 @@ class RunFrames:
         replicas, windows, gpu, cpu, batching, restarts: the other frames; None:
             empty, with their columns.
         fits: where each fit's wall time went (``analysis.fit_time.fit_time_frame``).
+        loops: ``kdt.TrainingLoop``'s records: how a custom loop called ``strategy.run``.
         workers: the worker view, or a function that computes it on first access.
         jobs: what the loader found and merged of the log dir's jobs (``JobMerge``).
 
@@ -75,6 +80,7 @@ class RunFrames:
         workers: pd.DataFrame | Callable[[], pd.DataFrame] | None = None,
         restarts: pd.DataFrame | None = None,
         fits: pd.DataFrame | None = None,
+        loops: pd.DataFrame | None = None,
         jobs: JobMerge | None = None,
     ):
         def frame(given, columns):
@@ -90,6 +96,7 @@ class RunFrames:
         self._workers = workers if callable(workers) else frame(workers, WORKER_COLUMNS)
         self.restarts = frame(restarts, RESTART_COLUMNS)
         self.fits = frame(fits, FIT_TIME_COLUMNS)
+        self.loops = frame(loops, LOOP_COLUMNS)
         self.jobs = JobMerge() if jobs is None else jobs
 
     @property
@@ -209,5 +216,6 @@ def load_run_frames(
         workers=partial(worker_view, parts.all[_WORKER_VIEW_INPUT], starts, fit_ends, sync, exits),
         restarts=restarts(parts.all, starts),
         fits=fits,
+        loops=of_type(records, "training_loop", LOOP_COLUMNS).reset_index(drop=True),
         jobs=jobs,
     )

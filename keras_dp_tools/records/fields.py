@@ -139,8 +139,7 @@ SCALING_FIELDS: dict[str, pa.DataType] = {
     "plan_explanation": pa.string(),
 }
 # kdt.TrainingLoop's training_loop record, besides time, status, step, steps and
-# replicas. Not in FIELDS yet: no Report frame shows them (the reader infers their
-# types); analysis.loop_advice reads them from records_by_type(...)["training_loop"].
+# replicas (Report.loops).
 TRAINING_LOOP_FIELDS: dict[str, pa.DataType] = {
     "step_function": pa.string(),  # tf.function, eager, run_functions_eagerly, unknown
     "eager_steps": pa.int64(),  # steps whose strategy.run ran outside any tf.function
@@ -155,4 +154,5 @@ FIELDS = {
     **BREAKDOWN_FIELDS,
     **MONITOR_FIELDS,
     **SCALING_FIELDS,
+    **TRAINING_LOOP_FIELDS,
 }

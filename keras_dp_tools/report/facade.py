@@ -116,6 +116,9 @@ class Report:
         fits: one row per run, worker and ``fit`` call: where its wall time went, in
             the steps or outside them (validation, epoch set-up, between steps, the
             first step's tracing; ``keras_dp_tools.analysis.fit_time``).
+        loops: one row per ``training_loop`` record of ``kdt.TrainingLoop``: how a
+            custom loop's steps called ``strategy.run`` (``step_function``: ``tf.function``
+            or ``eager``, ``eager_steps``; the latest row of a run and worker counts).
         jobs: findings about the log dir's jobs (``keras_dp_tools.analysis.job_advice``):
             runs that look like one job's workers recorded under separate ids (see
             ``load``'s ``merge_runs``), runs merged, workers missing or from another
@@ -160,6 +163,7 @@ class Report:
     workers = _FrameOf()  # computed on first access (a median per attempt over every step)
     restarts = _FrameOf()
     fits = _FrameOf()
+    loops = _FrameOf()
 
     @property
     def step_parts(self) -> StepParts:
