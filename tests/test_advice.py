@@ -28,7 +28,8 @@ def test_communication_bound_run(tmp_path):
     write_run(tmp_path, breakdown=COMM_HEAVY, embedding_layers=1)
     advice = kdt.Report.load(tmp_path).advice()
 
-    assert advice[0].severity == "error" and advice[0].title.startswith("Communication-bound")
+    # A symptom, not a broken run: a warning, ranked first by the ms it explains.
+    assert advice[0].severity == "warning" and advice[0].title.startswith("Communication-bound")
     assert "35% of the step" in advice[0].evidence and "40.0 MB" in advice[0].evidence
     assert "num_packs" in advice[0].fix and "mixed_float16" in advice[0].fix
     # An embedding layer without all-gathers in the trace (densified) is not a finding.
@@ -49,11 +50,17 @@ def test_embedding_advice_from_the_gathers_in_the_trace(tmp_path):
 
 def test_other_time_dominating_names_its_largest_part(tmp_path):
     write_run(tmp_path, breakdown=HOST_BOUND)
-    (advice,) = kdt.Report.load(tmp_path).advice()
+    found = {item.code: item for item in kdt.Report.load(tmp_path).advice()}
+    advice = found["other-time"]
     # other = 10 - 3 - 0.5 - 0.2 = 6.3 ms (63%), half of it dispatch.
     assert advice.title == "Most of the step is outside compute and communication"
     assert "63% of the step" in advice.evidence and "dispatch 3.15 ms" in advice.evidence
     assert "steps_per_execution" in advice.fix
+    assert advice.explains_ms_per_step == pytest.approx(6.3)
+    # 3 ms of compute in a 10 ms step of 4 replicas: too little work, ranked first, as
+    # it explains the other time and the all-reduce's latency beyond its transfer.
+    assert list(found) == ["too-little-work", "other-time"]
+    assert found["too-little-work"].explains_ms_per_step >= 6.3
 
 
 def test_balanced_run_has_no_findings(tmp_path):
@@ -64,7 +71,9 @@ def test_balanced_run_has_no_findings(tmp_path):
 def test_waiting_and_a_straggler(tmp_path):
     write_run(tmp_path, breakdown=WAITING, stragglers=[2, 2, 2, 1, 2])
     found = titles(kdt.Report.load(tmp_path))
-    assert found == ["Replicas wait for each other at the all-reduce", "Replica 2 is a straggler"]
+    # Ranked by what each explains: the slowest replica's wait (max_sync_wait_ms) is
+    # longer than the mean exposed wait of all replicas.
+    assert found == ["Replica 2 is a straggler", "Replicas wait for each other at the all-reduce"]
 
 
 def cpu_samples(busy_percent, cores=2, run="r1"):
@@ -77,21 +86,18 @@ def cpu_samples(busy_percent, cores=2, run="r1"):
     ]  # fmt: skip
 
 
-def test_waits_on_saturated_cpu_cores_are_graded_as_contention(tmp_path):
-    # The demo's case: replicas on logical CPU devices wait because they share the cores.
+def test_saturated_cpu_cores_are_a_caveat_above_the_findings(tmp_path):
+    # The demo's case: replicas on logical CPU devices share the cores. That is said
+    # once, above the findings; the findings themselves are not rewritten or demoted.
     path = write_run(tmp_path / "shared", breakdown=WAITING, stragglers=[2, 2, 2, 1, 2])
     write_records(path, cpu_samples(busy_percent=95.0))
-    advice = {item.code: item for item in kdt.Report.load(tmp_path / "shared").advice()}
-    assert advice["cpu-saturated"].severity == "info"
-    for code in ("replica-wait", "replica-straggler"):
-        assert advice[code].severity == "info", code
-        assert "competing for the same cores" in advice[code].evidence
-    assert not [item for item in advice.values() if item.severity == "error"]
-    # The same waits with idle cores are an imbalance: still an error.
+    shared = kdt.Report.load(tmp_path / "shared").advice()
+    assert shared[0].code == "cpu-saturated" and shared[0].severity == "info"
     path = write_run(tmp_path / "idle", breakdown=WAITING, stragglers=[2, 2, 2, 1, 2])
     write_records(path, cpu_samples(busy_percent=20.0))
-    advice = {item.code: item for item in kdt.Report.load(tmp_path / "idle").advice()}
-    assert "cpu-saturated" not in advice and advice["replica-wait"].severity == "error"
+    idle = kdt.Report.load(tmp_path / "idle").advice()
+    assert "cpu-saturated" not in [item.code for item in idle]
+    assert shared[1:] == idle  # the same findings, in the same order, word for word
 
 
 def test_input_bound_run(tmp_path):
@@ -137,7 +143,7 @@ def test_exports_every_frame(tmp_path):
     names = {path.stem for path in csvs}
     assert names == {
         *("runs", "steps", "replicas", "windows", "gpu", "cpu", "batching", "summary"),
-        *("workers", "restarts"),
+        *("workers", "restarts", "fits", "loops"),
     }
     steps = pd.read_parquet(next(p for p in parquets if p.stem == "steps"))
     assert len(steps) == 30 and steps["compute_ms"].notna().sum() == 5
@@ -150,7 +156,7 @@ def test_report_cli_prints_summary_and_advice_and_writes_html(tmp_path):
 
     assert result.returncode == 0, result.stderr
     assert "median_step_ms" in result.stdout and "Advice:" in result.stdout
-    assert "[error] Communication-bound" in result.stdout
+    assert "[warning] Communication-bound" in result.stdout
     page = (tmp_path / "report.html").read_text()
     assert page.count("<img") == 4 and "Communication-bound" in page
     assert "<b>GPU utilization</b> left out" in page  # no GPU readings: one line instead

@@ -197,6 +197,10 @@ RECORD_FIELDS = {
     "plan_target_lr": "double",
     "plan_warmup_steps": "int64",
     "plan_explanation": "string",
+    "step_function": "string",
+    "eager_steps": "int64",
+    "first_eager_step": "int64",
+    "traced_run_calls": "int64",
 }
 
 # The breakdown's columns, in the frames' order -> their Python type (records.columns).

