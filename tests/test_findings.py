@@ -137,3 +137,23 @@ def test_the_runner_gives_the_reports_advice_with_the_job_findings(tmp_path):
     codes = [item.code for item in advice]
     assert "split-runs" in codes and "communication-bound" in codes, codes
     assert "job-a (workers 0 and 1) and job-b (worker 2)" in markdown
+
+
+def test_the_runner_on_one_workers_file_does_not_say_the_others_recorded_nothing(tmp_path):
+    # RunAdvisor reads its own worker's file: of a 2-worker job, worker 1's records are
+    # in another file, not missing.
+    multi = {"workers": 2, "strategy": "CollectiveAllReduceStrategy", "cluster": "c0ffee"}
+    for worker in (0, 1):
+        write_run(tmp_path, run="job", worker=worker, breakdown=COMM_HEAVY, header_fields=multi)
+    alone = [(worker_records_path(tmp_path, 0), 0)]
+    assert "missing-worker" in [i.code for i in kdt.Report.from_files(alone).advice()]
+
+    markdown = run_advice_markdown(alone, "job")
+
+    assert "recorded nothing" not in markdown and "Communication-bound" in markdown
+    assert markdown.endswith(
+        "*From the records of 1 of the job's 2 workers: `kdt.Report.load(log_dir)` reads "
+        "every worker's, for the cross-worker findings.*"
+    )
+    both = [(worker_records_path(tmp_path, worker), 0) for worker in (0, 1)]
+    assert "From the records of" not in run_advice_markdown(both, "job")

@@ -362,12 +362,30 @@ def _child_env() -> dict:
 def run_advice_markdown(files: Iterable[tuple[str | os.PathLike, int]], run_id: str) -> str:
     """``Report.from_files(files).for_run(run_id).advice()`` as a markdown list
     (TensorBoard's Text tab, ``RunAdvisor``): the records ``files``, each read from a
-    byte offset (``Recorder.run_offset``: this run's lines, not the runs before it)."""
+    byte offset (``Recorder.run_offset``: this run's lines, not the runs before it).
+
+    ``RunAdvisor`` gives one worker's file: of a multi-worker run given one file, the
+    other workers' records were not read, so the finding that they recorded nothing
+    (``missing-worker``) would be untrue; it is left out, and a last line says where
+    the whole job's advice is.
+    """
     from keras_dp_tools.analysis.advice import advice_markdown
     from keras_dp_tools.analysis.run_advice import advise_run
     from keras_dp_tools.analysis.run_frames import load_run_frames
 
-    return advice_markdown(advise_run(load_run_frames(files).for_run(run_id)))
+    files = list(files)
+    frames = load_run_frames(files).for_run(run_id)
+    advice = advise_run(frames)
+    workers = frames.runs["workers"].max() if not frames.runs.empty else None
+    read = frames.runs["worker"].nunique()
+    if len(files) > 1 or workers is None or not workers > read:
+        return advice_markdown(advice)
+    advice = [item for item in advice if item.code != "missing-worker"]
+    return (
+        advice_markdown(advice)
+        + f"\n\n*From the records of {read} of the job's {int(workers)} workers: "
+        "`kdt.Report.load(log_dir)` reads every worker's, for the cross-worker findings.*"
+    )
 
 
 if __name__ == "__main__":
