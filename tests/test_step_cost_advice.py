@@ -114,3 +114,12 @@ def test_near_miss_python_input_that_keeps_up():
 
 def test_no_python_input_no_input_finding():
     assert python_input_findings(_header(), step_costs(_profiled(**TINY))) == []
+
+
+def test_a_custom_loops_form_gives_a_loops_fix():
+    (finding,) = work_findings(_header(), step_costs(_profiled(**TINY)), custom_loop=True)
+
+    assert finding.code == "loop-host-sync"
+    assert finding.explains_ms_per_step == (4.0 - 1.0) + 10.5
+    assert "tf.range" in finding.fix and "every N steps" in finding.fix
+    assert "steps_per_execution" not in finding.fix  # a custom loop has no compile()

@@ -10,9 +10,10 @@ Mechanism (cause 5, a custom training loop): ``strategy.run`` inside a ``tf.func
 over a distributed dataset, with the loss and metrics read back on the host every step
 (``float(loss)``), which serialises the host with the replicas each step. Our ``fit``
 callbacks cannot see this loop: the script writes NO ``keras_dp/`` records today, only
-its own step times (``loop_step_seconds.json``).
+its own step times (``loop_step_seconds.json``; ``--training-loop`` measures it with
+``kdt.TrainingLoop``).
 
-Usage: python repro_tf34008_ctl_proportional.py --log-dir runs/tf34008
+Usage: python repro_tf34008_ctl_proportional.py --log-dir runs/tf34008 [--training-loop]
 """
 
 import time
@@ -64,9 +65,12 @@ def train_step(batch):
 
 step_seconds = []
 iterator = iter(dist_dataset)
-for _step in range(60):
-    began = time.perf_counter()
-    loss = float(train_step(next(iterator)))  # host read-back every step
-    step_seconds.append(time.perf_counter() - began)
+# --training-loop: kdt.TrainingLoop measures the steps (a window over steps 5-9).
+with _corpus.training_loop(run, model, global_batch=global_batch) as loop:
+    for _step in range(60):
+        began = time.perf_counter()
+        with loop.step():
+            loss = float(train_step(next(iterator)))  # host read-back every step
+        step_seconds.append(time.perf_counter() - began)
 print("median step ms:", 1000 * float(np.median(step_seconds[5:])), "loss", loss)
 _corpus.save_loop_times(run, step_seconds)

@@ -10,9 +10,10 @@ Mechanism (cause 5, a custom training loop, run eagerly): without ``tf.function`
 MirroredStrategy runs each replica's function in Python, one replica after another
 (TensorFlow warns that using MirroredStrategy eagerly has significant overhead), so the
 step time grows with the replica count. Our ``fit`` callbacks cannot see this loop: the
-script writes NO ``keras_dp/`` records today, only its step times.
+script writes NO ``keras_dp/`` records today, only its step times (``--training-loop``
+measures it with ``kdt.TrainingLoop``).
 
-Usage: python repro_tf38924_ctl_eager_serial.py --log-dir runs/tf38924
+Usage: python repro_tf38924_ctl_eager_serial.py --log-dir runs/tf38924 [--training-loop]
 """
 
 import time
@@ -64,9 +65,12 @@ def train_step(batch):
 
 step_seconds = []
 iterator = iter(dist_dataset)
-for _step in range(12):
-    began = time.perf_counter()
-    loss = float(train_step(next(iterator)))
-    step_seconds.append(time.perf_counter() - began)
+# --training-loop: kdt.TrainingLoop measures the steps (a window over steps 3-7).
+with _corpus.training_loop(run, model, global_batch=global_batch, profile_start_step=3) as loop:
+    for _step in range(12):
+        began = time.perf_counter()
+        with loop.step():
+            loss = float(train_step(next(iterator)))
+        step_seconds.append(time.perf_counter() - began)
 print("median step ms:", 1000 * float(np.median(step_seconds[3:])), "loss", loss)
 _corpus.save_loop_times(run, step_seconds)

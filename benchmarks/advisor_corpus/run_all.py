@@ -5,11 +5,12 @@ process, with a timeout. The cause-6 reproductions need two replica counts at on
 per-replica batch, so they run twice, into ``<out>/<name>/replicas-1/`` and
 ``<out>/<name>/replicas-4/``. The script reports which ran, how long they took, and
 whether ``keras_dp/`` records were written (the custom-loop reproductions write none
-today: our ``fit`` callbacks cannot see ``strategy.run`` loops).
+unless run with ``--training-loop``: our ``fit`` callbacks cannot see ``strategy.run``
+loops; ``--training-loop`` is passed to every script, and the fit ones ignore it).
 
 Usage:
     PYTHONPATH=<checkout> python benchmarks/advisor_corpus/run_all.py OUT [--only NAME ...]
-        [--half dev|test] [--timeout 180]
+        [--half dev|test] [--timeout 180] [--training-loop]
 """
 
 import argparse
@@ -44,10 +45,12 @@ def names_in_half(half):
     return names
 
 
-def run_one(name, log_dir, replicas, timeout):
+def run_one(name, log_dir, replicas, timeout, training_loop=False):
     """Runs one reproduction; returns (status, seconds, records written)."""
     command = [sys.executable, str(HERE / f"repro_{name}.py"), "--log-dir", str(log_dir)]
     command += ["--replicas", str(replicas)]
+    if training_loop:
+        command.append("--training-loop")
     log_dir.mkdir(parents=True, exist_ok=True)
     began = time.perf_counter()
     with open(log_dir / "stdout.txt", "w") as out:
@@ -69,6 +72,11 @@ def main():
     parser.add_argument("--only", nargs="*", help="names (after repro_) to run")
     parser.add_argument("--half", choices=("dev", "test"), help="run one half only")
     parser.add_argument("--timeout", type=float, default=180.0, help="seconds per run")
+    parser.add_argument(
+        "--training-loop",
+        action="store_true",
+        help="pass --training-loop to every script (custom loops measured by kdt.TrainingLoop)",
+    )
     args = parser.parse_args()
     names = repro_names()
     if args.half:
@@ -87,7 +95,9 @@ def main():
         runs = [(args.out / name / f"replicas-{n}", n) for n in sweep] if sweep else []
         runs = runs or [(args.out / name, 4)]
         for log_dir, replicas in runs:
-            status, seconds, records = run_one(name, log_dir, replicas, args.timeout)
+            status, seconds, records = run_one(
+                name, log_dir, replicas, args.timeout, args.training_loop
+            )
             failed += status != "ok"
             note = "records" if records else "NO keras_dp records"
             print(f"{name:42s} replicas={replicas} {status:10s} {seconds:6.1f}s  {note}")

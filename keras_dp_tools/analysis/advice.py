@@ -33,7 +33,7 @@ from keras_dp_tools.analysis.host_advice import (
     scaling_findings,
     step_time_findings,
 )
-from keras_dp_tools.analysis.loop_advice import eager_loop_findings
+from keras_dp_tools.analysis.loop_advice import EAGER_MODES, eager_loop_findings
 from keras_dp_tools.analysis.step_cost_advice import (
     python_input_findings,
     step_costs,
@@ -71,12 +71,18 @@ def _run_advice(frames) -> list[Finding]:
 
 
 def _step_cost_findings(frames, profiled: pd.DataFrame) -> list[Finding]:
-    """Too little work per step, or input that Python makes, from one run's header."""
+    """Too little work per step, or input that Python makes, from one run's header; for
+    a custom loop (``kdt.TrainingLoop``) the loop's form of the first, and nothing of it
+    when the loop ran ``strategy.run`` eagerly (``eager-strategy-run`` says why)."""
     if frames.runs.empty:
         return []
     header = frames.runs.iloc[0]
     costs = step_costs(profiled) if not profiled.empty else None
-    return python_input_findings(header, costs) + work_findings(header, costs)
+    loops = frames.loops
+    if loops["step_function"].isin(EAGER_MODES).any():
+        return python_input_findings(header, costs)
+    custom_loop = not loops.empty
+    return python_input_findings(header, costs) + work_findings(header, costs, custom_loop)
 
 
 def rank_findings(advice: list[Finding]) -> list[Finding]:

@@ -137,7 +137,9 @@ def _input_fix(header: pd.Series, producer: str) -> str:
     )
 
 
-def work_findings(header: pd.Series, costs: dict[str, float] | None) -> list[Finding]:
+def work_findings(
+    header: pd.Series, costs: dict[str, float] | None, custom_loop: bool = False
+) -> list[Finding]:
     """``too-little-work`` when each replica computes for less than half of the step and
     the step's fixed costs (all-reduce latency, dispatch, idle and scheduling gaps) are
     the largest part of the rest; not when Python makes the batches (a larger batch
@@ -147,6 +149,9 @@ def work_findings(header: pd.Series, costs: dict[str, float] | None) -> list[Fin
         header: the run's header row (``replicas``, ``global_batch``,
             ``steps_per_execution``, ``keras_package``).
         costs: ``step_costs`` of its profiled steps.
+        custom_loop: the steps are a custom loop's (``kdt.TrainingLoop``): the finding
+            is ``loop-host-sync``, with a custom loop's fix (several steps per
+            ``tf.function`` call, metrics read every N steps).
     """
     if not costs or python_input(header) or not costs["step_ms"] > 0:
         return []
@@ -166,6 +171,17 @@ def work_findings(header: pd.Series, costs: dict[str, float] | None) -> list[Fin
         f"{costs['latency_ms']:.1f} ms, dispatch and gaps {costs['other_ms']:.1f} ms; median "
         "of profiled steps) that do not shrink with more replicas."
     )
+    if custom_loop:
+        return [
+            Advice(
+                "warning",
+                "Custom loop: each step's call and host round trip outweigh compute",
+                evidence,
+                _loop_fix(per_replica),
+                code="loop-host-sync",
+                explains_ms_per_step=fixed_ms,
+            )
+        ]
     return [
         Advice(
             "warning",
@@ -176,6 +192,18 @@ def work_findings(header: pd.Series, costs: dict[str, float] | None) -> list[Fin
             explains_ms_per_step=fixed_ms,
         )
     ]
+
+
+def _loop_fix(per_replica: int | None) -> str:
+    fix = (
+        "Run several steps per tf.function call (a `for _ in tf.range(k):` loop over "
+        "next(iterator) and strategy.run inside the function), and read the loss and "
+        "metrics on the host every N steps, not after every step (each float(loss) or "
+        ".numpy() waits for the step to finish before the next is sent)"
+    )
+    if per_replica:
+        fix += f"; a larger per-replica batch (now {per_replica}) also spreads the fixed costs"
+    return fix + "."
 
 
 def _work_fix(header: pd.Series, per_replica: int | None) -> str:

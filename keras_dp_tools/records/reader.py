@@ -88,7 +88,8 @@ def find_record_files(
         raise FileNotFoundError(
             f"No keras_dp_tools records found under {', '.join(searched)}. Expected "
             f"'{RECORDS_DIRNAME}/worker-<i>.jsonl' files, written when a model is trained "
-            f"with kdt.callbacks(log_dir).{_nothing_found_hint(searched, trials)}"
+            "with kdt.callbacks(log_dir) in fit, or by kdt.TrainingLoop around a custom "
+            f"loop's steps (strategy.run).{_nothing_found_hint(searched, trials)}"
         )
     return found
 
