@@ -77,7 +77,7 @@ def test_report_format_json_holds_the_summary_and_the_advice(tmp_path, capsys):
     assert run["median_step_ms"] == 10.0  # every unprofiled step took 10 ms
     # 4 of the 10 ms exposed all-reduce: communication-bound, the worst finding.
     assert data["advice"][0]["message"].startswith("Communication-bound")
-    assert data["advice"][0]["severity"] == "error"
+    assert data["advice"][0]["severity"] == "warning"
 
 
 def test_report_text_is_the_labelled_summary_with_how_to_read_it(tmp_path, capsys):
