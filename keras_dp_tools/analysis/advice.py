@@ -4,7 +4,8 @@ Pure functions over a run's frames (``analysis.run_frames.RunFrames``): ``advise
 gathers the findings by topic (``breakdown_advice``: the profiled steps;
 ``host_advice``: GPUs, CPU, batching, step times, scaling; ``worker_advice``: the late
 worker; ``step_cost_advice``: too little work per step, input that Python makes;
-``fit_time_advice``: time outside the steps), ranked by ``rank_findings``: severity,
+``fit_time_advice``: time outside the steps; ``kernel_advice``: kernels slower under
+the strategy), ranked by ``rank_findings``: severity,
 then the ms of each step a finding explains. Each finding is a
 ``keras_dp_tools.common.findings.Finding`` (made with ``Advice``: severity, title,
 evidence, fix) with a ``code`` of its own.
@@ -33,6 +34,7 @@ from keras_dp_tools.analysis.host_advice import (
     scaling_findings,
     step_time_findings,
 )
+from keras_dp_tools.analysis.kernel_advice import kernel_findings
 from keras_dp_tools.analysis.loop_advice import EAGER_MODES, eager_loop_findings
 from keras_dp_tools.analysis.step_cost_advice import (
     python_input_findings,
@@ -144,6 +146,8 @@ def advise(frames, scaling: pd.DataFrame | None = None) -> list[Finding]:
             where = f"run {run} ({replicas} replicas): "
             advice += [replace(item, evidence=where + item.evidence) for item in _run_advice(part)]
     advice += scaling_findings(frames, scaling)
+    if len(runs) > 1:  # runs at several replica counts: the kernels' cost by replicas
+        advice += kernel_findings(frames)
     return rank_findings(advice)
 
 

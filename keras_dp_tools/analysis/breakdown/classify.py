@@ -142,6 +142,13 @@ def classify_host_name(name: str) -> tuple[Kind, int | None] | None:
     return kind, 0
 
 
+def op_type_of(name: str) -> str:
+    """The op type of a TF op event's name (``<scope>/<op name>:<OpType>``); the name
+    itself where it is not one (a GPU kernel without its TF op)."""
+    op = _TF_OP.match(name)
+    return op.group("type") if op else name
+
+
 def receiving_device(event: TraceEvent) -> str | None:
     """The device a ``_Send`` / ``_Recv`` event's tensor goes to (the side that waits
     for it): its ``key`` stat is the rendezvous key
