@@ -61,6 +61,11 @@ def test_other_time_dominating_names_its_largest_part(tmp_path):
     # it explains the other time and the all-reduce's latency beyond its transfer.
     assert list(found) == ["too-little-work", "other-time"]
     assert found["too-little-work"].explains_ms_per_step >= 6.3
+    # 4x the per-replica batch: 4 x 3 ms compute + the 0.5 ms exposed all-reduce + the
+    # 6.5 ms rest = 19 ms for 4x the examples of a 10 ms step: 40 / 19 = 2.1x.
+    assert "at 64 examples per replica what_if predicts 2.1x the examples/s" in (
+        found["too-little-work"].evidence
+    )
 
 
 def test_balanced_run_has_no_findings(tmp_path):

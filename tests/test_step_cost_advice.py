@@ -123,3 +123,9 @@ def test_a_custom_loops_form_gives_a_loops_fix():
     assert finding.explains_ms_per_step == (4.0 - 1.0) + 10.5
     assert "tf.range" in finding.fix and "every N steps" in finding.fix
     assert "steps_per_execution" not in finding.fix  # a custom loop has no compile()
+
+
+def test_the_predicted_gain_is_in_the_evidence():
+    (finding,) = work_findings(_header(), step_costs(_profiled(**TINY)), larger_batch_gain=2.46)
+
+    assert "at 64 examples per replica what_if predicts 2.5x the examples/s." in finding.evidence

@@ -13,6 +13,7 @@ evidence, fix) with a ``code`` of its own.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 
 import pandas as pd
@@ -37,10 +38,12 @@ from keras_dp_tools.analysis.host_advice import (
 from keras_dp_tools.analysis.kernel_advice import kernel_findings
 from keras_dp_tools.analysis.loop_advice import EAGER_MODES, eager_loop_findings
 from keras_dp_tools.analysis.step_cost_advice import (
+    LARGER_BATCH,
     python_input_findings,
     step_costs,
     work_findings,
 )
+from keras_dp_tools.analysis.what_if import what_if
 from keras_dp_tools.analysis.worker_advice import late_worker_findings
 from keras_dp_tools.common.findings import Finding
 
@@ -84,7 +87,28 @@ def _step_cost_findings(frames, profiled: pd.DataFrame) -> list[Finding]:
     if loops["step_function"].isin(EAGER_MODES).any():
         return python_input_findings(header, costs)
     custom_loop = not loops.empty
-    return python_input_findings(header, costs) + work_findings(header, costs, custom_loop)
+    gain = _larger_batch_gain(frames, header) if costs else None
+    return python_input_findings(header, costs) + work_findings(header, costs, custom_loop, gain)
+
+
+def _larger_batch_gain(frames, header: pd.Series) -> float | None:
+    """The throughput ``what_if`` predicts at ``LARGER_BATCH`` times the run's
+    per-replica batch, over the measured one; None where it cannot predict (one
+    replica, no gradient bytes, no global batch)."""
+    batch, replicas = header.get("global_batch"), header.get("replicas")
+    if pd.isna(batch) or not batch or pd.isna(replicas) or not replicas:
+        return None
+    per_replica = int(batch) // int(replicas)
+    with warnings.catch_warnings():  # what_if warns the user of runs it leaves out
+        warnings.simplefilter("ignore")
+        try:
+            table = what_if(frames, per_replica_batch=LARGER_BATCH * per_replica)
+        except (ValueError, KeyError, ZeroDivisionError):
+            return None
+    if table.empty:
+        return None
+    row = table.iloc[0]
+    return float(LARGER_BATCH * row["measured_step_ms"] / row["step_ms"])
 
 
 def rank_findings(advice: list[Finding]) -> list[Finding]:

@@ -24,6 +24,8 @@ from keras_dp_tools.common.findings import Advice, Finding
 
 # Compute below this share of the step: the replicas mostly wait on fixed costs.
 COMPUTE_SHARE_LOW = 0.5
+# The per-replica batch the fix proposes, as a multiple of the measured one.
+LARGER_BATCH = 4
 # The fixed costs must be the largest part of what is not compute (else the transfer or
 # the input is the cause, and their findings say so).
 _FIXED_PARTS = ("latency_ms", "other_ms")
@@ -138,7 +140,10 @@ def _input_fix(header: pd.Series, producer: str) -> str:
 
 
 def work_findings(
-    header: pd.Series, costs: dict[str, float] | None, custom_loop: bool = False
+    header: pd.Series,
+    costs: dict[str, float] | None,
+    custom_loop: bool = False,
+    larger_batch_gain: float | None = None,
 ) -> list[Finding]:
     """``too-little-work`` when each replica computes for less than half of the step and
     the step's fixed costs (all-reduce latency, dispatch, idle and scheduling gaps) are
@@ -152,6 +157,8 @@ def work_findings(
         custom_loop: the steps are a custom loop's (``kdt.TrainingLoop``): the finding
             is ``loop-host-sync``, with a custom loop's fix (several steps per
             ``tf.function`` call, metrics read every N steps).
+        larger_batch_gain: the throughput ``analysis.what_if`` predicts at
+            ``LARGER_BATCH`` times the per-replica batch, over the measured one.
     """
     if not costs or python_input(header) or not costs["step_ms"] > 0:
         return []
@@ -169,8 +176,14 @@ def work_findings(
         + (f" on {per_replica} examples" if per_replica else "")
         + f"; {fixed_ms:.1f} ms are fixed per-step costs (all-reduce latency and waits "
         f"{costs['latency_ms']:.1f} ms, dispatch and gaps {costs['other_ms']:.1f} ms; median "
-        "of profiled steps) that do not shrink with more replicas."
+        "of profiled steps) that do not shrink with more replicas"
     )
+    if larger_batch_gain is not None and per_replica:
+        evidence += (
+            f"; at {LARGER_BATCH * per_replica} examples per replica what_if predicts "
+            f"{larger_batch_gain:.1f}x the examples/s"
+        )
+    evidence += "."
     if custom_loop:
         return [
             Advice(
@@ -209,7 +222,8 @@ def _loop_fix(per_replica: int | None) -> str:
 def _work_fix(header: pd.Series, per_replica: int | None) -> str:
     if per_replica:
         fix = (
-            f"Give each replica more examples per step: batch_size = {4 * per_replica} * "
+            f"Give each replica more examples per step: batch_size = "
+            f"{LARGER_BATCH * per_replica} * "
             f"strategy.num_replicas_in_sync (now {per_replica} per replica), with the "
             "learning rate scaled (kdt.plan_scaling)"
         )
