@@ -156,8 +156,10 @@ def with_breakdown(steps: pd.DataFrame, breakdown: pd.DataFrame, sync: pd.DataFr
                 wide[name] = taken(breakdown[name], rows, wide.index)
         return StepParts.of_frame(with_worker_wait(wide, sync))
 
-    if breakdown.empty or (at_sync is None and not sync.empty):
+    if at_sync is None and not sync.empty:
         return plain()
+    if breakdown.empty:  # no profiled step: the breakdown's columns stay unbuilt, empty
+        breakdown = pd.DataFrame({name: pd.Series(dtype=float) for name in BREAKDOWN_COLUMNS})
     profiled = np.flatnonzero(rows >= 0)
     some = pd.concat(
         [
@@ -166,7 +168,8 @@ def with_breakdown(steps: pd.DataFrame, breakdown: pd.DataFrame, sync: pd.DataFr
         ],
         axis=1,
     )[order]
-    near = sync if sync.empty else sync[sync["step"].isin(some["step"])]
+    # Without profiled steps, the whole sync (joined to no row) still types the columns.
+    near = sync if sync.empty or some.empty else sync[sync["step"].isin(some["step"])]
     some = with_worker_wait(some, near)
     columns = {name: steps[name] for name in TIMED_STEP_COLUMNS}
     columns.update({name: steps[name] for name in later})
