@@ -31,14 +31,7 @@ RUN_COLUMNS = [
     "keras_dp_tools_version",
     "embedding_layers",
     "embedding_names",
-    # What feeds fit (capture.input_pipeline): its kind, its parts that run Python,
-    # where it prefetches, its serial maps, a PyDataset's workers.
-    "input_kind",
-    "input_python",
-    "input_prefetch",
-    "input_serial_maps",
-    "input_workers",
-    "input_multiprocessing",
+    *schema.INPUT_FIELDS,  # what feeds fit (capture.input_pipeline)
     # How the run id was chosen (capture.job_identity) and, for runs merged on load
     # (analysis.jobs), the id the header was recorded under.
     "run_id_source",

@@ -12,6 +12,8 @@ records it (``docs/records.md``, the ``input_*`` fields).
 
 from __future__ import annotations
 
+from keras_dp_tools.records.columns import INPUT_FIELDS
+
 # Ops that call back into Python from a tf.data function.
 PYTHON_OPS = frozenset({"PyFunc", "PyFuncStateless", "EagerPyFunc"})
 GENERATOR_OP = "GeneratorDataset"  # what Dataset.from_generator builds
@@ -31,16 +33,6 @@ _ADAPTER_KINDS = {
     "DatasetAdapter": "tf.data",  # tf_keras
     "DatasetCreatorAdapter": "tf.data",
 }
-
-# The header fields this module fills (docs/records.md).
-INPUT_FIELDS = (
-    "input_kind",
-    "input_python",
-    "input_prefetch",
-    "input_serial_maps",
-    "input_workers",
-    "input_multiprocessing",
-)
 
 
 def describe_adapter(adapter) -> dict:

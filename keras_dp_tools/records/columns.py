@@ -9,6 +9,18 @@ to Arrow types. Order is the order of the frames' columns.
 
 from __future__ import annotations
 
+# What feeds fit, in the run header (capture.input_pipeline fills them; Report.runs
+# shows them): the input's kind, its parts that run Python, where it prefetches, its
+# serial maps, a PyDataset's workers.
+INPUT_FIELDS = (
+    "input_kind",
+    "input_python",
+    "input_prefetch",
+    "input_serial_maps",
+    "input_workers",
+    "input_multiprocessing",
+)
+
 # One row per profiled step and replica (``Breakdown.replicas``, ``replica_step``
 # records, ``Report.replicas``).
 REPLICA_FIELDS: dict[str, type] = {
