@@ -15,6 +15,7 @@ import pytest
 
 import keras_dp_tools as kdt
 from keras_dp_tools.analysis.fit_time import (
+    FIT_EDGE_TYPES,
     FIT_TIME_COLUMNS,
     OUTSIDE_PARTS,
     fit_time_by_run,
@@ -436,3 +437,23 @@ def test_a_fit_that_raised_is_exited_and_the_next_fit_is_accounted(tmp_path, ker
     frame, _ = fit_time_of(tmp_path)
     assert frame["status"].tolist() == ["exited", "finished"]
     assert frame["steps"].tolist()[1] == 7 and np.isnan(frame["fit_s"].iloc[0])
+
+
+def test_a_fit_without_step_records_has_its_wall_time_and_no_split():
+    # Under ParameterServerStrategy tf_keras runs no batch hooks: the fit's edges are
+    # recorded but no step, so what lies outside the steps is unknown, not 100%.
+    edges = [
+        {"type": "fit_begin", "run": "r", "worker": 0, "time": 1.0, "step": 0},
+        {"type": "epoch_begin", "run": "r", "worker": 0, "time": 1.1, "epoch": 0, "step": 0},
+        {"type": "epoch_end", "run": "r", "worker": 0, "time": 2.0, "epoch": 0, "step": 0},
+        {"type": "fit_end", "run": "r", "worker": 0, "time": 2.5, "step": 0, "status": "finished"},
+    ]
+    records = {
+        kind: pd.DataFrame([e for e in edges if e["type"] == kind]) for kind in FIT_EDGE_TYPES
+    }
+
+    (row,) = fit_time_frame(records).to_dict("records")
+
+    assert row["fit_s"] == pytest.approx(1.5)
+    assert np.isnan(row["outside_steps_share"]) and np.isnan(row["in_steps_s"])
+    assert fit_time_findings(fit_time_frame(records)) == []

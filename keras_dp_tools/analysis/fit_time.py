@@ -190,7 +190,7 @@ def _steps(records: Mapping[str, pd.DataFrame]) -> pd.DataFrame:
     """The step records' calls: start and end (Unix seconds), epoch and steps."""
     frame = records.get("step")
     if frame is None or frame.empty:
-        return pd.DataFrame(columns=[*_STEP_COLUMNS, "end"])
+        return pd.DataFrame(columns=[*_STEP_COLUMNS, "seconds", "end"])
     steps = frame.reindex(columns=_STEP_COLUMNS).dropna(subset=["time", "step_ms"])
     covered = steps["steps"].fillna(1).astype("float64")
     seconds = steps["step_ms"].astype("float64") * covered / 1000.0
@@ -234,7 +234,10 @@ def _worker_fits(
             start_s, end_s = times[begin], times[end]
             in_fit = steps[(steps["time"] >= start_s) & (steps["time"] <= end_s)]
             calls = in_fit.sort_values("time")
-            row.update(_accounting(start_s, end_s, fit_edges, calls, stops))
+            if calls.empty:  # no step recorded (ParameterServerStrategy): split unknown
+                row["fit_s"] = end_s - start_s
+            else:
+                row.update(_accounting(start_s, end_s, fit_edges, calls, stops))
         rows.append(row)
     return rows
 

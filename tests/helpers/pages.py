@@ -13,7 +13,7 @@ from html.parser import HTMLParser
 import pandas as pd
 
 # Report.summary() holds these as fractions of the step; every view shows them in %.
-PERCENT_OF_FRACTION = {"comm_share", "wait_share"}
+PERCENT_OF_FRACTION = {"comm_share", "wait_share", "outside_steps_share"}
 
 
 class ReportPage(HTMLParser):
