@@ -93,8 +93,9 @@ def python_input_findings(header: pd.Series, costs: dict[str, float] | None) -> 
     evidence = f"the batches come from {producer} (Python"
     workers = header.get("input_workers")
     if pd.notna(workers) and workers:
-        how = "processes" if header.get("input_multiprocessing") is True else "threads"
-        evidence += f", {int(workers)} {how}"
+        processes = header.get("input_multiprocessing") is True
+        how = ("process", "processes") if processes else ("thread", "threads")
+        evidence += f", {int(workers)} {how[0] if int(workers) == 1 else how[1]}"
     evidence += ")"
     if costs:
         evidence += (
