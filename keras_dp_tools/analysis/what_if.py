@@ -26,6 +26,7 @@ import pandas as pd
 from keras_dp_tools.analysis.job_advice import records_findings
 from keras_dp_tools.analysis.measured_steps import measured_step_times
 from keras_dp_tools.analysis.run_frames import RunFrames, load_run_frames
+from keras_dp_tools.analysis.step_parts import step_parts
 from keras_dp_tools.common.validation import require_positive_int, require_positive_number
 from keras_dp_tools.common.warn import warn
 
@@ -52,9 +53,10 @@ def ring_factor(replicas: int) -> float:
     return 2 * (replicas - 1) / replicas
 
 
-def _measured(steps: pd.DataFrame) -> dict:
-    """A run's medians: unprofiled step time, profiled breakdown, sizes."""
-    warm = steps[~steps["warmup"].fillna(False).astype(bool)]
+def _measured(steps: pd.DataFrame, profiled: pd.DataFrame) -> dict:
+    """A run's medians: unprofiled step time (of ``steps``, every step with its own
+    columns), profiled breakdown (of ``profiled``, the rows with one), sizes."""
+    warm = profiled[~profiled["warmup"].fillna(False).astype(bool)]
     profiled = warm.dropna(subset=["compute_ms", "allreduce_ms"])
     run = steps["run"].iloc[0]
     if profiled.empty:
@@ -244,14 +246,17 @@ def what_if(
     jobs_note = ""  # a log dir's runs merged, or kept apart though they look split
     if isinstance(report, (str, os.PathLike)):
         report, jobs_note = _load_log_dir(report)
-    steps = report.steps  # the wide frame: what_if reads the breakdown's columns
-    if steps.empty:
+    # The steps in parts: the breakdown's columns on the profiled rows only (the wide
+    # frame of every step is not built).
+    parts = report.step_parts if hasattr(report, "step_parts") else step_parts(report.steps)
+    if not len(parts):
         raise ValueError("The report has no steps: load a log dir written by kdt callbacks.")
     runs = getattr(report, "runs", None)
+    profiled = parts.profiled
     measured, unusable = [], []
-    for run_steps in (group for _, group in steps.groupby("run", sort=False)):
+    for run, run_steps in parts.all.groupby("run", sort=False):
         try:
-            measured.append(_measured(run_steps))
+            measured.append(_measured(run_steps, profiled[profiled["run"] == run]))
         except ValueError as why:  # no breakdown, or one replica: say so, use the others
             unusable.append(str(why))
     if not measured:
