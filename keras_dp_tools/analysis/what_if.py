@@ -24,9 +24,8 @@ import os
 import pandas as pd
 
 from keras_dp_tools.analysis.job_advice import records_findings
-from keras_dp_tools.analysis.measured_steps import measured_step_times
 from keras_dp_tools.analysis.run_frames import RunFrames, load_run_frames
-from keras_dp_tools.analysis.step_parts import step_parts
+from keras_dp_tools.analysis.step_parts import StepParts, step_parts
 from keras_dp_tools.common.validation import require_positive_int, require_positive_number
 from keras_dp_tools.common.warn import warn
 
@@ -53,9 +52,10 @@ def ring_factor(replicas: int) -> float:
     return 2 * (replicas - 1) / replicas
 
 
-def _measured(steps: pd.DataFrame, profiled: pd.DataFrame) -> dict:
-    """A run's medians: unprofiled step time (of ``steps``, every step with its own
-    columns), profiled breakdown (of ``profiled``, the rows with one), sizes."""
+def _measured(parts: StepParts) -> dict:
+    """A run's medians: unprofiled step time (of every step), profiled breakdown (of the
+    rows with one), sizes."""
+    steps, profiled = parts.all, parts.profiled
     warm = profiled[~profiled["warmup"].fillna(False).astype(bool)]
     profiled = warm.dropna(subset=["compute_ms", "allreduce_ms"])
     run = steps["run"].iloc[0]
@@ -81,19 +81,19 @@ def _measured(steps: pd.DataFrame, profiled: pd.DataFrame) -> dict:
         "replicas": replicas,
         "workers": int(steps["worker"].nunique()),
         "global_batch": int(global_batch.iloc[0]) if len(global_batch) else None,
-        "step_ms": float(_measured_step_ms(steps)),
+        "step_ms": float(_measured_step_ms(parts)),
         "allreduce_bytes": float(allreduce_bytes.median()),
         **{name: float(value) for name, value in medians.items()},
     }
 
 
-def _measured_step_ms(steps: pd.DataFrame) -> float:
+def _measured_step_ms(parts: StepParts) -> float:
     """The run's median step time as the summary reads it: the job's step time in a
     multi-worker run (a worker's own time in the train call is short on the worker the
     others wait for); the steps a profiler disturbed only where no other was measured."""
-    measured = measured_step_times(steps)
+    measured = parts.measured()  # grouped once per parts (the summary's too)
     if measured.empty:
-        measured = measured_step_times(steps, disturbed=True)
+        measured = parts.measured(disturbed=True)
     return measured["step_ms"].median()
 
 
@@ -252,11 +252,10 @@ def what_if(
     if not len(parts):
         raise ValueError("The report has no steps: load a log dir written by kdt callbacks.")
     runs = getattr(report, "runs", None)
-    profiled = parts.profiled
     measured, unusable = [], []
-    for run, run_steps in parts.all.groupby("run", sort=False):
+    for run in parts.all["run"].drop_duplicates():
         try:
-            measured.append(_measured(run_steps, profiled[profiled["run"] == run]))
+            measured.append(_measured(parts.for_run(run)))
         except ValueError as why:  # no breakdown, or one replica: say so, use the others
             unusable.append(str(why))
     if not measured:
