@@ -4,10 +4,11 @@ does any finding give a wrong fix?
 Reads the runs ``run_all.py`` wrote (``<out>/<name>/``, the cause-6 cases' two replica
 counts together), loads each with ``kdt.Report.load`` and takes ``Report.advice()``.
 
-* **First finding.** The first finding that is not a caveat (``CAVEATS``: the CPU
-  saturation of replicas sharing cores is printed once above the findings, MANIFEST.md
-  "Per-thread notes"). It names the cause when its code is one of that case's class in
-  ``CAUSE_CODES``. A case with "(and N)" in its class accepts either class.
+* **First finding.** The first finding that is not a caveat (the advisor's
+  ``CAVEAT_CODES``: the CPU saturation of replicas sharing cores is printed once above
+  the findings, MANIFEST.md "Per-thread notes"). It names the cause when its code is
+  one of that case's class in ``CAUSE_CODES``. A case with "(and N)" in its class
+  accepts either class.
 * **Wrong fix.** Any finding whose code ``WRONG_CODES`` lists for the case's class. The
   lists are MANIFEST.md's "Wrong:" bullets turned into finding codes.
 
@@ -32,7 +33,7 @@ sys.path.insert(0, str(HERE))
 
 from run_all import names_in_half  # noqa: E402
 
-CAVEATS = {"cpu-saturated"}
+from keras_dp_tools.analysis.advice import CAVEAT_CODES  # noqa: E402
 
 # Finding codes that name each cause class (issue 36's list).
 CAUSE_CODES = {
@@ -95,7 +96,7 @@ def score_case(name: str, case: dict, out: pathlib.Path) -> dict:
         result["error"] = f"{type(why).__name__}: {str(why)[:120]}"
     codes = [item.code for item in advice]
     result["codes"] = codes
-    first = next((code for code in codes if code not in CAVEATS), None)
+    first = next((code for code in codes if code not in CAVEAT_CODES), None)
     named = set().union(*(CAUSE_CODES[number] for number in case["classes"]))
     result["first"] = first
     result["names_cause"] = first in named
